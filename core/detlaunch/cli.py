@@ -1,0 +1,165 @@
+"""The ``detlaunch`` command: argv -> Config -> ClusterInfo -> LaunchPlan -> Supervisor -> exit code."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import traceback
+from typing import Mapping, Sequence
+
+from .config import (
+    CORE_SECTION,
+    Config,
+    Parser,
+    apply_defaults,
+    build_parser,
+    parse,
+    read_config_file,
+    resolve_command,
+    split_argv,
+)
+from .errors import ConfigError, DetlaunchError
+from .plugins import LAYERS, PLUGINS, PluginSet, installed_layers
+
+SUBCOMMANDS = ("layers", "plugins", "info")
+
+
+def _truthy(value: str | None) -> bool:
+    return (value or "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def _pre_parse(argv: Sequence[str], env: Mapping[str, str]) -> argparse.Namespace:
+    """Read what is needed before the layer is loaded: --layer, --config, --debug."""
+    head, _ = split_argv(argv)
+    pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    pre.add_argument("--layer")
+    pre.add_argument("--config")
+    pre.add_argument("--debug", action="store_true")
+    pre.add_argument("rest", nargs=argparse.REMAINDER)
+    ns, _ = pre.parse_known_args(head)
+    ns.config = ns.config or env.get("DETLAUNCH_CONFIG")
+    ns.debug = ns.debug or _truthy(env.get("DETLAUNCH_DEBUG"))
+    return ns
+
+
+def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    env = dict(os.environ if env is None else env)
+    debug = _pre_parse(argv, env).debug if "--" not in argv[:1] else False
+    try:
+        return run(argv, env)
+    except DetlaunchError as e:
+        if debug:
+            traceback.print_exc()
+        print(f"detlaunch: error: {e}", file=sys.stderr)
+        return e.exit_code
+    except SystemExit as e:  # --help, --version
+        return e.code if isinstance(e.code, int) else 0
+    except KeyboardInterrupt:
+        return 130
+
+
+def run(argv: list[str], env: dict[str, str]) -> int:
+    subcommand = argv.pop(0) if argv and argv[0] in SUBCOMMANDS else None
+    pre = _pre_parse(argv, env)
+    sections = read_config_file(pre.config)
+    plugins = PluginSet(env)
+    plugins.load_plugins()
+    if subcommand in ("layers", "plugins"):
+        return list_plugins(plugins, subcommand, as_json="json" in argv)
+
+    layer = pre.layer or env.get("DETLAUNCH_LAYER") or sections.get(CORE_SECTION, {}).get("layer")
+    if layer:
+        plugins.load_layer(layer)
+    elif subcommand != "info" and not {"-h", "--help"} & set(argv):
+        raise ConfigError(f"no layer chosen: add --layer NAME (installed: "
+                          f"{', '.join(installed_layers()) or 'none'})")
+    plugins.check_hooks()
+    hooks = plugins.hooks
+
+    parser = build_parser(installed_layers())
+    core_dests = {a.dest for a in parser._actions}
+    hooks.add_options(parser)
+    layer_dests = {layer: {a.dest for a in parser._actions} - core_dests} if layer else {}
+    apply_defaults(parser, env, sections, layer_dests, pre.config)
+    ns, launcher_args, command = parse(parser, argv, env)
+    options = vars(ns)
+    options["layer"] = layer
+
+    if subcommand == "info":
+        config = Config(layer=layer or "", command=(), launcher_args=(), options=options, env=env)
+        return print_info(hooks.discover_cluster(config), options.get("format", "text"))
+
+    config = Config(layer=layer or "", command=resolve_command(command, env),
+                    launcher_args=tuple(launcher_args), options=options, env=env)
+    from .plan import build_plan, render_json, render_text
+
+    cluster = hooks.discover_cluster(config)
+    plan = build_plan(hooks, config, cluster)
+    if options.get("dry_run"):
+        print(render_json(plan) if options.get("format") == "json" else render_text(plan))
+        return 0
+
+    from .report import format_report
+    from .supervisor import NodeSupervisor
+
+    supervisor = NodeSupervisor(plan, debug=bool(options.get("debug")))
+    result = supervisor.run()
+    for problem in hooks.job_finished(plan.context, result):
+        print(f"detlaunch: warning: a job_finished observer failed: {problem}", file=sys.stderr)
+    for line in format_report(result, supervisor.stopped_ranks()):
+        print(line, file=sys.stderr)
+    return result.exit_code
+
+
+def list_plugins(plugins: PluginSet, which: str, as_json: bool) -> int:
+    """``detlaunch layers`` / ``detlaunch plugins``: what is installed, from where, and whether it loads."""
+    groups = (LAYERS,) if which == "layers" else (LAYERS, PLUGINS)
+    if which == "layers" or which == "plugins":
+        for name in installed_layers():
+            if name not in plugins.disabled:
+                try:
+                    plugins.load_layer(name)
+                except DetlaunchError:
+                    pass  # recorded in the entries, shown below
+    entries = plugins.list_entries(groups)
+    if as_json:
+        print(json.dumps([e.__dict__ for e in entries], indent=2))
+        return 0
+    width = max((len(e.name) for e in entries), default=4)
+    for e in entries:
+        kind = "layer " if e.group == LAYERS else "plugin"
+        line = f"{kind} {e.name:<{width}}  {e.dist} {e.version}  ({e.target})  {e.status}"
+        if e.error:
+            line += f": {e.error}"
+        print(line)
+    return 0
+
+
+def print_info(cluster: object, fmt: str) -> int:
+    from .cluster import ClusterInfo
+
+    assert isinstance(cluster, ClusterInfo)
+    data = {
+        "provider": cluster.provider, "job_id": cluster.job_id, "node_rank": cluster.node_rank,
+        "chief": cluster.chief_addr, "nodes": [
+            {"rank": i, "addr": a, "slots": s} for i, (a, s) in enumerate(zip(cluster.node_addrs, cluster.slots))
+        ], "sources": dict(cluster.sources),
+    }
+    if fmt == "json":
+        print(json.dumps(data, indent=2))
+        return 0
+    print(f"provider: {cluster.provider}")
+    print(f"job id:   {cluster.job_id}")
+    print(f"this node: rank {cluster.node_rank} of {cluster.num_nodes}, {cluster.local_slots} slot(s)")
+    print(f"chief:    {cluster.chief_addr}")
+    for node in data["nodes"]:  # type: ignore[union-attr]
+        print(f"  node {node['rank']}: {node['addr'] or '(address unknown)'}  slots={node['slots']}")
+    for what, source in cluster.sources.items():
+        print(f"  {what} from {source}")
+    return 0
+
+
+__all__ = ["main", "Parser"]

@@ -1,0 +1,249 @@
+"""Options: the command line, mirrored by DETLAUNCH_* variables and a config file.
+
+Precedence, highest first: command-line flag, ``DETLAUNCH_<OPTION>`` environment
+variable, the config file (``--config``/DETLAUNCH_CONFIG, TOML: a ``[detlaunch]``
+section for these options, a section named after the layer for its own), then
+the documented default.
+
+The command line reads ``detlaunch [OPTIONS] [LAUNCHER_ARGS... --] COMMAND...``:
+anything detlaunch does not know, given before ``--``, is passed to the
+underlying launcher (torchrun, horovodrun...). Without ``--``, the first
+argument that is not an option starts the command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import shutil
+import sys
+import tomllib
+from typing import Any, Mapping, Sequence
+
+from .errors import ConfigError
+
+ENV_PREFIX = "DETLAUNCH_"
+CORE_SECTION = "detlaunch"
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """Every parsed option, and the command to run on each rank."""
+
+    layer: str
+    command: tuple[str, ...]
+    launcher_args: tuple[str, ...]
+    options: Mapping[str, Any]
+    env: Mapping[str, str]
+
+    def __getattr__(self, name: str) -> Any:
+        # Options read as attributes: config.nproc_per_node, config.grace_period...
+        try:
+            return self.options[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse that raises ConfigError (one line) instead of printing usage and exiting."""
+
+    def error(self, message: str) -> Any:  # type: ignore[override]
+        raise ConfigError(f"{message} (see detlaunch --help)")
+
+
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise ValueError(text)
+    return value
+
+
+positive_int.__name__ = "positive integer"
+
+
+def port(text: str) -> int:
+    value = int(text)
+    if not 0 <= value <= 65535:
+        raise ValueError(text)
+    return value
+
+
+port.__name__ = "port number"
+
+
+def seconds(text: str) -> float:
+    value = float(text)
+    if value < 0:
+        raise ValueError(text)
+    return value
+
+
+seconds.__name__ = "number of seconds"
+
+
+def rank_list(text: str) -> tuple[int, ...]:
+    return tuple(int(r) for r in text.split(",") if r.strip())
+
+
+rank_list.__name__ = "comma-separated list of ranks"
+
+
+def build_parser(layer_names: Sequence[str] = ()) -> Parser:
+    p = Parser(
+        prog="detlaunch",
+        usage="detlaunch --layer NAME [OPTIONS] [LAUNCHER_ARGS... --] COMMAND [ARGS...]\n"
+        "       detlaunch {layers,plugins,info} [OPTIONS]",
+        description="Start a distributed training job on this node, supervised: any rank's "
+        "failure stops the whole job with that rank's exit code; every output line carries its "
+        "rank; signals reach every process; nothing is left running.",
+        epilog="Every option --foo-bar is also read from DETLAUNCH_FOO_BAR. "
+        f"Installed layers: {', '.join(layer_names) or 'none'}.",
+        allow_abbrev=False,
+    )
+    g = p.add_argument_group("job")
+    g.add_argument("--layer", help="launch layer: " + (", ".join(layer_names) or "see `detlaunch layers`"))
+    g.add_argument("--config", metavar="FILE", help="TOML config file ([detlaunch] and [<layer>] sections)")
+    g.add_argument("--job-id", help="job id shared by every node (default: from the scheduler, "
+                   "else derived from the host list for multi-node jobs, else random)")
+    g.add_argument("--dry-run", action="store_true", help="print this node's plan; start nothing")
+    g.add_argument("--format", choices=("text", "json"), default="text", help="--dry-run and info output")
+    g.add_argument("--debug", action="store_true", help="tracebacks and launcher verbosity")
+
+    g = p.add_argument_group("cluster (torchrun-style flags, or --hosts/--hostfile)")
+    g.add_argument("--nproc-per-node", type=positive_int, metavar="N",
+                   help="ranks on this node (default: visible GPUs, else 1)")
+    g.add_argument("--nnodes", type=positive_int, metavar="N", help="number of nodes")
+    g.add_argument("--node-rank", type=int, metavar="R", help="this node's rank (0 is the chief)")
+    g.add_argument("--master-addr", metavar="ADDR", help="the chief's address")
+    g.add_argument("--master-port", type=port, default=29500, metavar="PORT",
+                   help="rendezvous port on the chief (default 29500)")
+    g.add_argument("--node-addr", metavar="ADDR", help="this node's own address (default: from the host list)")
+    g.add_argument("--hosts", metavar="H:S,...", help="every node and its slots: 10.0.0.1:8,10.0.0.2:8")
+    g.add_argument("--hostfile", metavar="FILE", help="MPI-style hostfile: 'host slots=N' per line")
+    g.add_argument("--cluster", metavar="PROVIDER", help="force a discovery provider (see detlaunch plugins)")
+
+    g = p.add_argument_group("supervision")
+    g.add_argument("--grace-period", type=seconds, default=5.0, metavar="S",
+                   help="after asking processes to stop, SIGKILL them this many seconds later (default 5)")
+    g.add_argument("--start-timeout", type=seconds, default=300.0, metavar="S",
+                   help="give up when the ranks (or peers) have not started after this long (default 300)")
+    g.add_argument("--job-dir", metavar="DIR",
+                   help="job directory shared by all nodes, for per-job ssh keys "
+                   "(default ~/.cache/detlaunch/jobs/JOB_ID)")
+    g.add_argument("--log-dir", metavar="DIR", help="also write each rank's output to DIR/rank-N.log")
+    g.add_argument("--ranks", type=rank_list, metavar="R,R", help="only these ranks reach the console "
+                   "(log files get every rank)")
+    return p
+
+
+def option_env_name(dest: str) -> str:
+    return ENV_PREFIX + dest.upper()
+
+
+def _convert(action: argparse.Action, raw: Any, where: str) -> Any:
+    if isinstance(action, (argparse._StoreTrueAction, argparse._StoreFalseAction)):
+        text = str(raw).strip().lower()
+        if text in ("1", "true", "yes", "on"):
+            return True
+        if text in ("0", "false", "no", "off", ""):
+            return False
+        raise ConfigError(f"{where}={raw!r}: write 1 or 0")
+    if action.type is None or not isinstance(raw, str):
+        return raw
+    try:
+        value = action.type(raw)  # type: ignore[operator]
+    except (TypeError, ValueError):
+        kind = getattr(action.type, "__name__", "value")
+        raise ConfigError(f"{where}={raw!r} is not a valid {kind}") from None
+    if action.choices is not None and value not in action.choices:
+        raise ConfigError(f"{where}={raw!r}: choose one of {', '.join(map(str, action.choices))}")
+    return value
+
+
+def read_config_file(path: str | None) -> dict[str, dict[str, Any]]:
+    if not path:
+        return {}
+    try:
+        with open(path, "rb") as f:
+            data = tomllib.load(f)
+    except FileNotFoundError:
+        raise ConfigError(f"config file not found: {path}") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"config file {path} is not valid TOML: {e}") from None
+    for section, values in data.items():
+        if not isinstance(values, dict):
+            raise ConfigError(f"config file {path}: {section!r} must be a [section]")
+    return data
+
+
+def apply_defaults(
+    parser: argparse.ArgumentParser,
+    env: Mapping[str, str],
+    sections: Mapping[str, Mapping[str, Any]],
+    layer_dests: Mapping[str, set[str]],
+    config_path: str | None,
+) -> None:
+    """Set option defaults from the config file, then from DETLAUNCH_* variables (which win)."""
+    actions = {a.dest: a for a in parser._actions if a.option_strings and a.dest != "help"}
+    owner = {dest: section for section, dests in layer_dests.items() for dest in dests}
+    for section, values in sections.items():
+        for key, raw in values.items():
+            dest = key.replace("-", "_")
+            if dest not in actions or owner.get(dest, CORE_SECTION) != section:
+                if section == CORE_SECTION or section in layer_dests:
+                    raise ConfigError(f"config file {config_path}: unknown option {key!r} in [{section}]")
+                continue  # a section for a layer not in use
+            if isinstance(raw, list):
+                raw = ",".join(map(str, raw))
+            parser.set_defaults(**{dest: _convert(actions[dest], raw, f"[{section}] {key}")})
+    for dest, action in actions.items():
+        name = option_env_name(dest)
+        if name in env:
+            parser.set_defaults(**{dest: _convert(action, env[name], name)})
+
+
+def split_argv(argv: Sequence[str]) -> tuple[list[str], list[str] | None]:
+    """Split at the first ``--``: (options, command), command None when there is no ``--``."""
+    if "--" in argv:
+        i = list(argv).index("--")
+        return list(argv[:i]), list(argv[i + 1 :])
+    return list(argv), None
+
+
+def parse(
+    parser: argparse.ArgumentParser, argv: Sequence[str], env: Mapping[str, str]
+) -> tuple[argparse.Namespace, list[str], list[str]]:
+    """Parse options; return (options, launcher_args, command)."""
+    head, command = split_argv(argv)
+    if command is None:
+        parser.add_argument("command", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+        ns, unknown = parser.parse_known_args(head)
+        command = ns.command
+        if unknown:
+            raise ConfigError(
+                f"unknown option {unknown[0]}: detlaunch options go before the command; "
+                "arguments for the launcher itself go before `--` (detlaunch --layer L "
+                "[LAUNCHER_ARGS] -- COMMAND)"
+            )
+        del ns.command
+        return ns, [], command
+    ns, launcher_args = parser.parse_known_args(head)
+    return ns, launcher_args, command
+
+
+def resolve_command(command: Sequence[str], env: Mapping[str, str]) -> tuple[str, ...]:
+    """The user's command as each rank runs it: ``x.py`` runs under this Python, unbuffered."""
+    if not command:
+        raise ConfigError("no command given: detlaunch --layer NAME [OPTIONS] train.py [ARGS...]")
+    first = command[0]
+    if first.endswith(".py"):
+        if not os.path.isfile(first):
+            raise ConfigError(f"script not found: {first} (relative to {os.getcwd()})")
+        return (sys.executable, "-u", *command)
+    if "/" in first:
+        if not os.access(first, os.X_OK) or os.path.isdir(first):
+            raise ConfigError(f"command not found or not executable: {first}")
+    elif shutil.which(first, path=env.get("PATH")) is None:
+        raise ConfigError(f"command not found: {first} (not on PATH)")
+    return tuple(command)

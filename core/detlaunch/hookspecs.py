@@ -1,0 +1,133 @@
+"""Every hook detlaunch calls, in the order a launch calls them.
+
+A layer (``detlaunch.layers`` entry point, loaded only when chosen) or an
+always-on plugin (``detlaunch.plugins``) implements some of these with
+``@detlaunch.hookimpl``. Core calls them through the small facade in
+``detlaunch.plugins.Hooks``; nothing else touches ``pm.hook``.
+
+Where a hook runs: every hook runs inside the ``detlaunch`` process on each
+node, before any process of the job starts; none runs inside a rank.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import TYPE_CHECKING, Mapping
+
+import pluggy
+
+if TYPE_CHECKING:
+    from .cluster import ClusterInfo
+    from .config import Config
+    from .report import JobResult
+    from .stage import RankWrapper, Stage, StageContext
+
+PROJECT = "detlaunch"
+hookspec = pluggy.HookspecMarker(PROJECT)
+hookimpl = pluggy.HookimplMarker(PROJECT)
+
+
+# -- options -----------------------------------------------------------------------------------
+
+
+@hookspec(historic=True)
+def detlaunch_add_options(parser: argparse.ArgumentParser) -> None:
+    """Add a layer's or plugin's command-line options.
+
+    :param parser: the ``detlaunch`` parser; add a group named after your layer.
+        Every option ``--foo-bar`` is also read from ``DETLAUNCH_FOO_BAR`` and from
+        the config file's section named after the layer (``foo_bar = ...``).
+
+    Historic: a plugin registered later still sees the call. Runs on every node,
+    before the command line is parsed. Return value ignored.
+    """
+
+
+# -- cluster discovery -------------------------------------------------------------------------
+
+
+@hookspec(firstresult=True)
+def detlaunch_discover_cluster(config: Config) -> ClusterInfo | None:
+    """Find this job's nodes, slots, this node's rank and the chief.
+
+    :param config: the parsed options (``config.cluster`` names a provider when
+        the user forces one with ``--cluster``).
+    :return: a :class:`ClusterInfo`, or None when this provider does not apply
+        here (its environment variables are absent, or ``config.cluster`` names
+        another provider).
+
+    firstresult: the first provider that answers wins. Built-in order: static
+    (``--hosts``/``--hostfile``), torchrun-style flags, then local (trylast,
+    always answers). Runs on every node.
+    """
+
+
+# -- the plan: per-rank wrapper, environment, stages -------------------------------------------
+
+
+@hookspec
+def detlaunch_rank_wrappers(ctx: StageContext) -> RankWrapper | None:
+    """Contribute to the per-rank wrapper.
+
+    :param ctx: the stage context (cluster, config, the user's command).
+    :return: a :class:`RankWrapper` naming the environment variables that hold
+        the rank (in the order to try them) and/or argv pieces to run between
+        the wrapper and the user's command (``numactl ...``); or None.
+
+    All results are used, in call order: the rank variables of the first result
+    that names any win; argv pieces are concatenated. Runs on every node.
+    """
+
+
+@hookspec
+def detlaunch_environment(ctx: StageContext) -> Mapping[str, str] | None:
+    """Environment additions for every process the job starts on this node.
+
+    :param ctx: the stage context.
+    :return: a mapping of variable names to values, or None.
+
+    All results are merged; when two plugins set the same variable, the one
+    called first wins (mark yours ``tryfirst`` to take precedence). Core always
+    adds ``DET_CHIEF_IP``. Runs on every node.
+    """
+
+
+@hookspec(firstresult=True)
+def detlaunch_chief_stage(ctx: StageContext) -> Stage | None:
+    """What the chief node (node rank 0) runs under its supervisor.
+
+    :param ctx: the stage context; ``ctx.rank_command`` is the per-rank wrapper
+        followed by the user's command, ready to hand to the launcher.
+    :return: a :class:`Stage` (the launcher command, and any daemons, files or
+        peers to wait for), or None to let another plugin answer.
+
+    firstresult. Runs on the chief only. Must not start processes: it describes.
+    """
+
+
+@hookspec(firstresult=True)
+def detlaunch_worker_stage(ctx: StageContext) -> Stage | None:
+    """What a non-chief node (node rank > 0) runs under its supervisor.
+
+    :param ctx: the stage context.
+    :return: a :class:`Stage`: a launcher that reaches the chief (torchrun), or a
+        daemon the chief's launcher reaches (sshd); None to let another answer.
+
+    firstresult. Runs on worker nodes only. Must not start processes.
+    """
+
+
+# -- after the job -------------------------------------------------------------------------------
+
+
+@hookspec
+def detlaunch_job_finished(ctx: StageContext, result: JobResult) -> None:
+    """Observe the end of the job on this node (reporting, marking resources...).
+
+    :param ctx: the stage context.
+    :param result: exit code, per-rank statuses and the root cause, if any.
+
+    Called on every node after every process of the job on that node is gone,
+    before detlaunch exits. Return value ignored; an exception is reported and
+    does not change the exit code.
+    """

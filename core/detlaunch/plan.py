@@ -1,0 +1,212 @@
+"""From parsed options to this node's LaunchPlan: pure data, rendered by --dry-run.
+
+Building a plan calls the layer's hooks and never starts a process or touches
+the filesystem: the run directory's name is chosen here (random, so it cannot be
+predicted) and created by the supervisor when the job starts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import secrets
+import shlex
+import sys
+import tempfile
+from typing import Any, Mapping
+
+from .cluster import ClusterInfo
+from .config import Config
+from .errors import PluginLoadError
+from .plugins import Hooks
+from .stage import Command, Stage, StageContext
+
+WRAPPER_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "rank_wrapper.py")
+SOCKET_NAME = "supervisor.sock"
+# Variables core sets for every process it starts, and ones it must not pass on.
+SUPERVISOR_ENV = "DETLAUNCH_SUPERVISOR"
+SSHD_SUPERVISOR_ENV = "DETLAUNCH_SSHD_SUPERVISOR"
+
+
+@dataclasses.dataclass(frozen=True)
+class LaunchPlan:
+    """Everything this node's supervisor needs to run its part of the job."""
+
+    layer: str
+    role: str  # "chief" or "worker"
+    cluster: ClusterInfo
+    stage: Stage
+    env: Mapping[str, str]
+    unset_env: tuple[str, ...]
+    run_dir: str
+    shared_dir: str
+    wrapper_argv: tuple[str, ...]
+    user_command: tuple[str, ...]
+    rank_command: tuple[str, ...]
+    grace_period: float
+    start_timeout: float
+    log_dir: str | None
+    context: StageContext
+
+    @property
+    def socket_path(self) -> str:
+        return os.path.join(self.run_dir, SOCKET_NAME)
+
+    @property
+    def expected_ranks(self) -> int:
+        s = self.stage.expected_ranks
+        return self.cluster.local_slots if s is None else s
+
+    def to_json(self) -> dict[str, Any]:
+        c = self.cluster
+        return {
+            "layer": self.layer,
+            "role": self.role,
+            "cluster": {
+                "node_addrs": list(c.node_addrs), "slots": list(c.slots), "node_rank": c.node_rank,
+                "chief_addr": c.chief_addr, "job_id": c.job_id, "provider": c.provider,
+                "sources": dict(c.sources),
+            },
+            "supervisor": {"socket": self.socket_path, "grace_period": self.grace_period,
+                           "start_timeout": self.start_timeout, "expected_ranks": self.expected_ranks},
+            "files": sorted(self.stage.files),
+            "setup": [list(s) for s in self.stage.setup],
+            "wait_for_sshd": [f"{h}:{p}" for h, p in self.stage.wait_for_sshd],
+            "commands": [
+                {"name": cmd.name, "argv": list(cmd.argv), "daemon": cmd.daemon,
+                 "stop_signal": int(cmd.stop_signal), "env": dict(cmd.env)}
+                for cmd in self.stage.commands
+            ],
+            "rank_wrapper": list(self.wrapper_argv),
+            "command": list(self.user_command),
+            "env": dict(self.env),
+            "unset_env": list(self.unset_env),
+        }
+
+
+def wrapper_argv(config: Config, job_id: str, rank_env: tuple[str, ...]) -> tuple[str, ...]:
+    argv = [sys.executable, "-S", WRAPPER_PATH, "--job", job_id,
+            "--grace", f"{config.options.get('grace_period', 5.0):g}"]
+    if rank_env:
+        argv += ["--rank-env", ",".join(rank_env)]
+    if config.options.get("ranks"):
+        argv += ["--console-ranks", ",".join(map(str, config.options["ranks"]))]
+    if config.options.get("log_dir"):
+        argv += ["--log-dir", os.path.abspath(config.options["log_dir"])]
+    return tuple(argv) + ("--",)
+
+
+def default_shared_dir(job_id: str, env: Mapping[str, str]) -> str:
+    base = env.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "detlaunch", "jobs", job_id)
+
+
+def build_plan(hooks: Hooks, config: Config, cluster: ClusterInfo) -> LaunchPlan:
+    run_dir = os.path.join(tempfile.gettempdir(), f"detlaunch-{secrets.token_hex(8)}")
+    shared = config.options.get("job_dir") or default_shared_dir(cluster.job_id, config.env)
+    ctx = StageContext(config=config, cluster=cluster, run_dir=run_dir,
+                       shared_dir=os.path.abspath(shared), user_command=config.command,
+                       env=config.env)
+
+    pieces = hooks.rank_wrappers(ctx)
+    rank_env = next((p.rank_env for p in pieces if p.rank_env), ())
+    wrapper = wrapper_argv(config, cluster.job_id, rank_env)
+    extra = tuple(arg for p in pieces for arg in p.argv)
+    ctx = ctx.replace(rank_command=wrapper + extra + config.command)
+
+    env = hooks.environment(ctx)
+    env["DET_CHIEF_IP"] = cluster.chief_addr
+    env[SUPERVISOR_ENV] = os.path.join(run_dir, SOCKET_NAME)
+    env["DETLAUNCH_JOB_ID"] = cluster.job_id
+    env["DETLAUNCH_NODE_RANK"] = str(cluster.node_rank)
+    if "PYTHONUNBUFFERED" not in config.env:
+        env["PYTHONUNBUFFERED"] = "1"  # the last line before a crash must reach the logs
+
+    role = "chief" if cluster.is_chief else "worker"
+    stage = hooks.chief_stage(ctx) if cluster.is_chief else hooks.worker_stage(ctx)
+    if stage is None:
+        raise PluginLoadError(f"layer {config.layer!r} has no {role} stage "
+                              f"(it implements no detlaunch_{role}_stage hook)")
+    if not isinstance(stage, Stage):
+        raise PluginLoadError(f"layer {config.layer!r}: detlaunch_{role}_stage returned "
+                              f"{type(stage).__name__}, not a detlaunch.Stage")
+    return LaunchPlan(
+        layer=config.layer, role=role, cluster=cluster, stage=stage, env=env,
+        unset_env=(SSHD_SUPERVISOR_ENV, *stage.unset_env), run_dir=run_dir,
+        shared_dir=ctx.shared_dir, wrapper_argv=wrapper, user_command=config.command,
+        rank_command=ctx.rank_command, grace_period=config.options.get("grace_period", 5.0),
+        start_timeout=config.options.get("start_timeout", 300.0),
+        log_dir=config.options.get("log_dir"), context=ctx,
+    )
+
+
+# -- rendering -------------------------------------------------------------------------------
+
+
+def _quote(argv: tuple[str, ...] | list[str]) -> str:
+    return " ".join(shlex.quote(a) for a in argv)
+
+
+def _split_rank_command(cmd: Command, plan: LaunchPlan) -> tuple[tuple[str, ...], bool]:
+    """The launcher's own argv, and whether the rank command follows it."""
+    argv, rc = cmd.argv, plan.rank_command
+    for i in range(len(argv) - len(rc) + 1):
+        if argv[i : i + len(rc)] == rc:
+            return argv[:i], True
+    return argv, False
+
+
+def render_text(plan: LaunchPlan) -> str:
+    c = plan.cluster
+    lines = [
+        f"node {c.node_rank} of {c.num_nodes} ({plan.role}) · layer {plan.layer} · job {c.job_id} · "
+        f"{c.local_slots} rank(s) here, {c.total_slots} in all · chief {c.chief_addr} "
+        f"(discovered by {c.provider})",
+        f"detlaunch supervisor  [socket {plan.socket_path}; grace {plan.grace_period:g} s; "
+        f"start timeout {plan.start_timeout:g} s; expects {plan.expected_ranks} rank(s)]",
+    ]
+    for path in sorted(plan.stage.files):
+        lines.append(f"├── writes {path}")
+    for argv in plan.stage.setup:
+        lines.append(f"├── runs first: {_quote(argv)}")
+    for host, port in plan.stage.wait_for_sshd:
+        lines.append(f"├── waits for the sshd greeting of {host}:{port}")
+    for n, cmd in enumerate(plan.stage.commands):
+        last = n == len(plan.stage.commands) - 1
+        branch, pad = ("└── ", "    ") if last else ("├── ", "│   ")
+        own, runs_ranks = _split_rank_command(cmd, plan)
+        tags = [t for t in ("daemon" if cmd.daemon else "", f"stop with {_signame(cmd.stop_signal)}") if t]
+        lines.append(f"{branch}{_quote(own)}  [{', '.join(tags)}]")
+        for key, value in sorted(cmd.env.items()):
+            lines.append(f"{pad}    env {key}={_short(value)}")
+        if runs_ranks:
+            extra = plan.rank_command[len(plan.wrapper_argv) : len(plan.rank_command) - len(plan.user_command)]
+            lines.append(f"{pad}└── {_quote(plan.wrapper_argv)}  [one per rank]")
+            inner = pad + "    "
+            if extra:
+                lines.append(f"{inner}└── {_quote(extra)}")
+                inner += "    "
+            lines.append(f"{inner}└── {_quote(plan.user_command)}")
+    lines.append("environment added for every process:")
+    lines.extend(f"  {k}={_short(v)}" for k, v in sorted(plan.env.items()))
+    if plan.unset_env:
+        lines.append("environment removed: " + ", ".join(plan.unset_env))
+    return "\n".join(lines)
+
+
+def _short(value: str, limit: int = 120) -> str:
+    return value if len(value) <= limit else value[: limit - 3] + "..."
+
+
+def _signame(sig: int) -> str:
+    import signal
+
+    try:
+        return signal.Signals(sig).name
+    except ValueError:
+        return str(sig)
+
+
+def render_json(plan: LaunchPlan) -> str:
+    return json.dumps(plan.to_json(), indent=2, sort_keys=True)

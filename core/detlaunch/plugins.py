@@ -1,0 +1,203 @@
+"""Finding, loading and calling plugins.
+
+Two entry-point groups: ``detlaunch.layers`` (one per layer; only the chosen
+layer is imported) and ``detlaunch.plugins`` (always on: discovery providers,
+observers). Built-in layers and providers register through the same entry points
+as anyone else's. A plugin that fails to import is reported and skipped; the
+chosen layer failing to import is an error. ``DETLAUNCH_DISABLE_PLUGINS``
+(comma-separated names) keeps plugins and layers from being imported at all.
+
+Core calls hooks only through :class:`Hooks`, never through ``pm.hook``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib.metadata
+import traceback
+from typing import Any, Mapping, Sequence
+
+import pluggy
+import stevedore
+
+from . import hookspecs
+from .cluster import ClusterInfo
+from .config import Config
+from .errors import ClusterError, LayerNotFoundError, PluginLoadError
+from .report import JobResult
+from .stage import RankWrapper, Stage, StageContext
+
+LAYERS = "detlaunch.layers"
+PLUGINS = "detlaunch.plugins"
+BUILTIN_DIST = "detlaunch"
+
+
+@dataclasses.dataclass(frozen=True)
+class PluginEntry:
+    """One installed entry point, and what happened when (or if) it was loaded."""
+
+    group: str
+    name: str
+    target: str
+    dist: str
+    version: str
+    status: str = "not loaded"  # "loaded", "not loaded", "disabled", "failed", "shadowed"
+    error: str = ""
+
+
+def disabled_names(env: Mapping[str, str]) -> set[str]:
+    return {n.strip() for n in env.get("DETLAUNCH_DISABLE_PLUGINS", "").split(",") if n.strip()}
+
+
+def _entries(group: str) -> list[PluginEntry]:
+    manager = stevedore.NamedExtensionManager(group, names=[])  # lists, loads nothing
+    owners = {(ep.name, ep.value): ep.dist for ep in importlib.metadata.entry_points(group=group)}
+    entries = []
+    for ep in manager.list_entry_points():
+        dist = owners.get((ep.name, ep.value))
+        entries.append(PluginEntry(group, ep.name, ep.value, dist.name if dist else "?",
+                                   dist.version if dist else "?"))
+    # A name published twice: the built-in one wins, the other is shadowed (entry points add,
+    # they never replace a built-in).
+    entries.sort(key=lambda e: (e.name, e.dist != BUILTIN_DIST))
+    result, seen = [], set()
+    for e in entries:
+        result.append(dataclasses.replace(e, status="shadowed") if e.name in seen else e)
+        seen.add(e.name)
+    return result
+
+
+def installed_layers() -> list[str]:
+    return [e.name for e in _entries(LAYERS) if e.status != "shadowed"]
+
+
+def _error_line(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}".strip()
+
+
+class PluginSet:
+    """The loaded plugins of one detlaunch run, and the record of what loaded."""
+
+    def __init__(self, env: Mapping[str, str]):
+        self.pm = pluggy.PluginManager(hookspecs.PROJECT)
+        self.pm.add_hookspecs(hookspecs)
+        self.entries: list[PluginEntry] = []
+        self.disabled = disabled_names(env)
+        self.layer_module: Any = None
+        self.tracebacks: dict[str, str] = {}
+
+    def _load(self, entry: PluginEntry) -> tuple[PluginEntry, Any]:
+        if entry.status == "shadowed":
+            return entry, None
+        if entry.name in self.disabled:
+            return dataclasses.replace(entry, status="disabled"), None
+        failures: list[BaseException] = []
+
+        def on_failure(_manager: Any, _ep: Any, exc: BaseException) -> None:
+            failures.append(exc)
+
+        manager = stevedore.NamedExtensionManager(
+            entry.group, names=[entry.name], on_load_failure_callback=on_failure,
+            on_missing_entrypoints_callback=lambda names: None,
+        )
+        ext = next((e for e in manager.extensions if e.entry_point.value == entry.target), None)
+        if ext is None:
+            error = _error_line(failures[0]) if failures else "the entry point did not load"
+            self.tracebacks[entry.name] = "".join(traceback.format_exception(failures[0])) if failures else ""
+            return dataclasses.replace(entry, status="failed", error=error), None
+        module = ext.plugin
+        try:
+            self.pm.register(module, name=f"{entry.group}:{entry.name}")
+        except (ValueError, pluggy.PluginValidationError) as e:
+            return dataclasses.replace(entry, status="failed", error=_error_line(e)), None
+        return dataclasses.replace(entry, status="loaded"), module
+
+    def load_plugins(self) -> None:
+        for entry in _entries(PLUGINS):
+            loaded, _ = self._load(entry)
+            self.entries.append(loaded)
+
+    def load_layer(self, name: str) -> None:
+        candidates = [e for e in _entries(LAYERS) if e.name == name and e.status != "shadowed"]
+        if not candidates:
+            raise LayerNotFoundError(
+                f"unknown layer {name!r}; installed layers: {', '.join(installed_layers()) or 'none'}"
+            )
+        if name in self.disabled:
+            raise PluginLoadError(f"layer {name!r} is disabled by DETLAUNCH_DISABLE_PLUGINS")
+        loaded, module = self._load(candidates[0])
+        self.entries.append(loaded)
+        if module is None:
+            raise PluginLoadError(
+                f"layer {name!r} ({loaded.target}, from {loaded.dist} {loaded.version}) failed to "
+                f"load: {loaded.error}"
+            )
+        self.layer_module = module
+
+    def check_hooks(self) -> None:
+        """Fail on a hook implementation that matches no hook spec (a typo in a plugin)."""
+        try:
+            self.pm.check_pending()
+        except pluggy.PluginValidationError as e:
+            raise PluginLoadError(f"plugin error: {e}") from None
+
+    def list_entries(self, groups: Sequence[str] = (LAYERS, PLUGINS)) -> list[PluginEntry]:
+        """Every installed entry point of `groups`, with what happened when it was loaded here."""
+        loaded = {(e.group, e.name, e.target): e for e in self.entries}
+        out = []
+        for group in groups:
+            for e in _entries(group):
+                out.append(loaded.get((e.group, e.name, e.target), e))
+        return out
+
+    @property
+    def hooks(self) -> Hooks:
+        return Hooks(self.pm)
+
+
+class Hooks:
+    """The typed facade core uses to call hooks; the only code that touches ``pm.hook``."""
+
+    def __init__(self, pm: pluggy.PluginManager):
+        self._hook = pm.hook
+
+    def add_options(self, parser: argparse.ArgumentParser) -> None:
+        self._hook.detlaunch_add_options.call_historic(kwargs={"parser": parser})
+
+    def discover_cluster(self, config: Config) -> ClusterInfo:
+        info = self._hook.detlaunch_discover_cluster(config=config)
+        if info is None:
+            wanted = config.options.get("cluster")
+            if wanted:
+                raise ClusterError(f"cluster provider {wanted!r} found nothing here, or is not "
+                                   "installed (see detlaunch plugins)")
+            raise ClusterError("no cluster provider answered (is the 'local' plugin disabled?)")
+        return info
+
+    def rank_wrappers(self, ctx: StageContext) -> list[RankWrapper]:
+        return [w for w in self._hook.detlaunch_rank_wrappers(ctx=ctx) if w is not None]
+
+    def environment(self, ctx: StageContext) -> dict[str, str]:
+        merged: dict[str, str] = {}
+        for result in self._hook.detlaunch_environment(ctx=ctx):
+            for key, value in (result or {}).items():
+                merged.setdefault(str(key), str(value))
+        return merged
+
+    def chief_stage(self, ctx: StageContext) -> Stage | None:
+        return self._hook.detlaunch_chief_stage(ctx=ctx)
+
+    def worker_stage(self, ctx: StageContext) -> Stage | None:
+        return self._hook.detlaunch_worker_stage(ctx=ctx)
+
+    def job_finished(self, ctx: StageContext, result: JobResult) -> list[str]:
+        """Call every observer; return the errors they raised (they never change the exit code)."""
+        errors = []
+        for impl in reversed(self._hook.detlaunch_job_finished.get_hookimpls()):
+            kwargs = {"ctx": ctx, "result": result}
+            try:
+                impl.function(**{name: kwargs[name] for name in impl.argnames})
+            except Exception as e:  # an observer's failure is reported, not fatal
+                errors.append(f"{impl.plugin_name}: {_error_line(e)}")
+        return errors

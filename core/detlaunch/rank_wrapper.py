@@ -1,0 +1,374 @@
+"""The per-rank wrapper: one small process in front of each rank.
+
+It plays the seed's pid_client and wrap_rank roles in one process:
+
+- registers with its node's supervisor over a Unix socket and reports the rank's
+  exit status (with the last lines of its stderr) before it exits;
+- runs the rank in its own process group and forwards signals to that group;
+- prefixes every stdout/stderr line with ``[rank=N] `` (``\\r`` ends a line too,
+  so progress bars work), keeps the two streams apart, passes bytes through
+  unchanged, and splits lines longer than PIPE_BUF so no write is ever torn;
+- when the supervisor's connection drops (the supervisor was killed), stops the rank.
+
+It is started as ``python -S rank_wrapper.py`` and imports only a few stdlib
+modules: it runs once per rank, so its start-up time and memory are the job's.
+The argv is::
+
+    rank_wrapper.py [--rank N | --rank-env VAR,VAR] [--job ID] [--console-ranks 0,1]
+                    [--log-dir DIR] [--grace S] -- COMMAND...
+
+The supervisor socket comes from the environment: DETLAUNCH_SSHD_SUPERVISOR
+(set by a node's own sshd, so ranks that arrive over ssh find their node's
+supervisor) wins over DETLAUNCH_SUPERVISOR. Without either, the wrapper only
+prefixes output.
+"""
+
+import os
+import select
+import signal
+import socket
+import sys
+import time
+
+PIPE_BUF = 4096
+READ_SIZE = 1 << 16
+TAIL_BYTES = 8192
+TAIL_LINES = 20
+DEFAULT_RANK_ENV = ("RANK", "HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
+FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT,
+                     signal.SIGUSR1, signal.SIGUSR2)
+
+
+class UsageError(Exception):
+    pass
+
+
+def parse_args(argv):
+    """Parse the wrapper's small argv by hand (argparse alone costs more than the rest)."""
+    opts = {"rank": None, "rank_env": DEFAULT_RANK_ENV, "job": "", "console": None,
+            "log_dir": None, "grace": 5.0}
+    i = 0
+    while i < len(argv) and argv[i] != "--":
+        key = argv[i]
+        if i + 1 >= len(argv):
+            raise UsageError(f"{key} needs a value")
+        value = argv[i + 1]
+        if key == "--rank":
+            opts["rank"] = value
+        elif key == "--rank-env":
+            opts["rank_env"] = tuple(v for v in value.split(",") if v)
+        elif key == "--job":
+            opts["job"] = value
+        elif key == "--console-ranks":
+            opts["console"] = {int(r) for r in value.split(",") if r}
+        elif key == "--log-dir":
+            opts["log_dir"] = value
+        elif key == "--grace":
+            opts["grace"] = float(value)
+        else:
+            raise UsageError(f"unknown option {key}")
+        i += 2
+    command = argv[i + 1:]
+    if not command:
+        raise UsageError("no command given after --")
+    return opts, command
+
+
+def find_rank(explicit, names, env):
+    if explicit is not None:
+        return int(explicit)
+    for name in names:
+        value = env.get(name)
+        if value is not None and value.strip().lstrip("-").isdigit():
+            return int(value)
+    raise UsageError(f"cannot tell this process's rank: none of {', '.join(names)} is set")
+
+
+class LinePrefixer:
+    """Turns a byte stream into prefixed lines; ``\\n``, ``\\r`` and ``\\r\\n`` end a line.
+
+    Bytes are never decoded, so any encoding (or none) passes through unchanged.
+    A line longer than the limit is emitted in pieces, each but the last ending
+    with an added ``\\n``, so that every emitted line fits in one atomic pipe write.
+    """
+
+    def __init__(self, prefix):
+        self.prefix = prefix
+        self.limit = max(PIPE_BUF - len(prefix) - 2, 16)
+        self.pending = b""
+
+    def feed(self, data):
+        """Return the complete lines of pending + data, prefixed; keep the partial rest."""
+        buf = self.pending + data if self.pending else data
+        end = max(buf.rfind(b"\n"), buf.rfind(b"\r")) + 1
+        head, rest = buf[:end], buf[end:]
+        out = self._prefix(head) if head else b""
+        if len(rest) > self.limit:
+            cut = len(rest) - len(rest) % self.limit
+            out += self._pieces(rest[:cut], b"\n")
+            rest = rest[cut:]
+        self.pending = rest
+        return out
+
+    def flush(self):
+        """At end of stream: the last partial line, ended with an added newline."""
+        rest, self.pending = self.pending, b""
+        return self.prefix + rest + b"\n" if rest else b""
+
+    def _prefix(self, head):
+        prefix = self.prefix
+        if b"\r" not in head:
+            lines = head.split(b"\n")
+            lines.pop()  # head ends with "\n": nothing after it
+            if max(map(len, lines)) <= self.limit:
+                return prefix + (b"\n" + prefix).join(lines) + b"\n"
+            return b"".join(self._pieces(line, b"\n") for line in lines)
+        return b"".join(self._pieces(body, end) for body, end in split_lines(head))
+
+    def _pieces(self, body, end):
+        """One line: prefixed, split into pieces of at most `limit` bytes."""
+        n = self.limit
+        if len(body) <= n:
+            return self.prefix + body + end
+        parts = [body[i:i + n] for i in range(0, len(body), n)]
+        last = parts.pop()
+        return b"".join(self.prefix + p + b"\n" for p in parts) + self.prefix + last + end
+
+
+def split_lines(head):
+    """Yield (body, terminator) for each line of `head`, which ends with a line end."""
+    parts = head.split(b"\n")
+    after_last_newline = parts.pop()
+    for part in parts:
+        yield from _split_cr(part, b"\n")
+    yield from _split_cr(after_last_newline, b"")
+
+
+def _split_cr(part, end):
+    subs = part.split(b"\r")
+    last = subs.pop()
+    if not last and subs and end:  # "...\r\n" is one line end
+        last = subs.pop()
+        end = b"\r" + end
+    for sub in subs:
+        yield sub, b"\r"
+    if last or end:
+        yield last, end
+
+
+def write_all(fd, data):
+    """Write whole lines in pieces of at most PIPE_BUF bytes, so no line is torn."""
+    while data:
+        if len(data) <= PIPE_BUF:
+            piece, data = data, b""
+        else:
+            cut = max(data.rfind(b"\n", 0, PIPE_BUF), data.rfind(b"\r", 0, PIPE_BUF)) + 1
+            piece, data = data[:cut or PIPE_BUF], data[cut or PIPE_BUF:]
+        view = memoryview(piece)
+        while view:
+            view = view[os.write(fd, view):]
+
+
+class Output:
+    """Where one of the rank's streams goes: the console (maybe) and the rank's log file (maybe)."""
+
+    def __init__(self, console_fd, log_fd):
+        self.fds = [fd for fd in (console_fd, log_fd) if fd is not None]
+
+    def write(self, data):
+        if not data:
+            return
+        for fd in list(self.fds):
+            try:
+                write_all(fd, data)
+            except OSError:  # console or file gone: keep the rank running, drop this copy
+                self.fds.remove(fd)
+
+
+class Supervisor:
+    """The connection to this node's supervisor (the pid_server role), or None when running alone."""
+
+    @staticmethod
+    def connect(path, job, rank):
+        """Register; return the link and the console fds the supervisor hands over.
+
+        Rank output goes straight to the node's console (the supervisor's stdout and
+        stderr, passed over the socket), not through the launcher's pipes: no launcher
+        re-prefixes it, ships it to another node, or slows it down.
+        """
+        if not path:
+            return None, (1, 2)
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(30)
+        try:
+            sock.connect(path)
+        except OSError as e:
+            raise UsageError(f"cannot reach this node's detlaunch supervisor at {path}: {e.strerror}")
+        link = Supervisor(sock)
+        link.send({"t": "hello", "job": job, "rank": rank, "pid": os.getpid()})
+        data, fds, _, _ = socket.recv_fds(sock, 4096, 2)
+        link.buffer = data
+        reply = link.receive()
+        if reply.get("t") != "ok" or len(fds) != 2:
+            raise UsageError(f"the supervisor refused rank {rank}: {reply.get('why', 'no reason given')}")
+        sock.settimeout(None)
+        return link, tuple(fds)
+
+    def __init__(self, sock):
+        self.sock = sock
+        self.buffer = b""
+
+    def send(self, message):
+        import json
+        self.sock.sendall(json.dumps(message).encode() + b"\n")
+
+    def receive(self):
+        import json
+        while b"\n" not in self.buffer:
+            data = self.sock.recv(4096)
+            if not data:
+                return {}
+            self.buffer += data
+        line, self.buffer = self.buffer.split(b"\n", 1)
+        return json.loads(line)
+
+
+class RankWrapper:
+    def __init__(self, rank, command, supervisor, console, log_fd, grace):
+        """console: the (stdout, stderr) fds to write to, or None to keep this rank off the console."""
+        self.rank = rank
+        self.command = command
+        self.supervisor = supervisor
+        self.grace = grace
+        self.prefix = f"[rank={rank}] ".encode()
+        self.pid = None
+        self.status = None
+        self.pending_signal = None
+        self.kill_deadline = None
+        self.tail = b""
+        out, err = console or (None, None)
+        self.outputs = {1: Output(out, log_fd), 2: Output(err, log_fd)}
+
+    # -- signals --------------------------------------------------------------
+    def on_signal(self, signum, frame):
+        if self.pid is None:
+            self.pending_signal = signum
+        elif self.status is None:
+            self.signal_rank(signum)
+
+    def signal_rank(self, signum):
+        try:
+            os.killpg(self.pid, signum)
+        except ProcessLookupError:
+            pass
+
+    def stop_rank(self):
+        """Ask the rank's group to stop now and make sure it is gone after the grace period."""
+        self.signal_rank(signal.SIGTERM)
+        if self.kill_deadline is None:
+            self.kill_deadline = time.monotonic() + self.grace
+
+    # -- the loop ---------------------------------------------------------------
+    def run(self):
+        for signum in FORWARDED_SIGNALS:
+            signal.signal(signum, self.on_signal)
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        actions = [(os.POSIX_SPAWN_DUP2, out_w, 1), (os.POSIX_SPAWN_DUP2, err_w, 2),
+                   (os.POSIX_SPAWN_CLOSE, out_w), (os.POSIX_SPAWN_CLOSE, err_w)]
+        self.pid = os.posix_spawnp(self.command[0], self.command, os.environ, file_actions=actions,
+                                   setpgroup=0, setsigdef=FORWARDED_SIGNALS + (signal.SIGPIPE,))
+        os.close(out_w)
+        os.close(err_w)
+        if self.supervisor:
+            self.supervisor.send({"t": "started", "pid": self.pid})
+        if self.pending_signal is not None:
+            self.signal_rank(self.pending_signal)
+        pidfd = os.pidfd_open(self.pid)
+        streams = {out_r: (LinePrefixer(self.prefix), self.outputs[1], False),
+                   err_r: (LinePrefixer(self.prefix), self.outputs[2], True)}
+        poller = select.poll()
+        for fd in (out_r, err_r, pidfd):
+            poller.register(fd, select.POLLIN)
+        sup_fd = self.supervisor.sock.fileno() if self.supervisor else None
+        if sup_fd is not None:
+            poller.register(sup_fd, select.POLLIN)
+
+        while streams or self.status is None:
+            timeout = None
+            if self.kill_deadline is not None:
+                timeout = max(0, (self.kill_deadline - time.monotonic()) * 1000)
+            events = poller.poll(timeout)
+            if self.kill_deadline is not None and time.monotonic() >= self.kill_deadline:
+                self.signal_rank(signal.SIGKILL)
+                self.kill_deadline = float("inf") if streams else None
+            for fd, _ in events:
+                if fd in streams:
+                    prefixer, output, is_stderr = streams[fd]
+                    data = os.read(fd, READ_SIZE)
+                    if data:
+                        output.write(prefixer.feed(data))
+                        if is_stderr:
+                            self.tail = (self.tail + data)[-TAIL_BYTES:]
+                    else:
+                        output.write(prefixer.flush())
+                        poller.unregister(fd)
+                        os.close(fd)
+                        del streams[fd]
+                elif fd == pidfd:
+                    _, self.status = os.waitpid(self.pid, 0)
+                    poller.unregister(pidfd)
+                    os.close(pidfd)
+                    if streams:  # something the rank started still holds its output open
+                        self.stop_rank()
+                elif fd == sup_fd:
+                    if not self.supervisor.sock.recv(4096):
+                        poller.unregister(sup_fd)
+                        self.supervisor = None
+                        self.stop_rank()
+        return self.finish()
+
+    def finish(self):
+        code = os.waitstatus_to_exitcode(self.status)
+        signum = -code if code < 0 else None
+        exit_code = 128 + signum if signum else code
+        if self.supervisor:
+            lines = self.tail.replace(b"\r", b"\n").decode("utf-8", "replace").splitlines()
+            tail = [line for line in lines if line.strip()][-TAIL_LINES:]
+            try:
+                self.supervisor.send({"t": "exit", "code": exit_code, "signal": signum,
+                                      "tail": tail, "time": time.monotonic()})
+            except OSError:
+                pass
+        return exit_code
+
+
+def open_log(log_dir, rank):
+    if not log_dir:
+        return None
+    os.makedirs(log_dir, exist_ok=True)
+    return os.open(os.path.join(log_dir, f"rank-{rank}.log"),
+                   os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
+
+
+def main(argv=None):
+    try:
+        opts, command = parse_args(sys.argv[1:] if argv is None else argv)
+        rank = find_rank(opts["rank"], opts["rank_env"], os.environ)
+        path = os.environ.get("DETLAUNCH_SSHD_SUPERVISOR") or os.environ.get("DETLAUNCH_SUPERVISOR")
+        supervisor, console = Supervisor.connect(path, opts["job"], rank)
+        if opts["console"] is not None and rank not in opts["console"]:
+            console = None
+        wrapper = RankWrapper(rank, command, supervisor, console,
+                              open_log(opts["log_dir"], rank), opts["grace"])
+        return wrapper.run()
+    except (UsageError, ValueError) as e:
+        os.write(2, f"detlaunch rank wrapper: error: {e}\n".encode())
+        return 2
+    except FileNotFoundError as e:
+        os.write(2, f"detlaunch rank wrapper: error: command not found: {e.filename}\n".encode())
+        return 127
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,90 @@
+"""How a job ended, and the end-of-job report printed on stderr."""
+
+from __future__ import annotations
+
+import dataclasses
+import signal
+from typing import Sequence
+
+
+def describe_exit(code: int | None, signum: int | None) -> str:
+    if signum:
+        try:
+            name = signal.Signals(signum).name
+        except ValueError:
+            name = f"signal {signum}"
+        return f"killed by {name}"
+    if code is None:
+        return "still running"
+    return f"exit {code}"
+
+
+@dataclasses.dataclass(frozen=True)
+class RankStatus:
+    """One rank's end, as its wrapper reported it (or as the supervisor saw it)."""
+
+    rank: int
+    node_rank: int
+    exit_code: int | None
+    signal: int | None = None
+    tail: tuple[str, ...] = ()
+    lost: bool = False  # the wrapper vanished without a report (SIGKILLed)
+    time: float = 0.0  # CLOCK_MONOTONIC of the exit, to order failures on a node
+    host: str = ""
+
+    @property
+    def failed(self) -> bool:
+        return self.exit_code != 0
+
+    def describe(self) -> str:
+        if self.lost:
+            return "its wrapper was killed before it could report (counted as SIGKILL)"
+        return describe_exit(self.exit_code, self.signal)
+
+
+@dataclasses.dataclass(frozen=True)
+class Failure:
+    """The root cause: the first thing that went wrong."""
+
+    what: str  # one line: "rank 1 on node 0 (127.0.0.1) exited with code 3"
+    exit_code: int
+    rank: RankStatus | None = None
+    tail: tuple[str, ...] = ()  # the last output lines of whatever failed
+    tail_of: str = ""  # whose lines they are: "rank 1", "torchrun"
+
+
+@dataclasses.dataclass(frozen=True)
+class JobResult:
+    exit_code: int
+    ranks: tuple[RankStatus, ...]
+    failure: Failure | None = None
+    interrupted_by: int | None = None
+    duration: float = 0.0
+    node_rank: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0
+
+
+def format_report(result: JobResult, stopped: Sequence[int] = ()) -> list[str]:
+    """The end-of-job report: a line per rank, and for a failure the root cause with its stderr."""
+    lines = []
+    if result.ok:
+        lines.append(f"detlaunch: job finished: {len(result.ranks)} rank(s) on this node exited 0 "
+                     f"in {result.duration:.2f} s")
+        return lines
+    if result.failure:
+        lines.append(f"detlaunch: job failed: {result.failure.what}")
+        f = result.failure
+        if f.tail:
+            lines.append(f"detlaunch: last {'stderr' if f.rank else 'output'} lines of {f.tail_of}:")
+            lines.extend(f"detlaunch:   | {line}" for line in f.tail)
+    elif result.interrupted_by:
+        lines.append(f"detlaunch: job interrupted by {signal.Signals(result.interrupted_by).name}")
+    for r in sorted(result.ranks, key=lambda r: r.rank):
+        cause = result.failure and result.failure.rank and result.failure.rank.rank == r.rank
+        note = " (root cause)" if cause else (" (stopped by detlaunch)" if r.rank in stopped else "")
+        lines.append(f"detlaunch:   rank {r.rank} (node {r.node_rank}): {r.describe()}{note}")
+    lines.append(f"detlaunch: exit code {result.exit_code}")
+    return lines

@@ -1,0 +1,114 @@
+"""The data a layer returns: what a node runs (Stage), and what it is given (StageContext).
+
+Everything here is plain frozen data. Building it never starts a process; the
+supervisor is what turns a Stage into running processes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+from typing import TYPE_CHECKING, Any, Mapping
+
+if TYPE_CHECKING:
+    from .cluster import ClusterInfo
+    from .config import Config
+
+
+@dataclasses.dataclass(frozen=True)
+class RankWrapper:
+    """A layer's contribution to the per-rank wrapper.
+
+    rank_env: environment variables holding the global rank, in the order to try
+    (horovod: HOROVOD_RANK, OMPI_COMM_WORLD_RANK, PMI_RANK).
+    argv: a command to run between the wrapper and the user's command (numactl ...).
+    """
+
+    rank_env: tuple[str, ...] = ()
+    argv: tuple[str, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class Command:
+    """One process a node's supervisor starts and owns.
+
+    daemon: the process serves the job and never ends by itself (sshd); the job on
+    this node ends when its ranks have all exited, and then the daemon is stopped.
+    An early exit of a daemon is a failure.
+    stop_signal: how to ask this process to stop (horovodrun wants SIGINT).
+    """
+
+    argv: tuple[str, ...]
+    name: str = ""
+    stop_signal: int = signal.SIGTERM
+    daemon: bool = False
+    env: Mapping[str, str] = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "argv", tuple(self.argv))
+        if not self.argv:
+            raise ValueError("a Command needs a non-empty argv")
+        if not self.name:
+            object.__setattr__(self, "name", os.path.basename(self.argv[0]))
+
+
+@dataclasses.dataclass(frozen=True)
+class Stage:
+    """What one node runs: its commands and what must be in place before they start.
+
+    The supervisor: writes `files` (mode 0600; relative paths are in the node's
+    run directory), runs each `setup` command in order (each must succeed),
+    starts the daemon commands, waits until each (host, port) in `wait_for_sshd`
+    answers with an SSH greeting, then starts the other commands.
+    expected_ranks: ranks that will register on this node (default: its slots).
+    """
+
+    commands: tuple[Command, ...]
+    files: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    setup: tuple[tuple[str, ...], ...] = ()
+    wait_for_sshd: tuple[tuple[str, int], ...] = ()
+    expected_ranks: int | None = None
+    unset_env: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "commands", tuple(self.commands))
+        object.__setattr__(self, "setup", tuple(tuple(s) for s in self.setup))
+        object.__setattr__(self, "wait_for_sshd", tuple(tuple(w) for w in self.wait_for_sshd))
+        object.__setattr__(self, "unset_env", tuple(self.unset_env))
+        if not self.commands:
+            raise ValueError("a Stage needs at least one command")
+
+
+@dataclasses.dataclass(frozen=True)
+class StageContext:
+    """What every stage hook is given.
+
+    run_dir: this node's private directory for the job (created 0700 at start;
+    holds the supervisor's socket and the stage's files).
+    shared_dir: the job directory every node can read (``--job-dir``; by default
+    under the user's home, which clusters share), for per-job ssh keys.
+    rank_command: the per-rank wrapper followed by the user's command: what the
+    launcher must run once per rank.
+    """
+
+    config: Config
+    cluster: ClusterInfo
+    run_dir: str
+    shared_dir: str
+    user_command: tuple[str, ...]
+    rank_command: tuple[str, ...] = ()
+    env: Mapping[str, str] = dataclasses.field(default_factory=dict)
+
+    @property
+    def launcher_args(self) -> tuple[str, ...]:
+        """The user's overrides for the underlying launcher (given before ``--``)."""
+        return self.config.launcher_args
+
+    def option(self, name: str, default: Any = None) -> Any:
+        """A parsed option by its dest name (``fusion_threshold_mb``), layer options included."""
+        value = self.config.options.get(name)
+        return default if value is None else value
+
+    def replace(self, **changes: Any) -> StageContext:
+        return dataclasses.replace(self, **changes)

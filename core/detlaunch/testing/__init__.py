@@ -1,0 +1,1 @@
+"""Test support shipped with detlaunch: the layer contract suite (see LayerContract)."""

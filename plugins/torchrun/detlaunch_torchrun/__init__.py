@@ -1,0 +1,1 @@
+"""The torchrun layer for detlaunch (entry point ``detlaunch.layers: torchrun``)."""

@@ -1,0 +1,24 @@
+"""Small helpers shared by the tests."""
+
+from __future__ import annotations
+
+import re
+import socket
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def rank_lines(text: str, rank: int) -> list[str]:
+    """The lines of `rank`, prefix removed, in the order they arrived."""
+    prefix = f"[rank={rank}] "
+    return [line[len(prefix):] for line in text.splitlines() if line.startswith(prefix)]
+
+
+def report_line(stderr: str) -> str:
+    m = re.search(r"^detlaunch: job failed: .*$", stderr, re.M)
+    assert m, f"no root-cause line in:\n{stderr}"
+    return m.group(0)

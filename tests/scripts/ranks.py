@@ -1,0 +1,36 @@
+"""A configurable rank for tests, with no torch import (fast to start).
+
+Environment knobs (all optional):
+  FAIL_RANK=R FAIL_CODE=C   rank R prints "rank R failing", writes to stderr, exits C
+  KILL_RANK=R               rank R SIGKILLs itself
+  SLEEP=S                   the other ranks print "rank N sleeping" and sleep S seconds
+  LINES=N                   every rank prints N numbered lines first
+"""
+
+import os
+import signal
+import sys
+import time
+
+rank = int(os.environ.get("RANK") or os.environ.get("HOROVOD_RANK") or os.environ.get("OMPI_COMM_WORLD_RANK") or 0)
+for i in range(int(os.environ.get("LINES", "0"))):
+    print(f"line {i} of rank {rank}")
+print(f"rank {rank} started pid={os.getpid()}", flush=True)
+
+if os.environ.get("FAIL_RANK") == str(rank):
+    print(f"rank {rank} failing", flush=True)
+    print(f"something broke in rank {rank}", file=sys.stderr, flush=True)
+    sys.exit(int(os.environ.get("FAIL_CODE", "3")))
+if os.environ.get("KILL_RANK") == str(rank):
+    print(f"rank {rank} killing itself", flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+sleep = float(os.environ.get("SLEEP", "0"))
+if sleep:
+    print(f"rank {rank} sleeping", flush=True)
+    try:
+        time.sleep(sleep)
+    except KeyboardInterrupt:
+        print(f"rank {rank} interrupted", flush=True)
+        sys.exit(130)
+print(f"rank {rank} done", flush=True)
