@@ -48,6 +48,8 @@ class LaunchPlan:
     start_timeout: float
     log_dir: str | None
     context: StageContext
+    control_port: int = 0
+    heartbeat: float = 1.0
 
     @property
     def socket_path(self) -> str:
@@ -69,7 +71,9 @@ class LaunchPlan:
                 "sources": dict(c.sources),
             },
             "supervisor": {"socket": self.socket_path, "grace_period": self.grace_period,
-                           "start_timeout": self.start_timeout, "expected_ranks": self.expected_ranks},
+                           "start_timeout": self.start_timeout, "expected_ranks": self.expected_ranks,
+                           "control": f"{c.chief_addr}:{self.control_port}" if c.num_nodes > 1 else None,
+                           "heartbeat": self.heartbeat},
             "files": sorted(self.stage.files),
             "setup": [list(s) for s in self.stage.setup],
             "wait_for_sshd": [f"{h}:{p}" for h, p in self.stage.wait_for_sshd],
@@ -138,6 +142,8 @@ def build_plan(hooks: Hooks, config: Config, cluster: ClusterInfo) -> LaunchPlan
         rank_command=ctx.rank_command, grace_period=config.options.get("grace_period", 5.0),
         start_timeout=config.options.get("start_timeout", 300.0),
         log_dir=config.options.get("log_dir"), context=ctx,
+        control_port=config.options.get("control_port") or (config.options.get("master_port", 29500) + 1),
+        heartbeat=config.options.get("heartbeat", 1.0),
     )
 
 
@@ -166,6 +172,10 @@ def render_text(plan: LaunchPlan) -> str:
         f"detlaunch supervisor  [socket {plan.socket_path}; grace {plan.grace_period:g} s; "
         f"start timeout {plan.start_timeout:g} s; expects {plan.expected_ranks} rank(s)]",
     ]
+    if c.num_nodes > 1:
+        verb = "listens for the other nodes on" if c.is_chief else "joins the chief at"
+        lines.append(f"├── {verb} {c.chief_addr}:{plan.control_port} "
+                     f"(job secret, heartbeat {plan.heartbeat:g} s)")
     for path in sorted(plan.stage.files):
         lines.append(f"├── writes {path}")
     for argv in plan.stage.setup:

@@ -35,6 +35,8 @@ import psutil
 
 from . import procs
 from .errors import LaunchError
+from .joblink import ChiefLink, WorkerLink
+from .safefs import write_private_file
 from .plan import LaunchPlan
 from .report import Failure, JobResult, RankStatus, describe_exit
 from .stage import Command
@@ -173,6 +175,7 @@ class NodeSupervisor:
         self.env = self._base_env()
         self.failed_child: Child | None = None
         self.console_out, self.console_err = 1, 2
+        self.link: ChiefLink | WorkerLink | None = None
 
     # -- output ------------------------------------------------------------------------------
     def say(self, message: str) -> None:
@@ -212,11 +215,7 @@ class NodeSupervisor:
         for rel, content in self.plan.stage.files.items():
             path = rel if os.path.isabs(rel) else os.path.join(self.plan.run_dir, rel)
             os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
-            tmp = f"{path}.{os.getpid()}.tmp"
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-            with os.fdopen(fd, "w") as f:
-                f.write(content)
-            os.replace(tmp, path)
+            write_private_file(path, content)
 
     def _run_setup(self) -> None:
         for argv in self.plan.stage.setup:
@@ -272,6 +271,8 @@ class NodeSupervisor:
     def run(self) -> JobResult:
         try:
             self._prepare()
+            if self.plan.cluster.num_nodes > 1:
+                self.link = ChiefLink(self) if self.plan.cluster.is_chief else WorkerLink(self)
             self._write_files()
             self._run_setup()
             for cmd in self.plan.stage.commands:
@@ -284,7 +285,8 @@ class NodeSupervisor:
             self._loop()
         except LaunchError as e:
             self.fail_to_start(str(e))
-            self._loop()
+            if hasattr(self, "wake_r"):
+                self._loop()
         finally:
             self._cleanup()
         return self._result()
@@ -328,13 +330,23 @@ class NodeSupervisor:
         self._on_children()  # a SIGCHLD coalesced into another wakeup is still reaped
 
     def _on_signal(self, signum: int) -> None:
+        if self.phase == "local_done":  # the chief, waiting for the other nodes to finish
+            self.say(f"{signal.Signals(signum).name} received: not waiting for the other nodes")
+            if self.link is not None and self.failure is None:
+                self.link.failed(f"node 0 was interrupted by {signal.Signals(signum).name}", 128 + signum)
+            self.interrupted_by = self.interrupted_by or signum
+            self.phase = "done"
+            return
         if self.phase in ("stopping", "done") or self.interrupted_by is not None:
             self.say(f"{signal.Signals(signum).name} again: killing every process of the job now")
             self._kill_all()
             return
         self.interrupted_by = signum
-        self.say(f"{signal.Signals(signum).name} received: stopping the job "
-                 f"(again to kill at once; SIGKILL in {self.plan.grace_period:g} s)")
+        name = signal.Signals(signum).name
+        self.say(f"{name} received: stopping the job (again to kill at once; SIGKILL in "
+                 f"{self.plan.grace_period:g} s)")
+        if self.link is not None:
+            self.link.failed(f"node {self.plan.cluster.node_rank} was interrupted by {name}", 128 + signum)
         self._stop(signum)
 
     def _on_children(self) -> None:
@@ -473,13 +485,25 @@ class NodeSupervisor:
 
     def _on_rank_exit(self, status: RankStatus) -> None:
         self.trace(f"rank {status.rank} ended: {status.describe()}")
+        if self.link is not None:
+            self.link.rank_exited(status)
         if status.failed and self.phase in ("starting", "running") and self.failure is None:
             self._fail(f"rank {status.rank} on node {status.node_rank} ({status.host}) "
                        f"{'exited with code ' + str(status.exit_code) if not status.signal else status.describe()}",
                        status.exit_code or 1, status)
 
     def _on_start_timeout(self) -> None:
-        if self.phase == "starting":
+        missing = self.link.missing_nodes() if self.link is not None else []
+        if missing and self.phase in ("starting", "running"):
+            if self.plan.cluster.is_chief:
+                self.fail_to_start(f"node(s) {', '.join(map(str, missing))} never joined the job within "
+                                   f"{self.plan.start_timeout:g} s (--start-timeout): is detlaunch running "
+                                   "there, with the same host list and --control-port?")
+            else:
+                host = self.plan.cluster.chief_addr
+                self.fail_to_start(f"never reached the chief at {host}:{self.plan.control_port} within "
+                                   f"{self.plan.start_timeout:g} s (--start-timeout): is detlaunch running there?")
+        elif self.phase == "starting":
             waiting = ", ".join(f"{p.host}:{p.port}" for p in self.probes if not p.ready)
             self.fail_to_start(f"sshd on {waiting} did not answer within {self.plan.start_timeout:g} s "
                                "(is detlaunch running on that node, with the same --ssh-port?)")
@@ -507,6 +531,10 @@ class NodeSupervisor:
                     self._stop(signal.SIGTERM)
         if self.phase == "stopping" and not live_children and not self.conns:
             self._sweep()
+        if self.phase == "local_done" and (self.link is None or self.link.ready_to_finish()):
+            if self.link is not None:
+                self.link.finish(self._exit_code(), [c.status for c in self.ranks.values() if c.status])
+            self.phase = "done"
 
     def _fail(self, what: str, exit_code: int, rank: RankStatus | None = None,
               child: Child | None = None) -> None:
@@ -515,18 +543,22 @@ class NodeSupervisor:
                                    tail=rank.tail if rank else (), tail_of=f"rank {rank.rank}" if rank else "")
             self.failed_child = child
             self.say(f"{what}: stopping the job")
+            if self.link is not None:
+                self.link.failed(what, exit_code)
         self._stop(signal.SIGTERM)
 
     def fail_to_start(self, what: str) -> None:
         if self.failure is None:
             self.failure = Failure(what=what, exit_code=1)
             self.say(what)
+            if self.link is not None:
+                self.link.failed(what, 1)
         for probe in self.probes:
             probe.close()
         self._stop(signal.SIGTERM)
 
     def _stop(self, rank_signal: int) -> None:
-        if self.phase in ("stopping", "done"):
+        if self.phase in ("stopping", "local_done", "done"):
             return
         self.phase = "stopping"
         for conn in self.ranks.values():
@@ -542,7 +574,7 @@ class NodeSupervisor:
         self.timers.at(time.monotonic() + self.plan.grace_period, self._kill_all)
 
     def _kill_all(self) -> None:
-        if self.phase == "done":
+        if self.phase in ("local_done", "done"):
             return
         self.phase = "stopping"
         count = procs.kill_descendants()
@@ -569,11 +601,51 @@ class NodeSupervisor:
             _drain(self.wake_r)
         if leftovers:
             self.say(f"could not stop process(es) {[p.pid for p in leftovers]}")
-        self.phase = "done"
+        self.phase = "local_done"
+
+    # -- the other nodes (see joblink) ---------------------------------------------------------
+    def remote_rank_exit(self, status: RankStatus) -> None:
+        """Chief: a worker node's rank ended."""
+        if status.failed and self.phase in ("starting", "running"):
+            how = f"exited with code {status.exit_code}" if not status.signal else status.describe()
+            self._fail(f"rank {status.rank} on node {status.node_rank} ({status.host}) {how}",
+                       status.exit_code or 1, status)
+
+    def remote_failure(self, what: str, code: int, node: int | None) -> None:
+        """Chief: a worker node failed for another reason (its sshd died, it was interrupted...)."""
+        self._fail(what if what.startswith("node ") else f"node {node}: {what}", code)
+
+    def node_lost(self, node: int, why: str) -> None:
+        """Chief: a worker node's supervisor vanished."""
+        if self.phase in ("starting", "running"):
+            self._fail(f"lost node {node} ({self.plan.cluster.node_addrs[node]}): {why}", 1)
+
+    def stop_from_chief(self, what: str, code: int, rank: RankStatus | None) -> None:
+        """Worker: the chief decided the job is over; its verdict is this node's too."""
+        self.failure = Failure(what=what, exit_code=code, rank=rank, tail=rank.tail if rank else (),
+                               tail_of=f"rank {rank.rank}" if rank else "")
+        self.failed_child = None
+        if self.phase in ("starting", "running"):
+            self.say(f"the chief stopped the job: {what}")
+        self._stop(signal.SIGTERM)
+
+    def chief_lost(self, why: str) -> None:
+        """Worker: the chief's supervisor vanished before the job ended."""
+        if self.phase in ("starting", "running"):
+            self._fail(f"lost the chief ({self.plan.cluster.chief_addr}): {why}", 1)
 
     # -- the end ----------------------------------------------------------------------------------
+    def _exit_code(self) -> int:
+        if self.failure:
+            return self.failure.exit_code
+        if self.interrupted_by:
+            return 128 + self.interrupted_by
+        return 0
+
     def _cleanup(self) -> None:
-        if self.phase != "done":
+        if self.link is not None:
+            self.link.close()
+        if self.phase not in ("local_done", "done"):
             procs.kill_descendants()
         procs.reap()
         for probe in self.probes:
@@ -595,19 +667,15 @@ class NodeSupervisor:
         _remove_tree(self.plan.run_dir)
 
     def _result(self) -> JobResult:
-        ranks = tuple(c.status or RankStatus(rank=r, node_rank=self.plan.cluster.node_rank, exit_code=None)
-                      for r, c in sorted(self.ranks.items()))
+        local = {r: c.status or RankStatus(rank=r, node_rank=self.plan.cluster.node_rank, exit_code=None)
+                 for r, c in self.ranks.items()}
+        remote = self.link.remote_ranks if isinstance(self.link, ChiefLink) else {}
+        ranks = tuple(status for _, status in sorted({**remote, **local}.items()))
         if self.failure and self.failed_child is not None:
             child = self.failed_child
             self.failure = dataclasses.replace(self.failure, tail=last_lines(child.tail),
                                                tail_of=child.command.name)
-        if self.failure:
-            code = self.failure.exit_code
-        elif self.interrupted_by:
-            code = 128 + self.interrupted_by
-        else:
-            code = 0
-        return JobResult(exit_code=code, ranks=ranks, failure=self.failure,
+        return JobResult(exit_code=self._exit_code(), ranks=ranks, failure=self.failure,
                          interrupted_by=self.interrupted_by,
                          duration=time.monotonic() - self.started_at,
                          node_rank=self.plan.cluster.node_rank)
