@@ -29,6 +29,11 @@ _EXPORTS = {
     "ClusterError": "errors",
     "LaunchError": "errors",
     "check_port_free": "netutil",
+    "SshLayout": "ssh",
+    "SshParts": "ssh",
+    "add_ssh_options": "ssh",
+    "sshd_parts": "ssh",
+    "ssh_client_parts": "ssh",
 }
 
 __all__ = ["__version__", *_EXPORTS]
@@ -40,6 +45,7 @@ if TYPE_CHECKING:
     from .hookspecs import hookimpl
     from .netutil import check_port_free
     from .report import Failure, JobResult, RankStatus
+    from .ssh import SshLayout, SshParts, add_ssh_options, ssh_client_parts, sshd_parts
     from .stage import Command, RankWrapper, Stage, StageContext
 
 

@@ -243,7 +243,8 @@ class ChiefLink:
             line.send(self.stop_message)
 
     def ready_to_finish(self) -> bool:
-        return self.expected <= self.finished
+        """Every node that joined has said goodbye or was lost (one that never joined: nothing to wait for)."""
+        return set(self.nodes) <= self.finished
 
     def finish(self, code: int, ranks: list[RankStatus]) -> None:
         for line in self.nodes.values():
@@ -258,6 +259,11 @@ class ChiefLink:
             self.listener.close()
         except OSError:
             pass
+        if not self.sup.plan.context.env.get(SECRET_ENV):
+            try:
+                os.unlink(os.path.join(self.sup.plan.shared_dir, SECRET_FILE))
+            except OSError:
+                pass
 
 
 class WorkerLink:

@@ -74,9 +74,11 @@ class LaunchPlan:
                            "start_timeout": self.start_timeout, "expected_ranks": self.expected_ranks,
                            "control": f"{c.chief_addr}:{self.control_port}" if c.num_nodes > 1 else None,
                            "heartbeat": self.heartbeat},
-            "files": sorted(self.stage.files),
+            "dirs": list(self.stage.dirs),
+            "files": sorted([*self.stage.files, *self.stage.executables]),
             "setup": [list(s) for s in self.stage.setup],
             "wait_for_sshd": [f"{h}:{p}" for h, p in self.stage.wait_for_sshd],
+            "prelaunch": [list(s) for s in self.stage.prelaunch],
             "commands": [
                 {"name": cmd.name, "argv": list(cmd.argv), "daemon": cmd.daemon,
                  "stop_signal": int(cmd.stop_signal), "env": dict(cmd.env)}
@@ -101,13 +103,25 @@ def wrapper_argv(config: Config, job_id: str, rank_env: tuple[str, ...]) -> tupl
     return tuple(argv) + ("--",)
 
 
+def private_run_dir() -> str:
+    """A random, unpredictable path in the temp dir (created 0700 by the supervisor).
+
+    A Unix socket path must fit in 108 bytes: under a deep TMPDIR, fall back to /tmp.
+    """
+    name = f"detlaunch-{secrets.token_hex(8)}"
+    base = tempfile.gettempdir()
+    if len(os.path.join(base, name, SOCKET_NAME)) > 100:
+        base = "/tmp"
+    return os.path.join(base, name)
+
+
 def default_shared_dir(job_id: str, env: Mapping[str, str]) -> str:
     base = env.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return os.path.join(base, "detlaunch", "jobs", job_id)
 
 
 def build_plan(hooks: Hooks, config: Config, cluster: ClusterInfo) -> LaunchPlan:
-    run_dir = os.path.join(tempfile.gettempdir(), f"detlaunch-{secrets.token_hex(8)}")
+    run_dir = private_run_dir()
     shared = config.options.get("job_dir") or default_shared_dir(cluster.job_id, config.env)
     ctx = StageContext(config=config, cluster=cluster, run_dir=run_dir,
                        shared_dir=os.path.abspath(shared), user_command=config.command,
@@ -176,12 +190,16 @@ def render_text(plan: LaunchPlan) -> str:
         verb = "listens for the other nodes on" if c.is_chief else "joins the chief at"
         lines.append(f"├── {verb} {c.chief_addr}:{plan.control_port} "
                      f"(job secret, heartbeat {plan.heartbeat:g} s)")
-    for path in sorted(plan.stage.files):
+    for path in plan.stage.dirs:
+        lines.append(f"├── makes a fresh private folder {path}")
+    for path in sorted([*plan.stage.files, *plan.stage.executables]):
         lines.append(f"├── writes {path}")
     for argv in plan.stage.setup:
         lines.append(f"├── runs first: {_quote(argv)}")
     for host, port in plan.stage.wait_for_sshd:
         lines.append(f"├── waits for the sshd greeting of {host}:{port}")
+    for argv in plan.stage.prelaunch:
+        lines.append(f"├── then runs: {_quote(argv)}")
     for n, cmd in enumerate(plan.stage.commands):
         last = n == len(plan.stage.commands) - 1
         branch, pad = ("└── ", "    ") if last else ("├── ", "│   ")

@@ -4,16 +4,19 @@ from __future__ import annotations
 
 import dataclasses
 import signal
-from typing import Sequence
+from collections.abc import Sequence
+
+
+def signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
 
 
 def describe_exit(code: int | None, signum: int | None) -> str:
     if signum:
-        try:
-            name = signal.Signals(signum).name
-        except ValueError:
-            name = f"signal {signum}"
-        return f"killed by {name}"
+        return f"killed by {signal_name(signum)}"
     if code is None:
         return "still running"
     return f"exit {code}"
@@ -71,7 +74,8 @@ def format_report(result: JobResult, stopped: Sequence[int] = ()) -> list[str]:
     """The end-of-job report: a line per rank, and for a failure the root cause with its stderr."""
     lines = []
     if result.ok:
-        lines.append(f"detlaunch: job finished: {len(result.ranks)} rank(s) on this node exited 0 "
+        where = "" if result.node_rank == 0 else f" on node {result.node_rank}"
+        lines.append(f"detlaunch: job finished: {len(result.ranks)} rank(s){where} exited 0 "
                      f"in {result.duration:.2f} s")
         return lines
     if result.failure:
@@ -81,7 +85,7 @@ def format_report(result: JobResult, stopped: Sequence[int] = ()) -> list[str]:
             lines.append(f"detlaunch: last {'stderr' if f.rank else 'output'} lines of {f.tail_of}:")
             lines.extend(f"detlaunch:   | {line}" for line in f.tail)
     elif result.interrupted_by:
-        lines.append(f"detlaunch: job interrupted by {signal.Signals(result.interrupted_by).name}")
+        lines.append(f"detlaunch: job interrupted by {signal_name(result.interrupted_by)}")
     for r in sorted(result.ranks, key=lambda r: r.rank):
         cause = result.failure and result.failure.rank and result.failure.rank.rank == r.rank
         note = " (root cause)" if cause else (" (stopped by detlaunch)" if r.rank in stopped else "")

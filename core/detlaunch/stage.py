@@ -57,23 +57,31 @@ class Command:
 class Stage:
     """What one node runs: its commands and what must be in place before they start.
 
-    The supervisor: writes `files` (mode 0600; relative paths are in the node's
-    run directory), runs each `setup` command in order (each must succeed),
-    starts the daemon commands, waits until each (host, port) in `wait_for_sshd`
-    answers with an SSH greeting, then starts the other commands.
+    In this order, the supervisor: creates each of `dirs` afresh (0700, emptied if it
+    existed); writes `files` (0600) and `executables` (0700) - relative paths are in the
+    node's run directory; runs each `setup` command (each must succeed); starts the
+    daemon commands; waits until each (host, port) in `wait_for_sshd` answers with an
+    SSH greeting; runs each `prelaunch` command; then starts the other commands.
+    When the job ends on this node, `dirs` and `files` are removed.
     expected_ranks: ranks that will register on this node (default: its slots).
+    unset_env: variables removed from every process of this node (SLURM_JOBID...).
     """
 
     commands: tuple[Command, ...]
     files: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    executables: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    dirs: tuple[str, ...] = ()
     setup: tuple[tuple[str, ...], ...] = ()
     wait_for_sshd: tuple[tuple[str, int], ...] = ()
+    prelaunch: tuple[tuple[str, ...], ...] = ()
     expected_ranks: int | None = None
     unset_env: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "commands", tuple(self.commands))
+        object.__setattr__(self, "dirs", tuple(self.dirs))
         object.__setattr__(self, "setup", tuple(tuple(s) for s in self.setup))
+        object.__setattr__(self, "prelaunch", tuple(tuple(s) for s in self.prelaunch))
         object.__setattr__(self, "wait_for_sshd", tuple(tuple(w) for w in self.wait_for_sshd))
         object.__setattr__(self, "unset_env", tuple(self.unset_env))
         if not self.commands:

@@ -36,7 +36,7 @@ import psutil
 from . import procs
 from .errors import LaunchError
 from .joblink import ChiefLink, WorkerLink
-from .safefs import write_private_file
+from .safefs import ensure_private_dir, write_private_file
 from .plan import LaunchPlan
 from .report import Failure, JobResult, RankStatus, describe_exit
 from .stage import Command
@@ -137,6 +137,10 @@ class PeerProbe:
             data = b""
         if data.startswith(b"SSH-"):
             self.ready = True
+            try:  # say who we are, so sshd does not log an error for the probe
+                self.sock.send(b"SSH-2.0-detlaunch-probe\r\n")
+            except OSError:
+                pass
             self.close()
             self.sup.peer_ready(self)
         else:
@@ -194,6 +198,13 @@ class NodeSupervisor:
         return env
 
     def _prepare(self) -> None:
+        try:
+            self._make_run_dir()
+        except OSError as e:
+            raise LaunchError(f"cannot set up {self.plan.run_dir}: {e.strerror or e}") from None
+        self._install_signal_handlers()
+
+    def _make_run_dir(self) -> None:
         os.mkdir(self.plan.run_dir, 0o700)  # fails if anything already sits at this random path
         os.mkdir(os.path.join(self.plan.run_dir, "tmp"), 0o700)  # a private TMPDIR for the job
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -203,6 +214,7 @@ class NodeSupervisor:
         self.listener.setblocking(False)
         self.sel.register(self.listener, selectors.EVENT_READ, (1, self._on_accept))
 
+    def _install_signal_handlers(self) -> None:
         self.wake_r, self.wake_w = socket.socketpair()
         self.wake_r.setblocking(False)
         self.wake_w.setblocking(False)
@@ -211,15 +223,23 @@ class NodeSupervisor:
         self._old_handlers = {s: signal.signal(s, lambda *_: None) for s in (*STOP_SIGNALS, signal.SIGCHLD)}
         procs.become_subreaper()
 
-    def _write_files(self) -> None:
-        for rel, content in self.plan.stage.files.items():
-            path = rel if os.path.isabs(rel) else os.path.join(self.plan.run_dir, rel)
-            os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
-            write_private_file(path, content)
+    def _path(self, rel: str) -> str:
+        return rel if os.path.isabs(rel) else os.path.join(self.plan.run_dir, rel)
 
-    def _run_setup(self) -> None:
-        for argv in self.plan.stage.setup:
-            self.trace(f"setup: {' '.join(argv)}")
+    def _write_files(self) -> None:
+        stage = self.plan.stage
+        for d in stage.dirs:
+            _remove_tree(self._path(d))
+            ensure_private_dir(self._path(d))
+        for files, mode in ((stage.files, 0o600), (stage.executables, 0o700)):
+            for rel, content in files.items():
+                path = self._path(rel)
+                ensure_private_dir(os.path.dirname(path))
+                write_private_file(path, content, mode)
+
+    def _run_steps(self, steps: tuple[tuple[str, ...], ...]) -> None:
+        for argv in steps:
+            self.trace(f"running {' '.join(argv)}")
             try:
                 done = subprocess.run(argv, env=self.env, stdin=subprocess.DEVNULL, capture_output=True,
                                       timeout=self.plan.start_timeout, check=False)
@@ -229,7 +249,7 @@ class NodeSupervisor:
                 raise LaunchError(f"setup command timed out: {' '.join(argv)}") from None
             if done.returncode != 0:
                 why = (done.stderr or done.stdout).decode(errors="replace").strip().splitlines()
-                raise LaunchError(f"setup command failed ({' '.join(argv)}): "
+                raise LaunchError(f"{os.path.basename(argv[0])} failed ({' '.join(argv)}): "
                                   f"{why[-1] if why else f'exit {done.returncode}'}")
 
     def _start(self, command: Command) -> None:
@@ -274,7 +294,7 @@ class NodeSupervisor:
             if self.plan.cluster.num_nodes > 1:
                 self.link = ChiefLink(self) if self.plan.cluster.is_chief else WorkerLink(self)
             self._write_files()
-            self._run_setup()
+            self._run_steps(self.plan.stage.setup)
             for cmd in self.plan.stage.commands:
                 if cmd.daemon:
                     self._start(cmd)
@@ -305,6 +325,7 @@ class NodeSupervisor:
             return
         self.phase = "running"
         try:
+            self._run_steps(self.plan.stage.prelaunch)
             for cmd in self.plan.stage.commands:
                 if not cmd.daemon:
                     self._start(cmd)
@@ -507,6 +528,8 @@ class NodeSupervisor:
             waiting = ", ".join(f"{p.host}:{p.port}" for p in self.probes if not p.ready)
             self.fail_to_start(f"sshd on {waiting} did not answer within {self.plan.start_timeout:g} s "
                                "(is detlaunch running on that node, with the same --ssh-port?)")
+        elif isinstance(self.link, WorkerLink):
+            return  # joined: the chief, waiting for the whole job, decides when to give up
         elif self.phase == "running" and len(self.ranks) < self.plan.expected_ranks:
             self._fail(f"only {len(self.ranks)} of {self.plan.expected_ranks} rank(s) started on node "
                        f"{self.plan.cluster.node_rank} within {self.plan.start_timeout:g} s "
@@ -565,11 +588,12 @@ class NodeSupervisor:
             if conn.status is None:
                 conn.stopped_by_us = True
                 procs.signal_pid(conn.peer_pid, rank_signal)
+        clean = self.failure is None and self.interrupted_by is None
         for child in self.children.values():
             if child.exit is None:
-                if child.command.daemon:
+                if child.command.daemon and not clean:  # sshd: its sessions too
                     procs.signal_tree(child.pid, child.command.stop_signal)
-                else:
+                else:  # after a clean end, sshd sessions finish delivering exit statuses
                     procs.signal_pid(child.pid, child.command.stop_signal)
         self.timers.at(time.monotonic() + self.plan.grace_period, self._kill_all)
 
@@ -587,20 +611,30 @@ class NodeSupervisor:
             self.trace(f"grace period over: SIGKILLed {count} process(es)")
 
     def _sweep(self) -> None:
-        """The job is over on this node: nothing it started may outlive it."""
+        """The job is over on this node: nothing it started may outlive it.
+
+        After a clean end, leftovers (an sshd session delivering its rank's exit status)
+        get the grace period to finish on their own; after a failure they are killed now.
+        Either way, anything still there at the deadline is SIGKILLed.
+        """
+        clean = self.failure is None and self.interrupted_by is None
         deadline = time.monotonic() + max(self.plan.grace_period, 1.0)
         while True:
             procs.reap()
             leftovers = [p for p in procs.descendants() if _alive(p)]
-            if not leftovers or time.monotonic() >= deadline:
+            now = time.monotonic()
+            if not leftovers or now >= deadline:
                 break
-            self.trace(f"killing {len(leftovers)} leftover process(es): {[p.pid for p in leftovers]}")
-            procs.kill_descendants()
-            # Killed orphans are re-parented to us: their SIGCHLD wakes this up.
-            select.select([self.wake_r], [], [], max(0.0, deadline - time.monotonic()))
+            if not clean:
+                self.trace(f"killing {len(leftovers)} leftover process(es): {[p.pid for p in leftovers]}")
+                procs.kill_descendants()
+            # Orphans are re-parented to us: their SIGCHLD wakes this up.
+            select.select([self.wake_r], [], [], deadline - now)
             _drain(self.wake_r)
         if leftovers:
-            self.say(f"could not stop process(es) {[p.pid for p in leftovers]}")
+            self.say(f"killing process(es) that outlived the job: {[p.pid for p in leftovers]}")
+            procs.kill_descendants()
+            procs.reap()
         self.phase = "local_done"
 
     # -- the other nodes (see joblink) ---------------------------------------------------------
@@ -658,13 +692,18 @@ class NodeSupervisor:
             os.unlink(self.plan.socket_path)
         except OSError:
             pass
-        for rel in self.plan.stage.files:
-            path = rel if os.path.isabs(rel) else os.path.join(self.plan.run_dir, rel)
+        stage = self.plan.stage
+        for rel in [*stage.files, *stage.executables]:
             try:
-                os.unlink(path)
+                os.unlink(self._path(rel))
             except OSError:
                 pass
-        _remove_tree(self.plan.run_dir)
+        for d in [*stage.dirs, self.plan.run_dir]:
+            _remove_tree(self._path(d))
+        # The shared job dir and its folders go when the last node leaves them empty.
+        for d in sorted({os.path.dirname(self._path(d)) for d in stage.dirs}, key=len, reverse=True):
+            _remove_empty_dirs(d, stop_at=os.path.dirname(self.plan.shared_dir))
+        _remove_empty_dirs(self.plan.shared_dir, stop_at=os.path.dirname(self.plan.shared_dir))
 
     def _result(self) -> JobResult:
         local = {r: c.status or RankStatus(rank=r, node_rank=self.plan.cluster.node_rank, exit_code=None)
@@ -704,6 +743,16 @@ def _drain(sock: socket.socket) -> None:
             pass
     except BlockingIOError:
         pass
+
+
+def _remove_empty_dirs(path: str, stop_at: str) -> None:
+    """rmdir `path` and its parents while they are empty, up to (not including) `stop_at`."""
+    while path.startswith(stop_at + os.sep):
+        try:
+            os.rmdir(path)
+        except OSError:
+            return
+        path = os.path.dirname(path)
 
 
 def _remove_tree(path: str) -> None:

@@ -1,0 +1,171 @@
+"""horovod layer: the seed's chain (harness/determined/launch/horovod.py), on detlaunch's public API.
+
+- chief: supervisor -> ``horovodrun -np N -p SSH_PORT -H localhost:S0,host1:S1,... ...`` -> rank
+  wrapper -> script. horovodrun is stopped with SIGINT (it misbehaves on SIGTERM).
+- worker nodes: supervisor -> the per-job ``sshd -D``; ranks arrive over ssh and register
+  with this node's supervisor, which ends when they have all exited.
+- ``--auto``: one node with at most one slot runs the script directly, without horovodrun.
+
+Importing this module does not import horovod or torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import sys
+from typing import Sequence
+
+from detlaunch import (
+    Command,
+    RankWrapper,
+    SshLayout,
+    Stage,
+    StageContext,
+    add_ssh_options,
+    hookimpl,
+    ssh_client_parts,
+    sshd_parts,
+)
+
+NAME = "horovod"
+# The seed's constants (determined/constants.py), as documented defaults.
+STARTUP_TIMEOUT_SECONDS = 1200
+GLOO_TIMEOUT_SECONDS = 240
+FUSION_THRESHOLD_MB = 64
+CYCLE_TIME_MS = 1
+CACHE_CAPACITY = 1024
+RANK_ENV = ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "DETLAUNCH_RANK")
+
+
+def create_hostlist_arg(host_slot_counts: Sequence[int], ip_addresses: Sequence[str]) -> str:
+    """``localhost:S0,host1:S1,...``: horovodrun does not read the chief's own address well."""
+    if len(host_slot_counts) != len(ip_addresses):
+        raise ValueError("need one slot count per host")
+    hosts = ["localhost", *ip_addresses[1:]]
+    return ",".join(f"{h}:{s}" for h, s in zip(hosts, host_slot_counts))
+
+
+def create_performance_args(autotune: bool, autotune_log_file: str, fusion_threshold_mb: int,
+                            cycle_time_ms: float) -> list[str]:
+    if autotune:
+        args = ["--autotune", "--autotune-log-file", autotune_log_file]
+    else:
+        args = ["--fusion-threshold-mb", str(fusion_threshold_mb), "--cycle-time-ms", f"{cycle_time_ms:g}"]
+    # Keep horovod from tuning these on its own.
+    return args + ["--cache-capacity", str(CACHE_CAPACITY), "--no-hierarchical-allreduce",
+                   "--no-hierarchical-allgather"]
+
+
+def create_run_command(
+    host_slot_counts: Sequence[int],
+    ip_addresses: Sequence[str],
+    *,
+    ssh_port: int,
+    start_timeout: int = STARTUP_TIMEOUT_SECONDS,
+    gloo_timeout: int = GLOO_TIMEOUT_SECONDS,
+    network_interface: str | None = None,
+    autotune: bool = False,
+    autotune_log_file: str = "horovod_autotune_log.csv",
+    fusion_threshold_mb: int = FUSION_THRESHOLD_MB,
+    cycle_time_ms: float = CYCLE_TIME_MS,
+    debug: bool = False,
+    optional_args: Sequence[str] = (),
+) -> list[str]:
+    """The horovodrun command, as the seed's create_run_command builds it; ends with ``--``."""
+    cmd = [
+        "horovodrun",
+        "-np", str(sum(host_slot_counts)),
+        "-p", str(ssh_port),
+        "-H", create_hostlist_arg(host_slot_counts, ip_addresses),
+        "--start-timeout", str(start_timeout),
+        "--gloo-timeout-seconds", str(gloo_timeout),
+    ]
+    if network_interface is not None and len(ip_addresses) > 1:
+        cmd += ["--network-interface", network_interface]
+    cmd += create_performance_args(autotune, autotune_log_file, fusion_threshold_mb, cycle_time_ms)
+    if debug:
+        cmd.append("--verbose")
+    cmd += list(optional_args)
+    cmd.append("--")
+    return cmd
+
+
+def _horovodrun() -> str:
+    beside_python = os.path.join(os.path.dirname(sys.executable), "horovodrun")
+    return beside_python if os.path.exists(beside_python) else shutil.which("horovodrun") or "horovodrun"
+
+
+@hookimpl
+def detlaunch_add_options(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("horovod layer (also read from the config file's [horovod] section)")
+    g.add_argument("--fusion-threshold-mb", type=int, default=FUSION_THRESHOLD_MB, metavar="MB",
+                   help=f"tensor fusion buffer (default {FUSION_THRESHOLD_MB})")
+    g.add_argument("--cycle-time-ms", type=float, default=CYCLE_TIME_MS, metavar="MS",
+                   help=f"tensor fusion cycle time (default {CYCLE_TIME_MS})")
+    g.add_argument("--autotune", action="store_true", help="let horovod tune fusion (replaces the two above)")
+    g.add_argument("--autotune-log-file", metavar="FILE", help="autotune log (default: "
+                   "horovod_autotune_log.csv in --log-dir, else in the current directory)")
+    g.add_argument("--network-interface", metavar="NIC", help="inter-node interface, e.g. eth0 (multi-node)")
+    g.add_argument("--gloo-timeout", type=int, default=GLOO_TIMEOUT_SECONDS, metavar="S",
+                   help=f"horovodrun --gloo-timeout-seconds (default {GLOO_TIMEOUT_SECONDS})")
+    g.add_argument("--auto", action="store_true",
+                   help="one node with at most one slot: run the script directly, without horovodrun")
+    add_ssh_options(parser, NAME)
+
+
+@hookimpl
+def detlaunch_rank_wrappers(ctx: StageContext) -> RankWrapper:
+    return RankWrapper(rank_env=RANK_ENV)
+
+
+@hookimpl
+def detlaunch_environment(ctx: StageContext) -> dict[str, str]:
+    return {"USE_HOROVOD": "1"}
+
+
+def single_slot(ctx: StageContext) -> bool:
+    return bool(ctx.option("auto")) and ctx.cluster.num_nodes == 1 and ctx.cluster.local_slots <= 1
+
+
+def _autotune_log(ctx: StageContext) -> str:
+    given = ctx.option("autotune_log_file")
+    if given:
+        return str(given)
+    return os.path.join(os.path.abspath(ctx.option("log_dir") or "."), "horovod_autotune_log.csv")
+
+
+@hookimpl
+def detlaunch_chief_stage(ctx: StageContext) -> Stage:
+    c = ctx.cluster
+    if single_slot(ctx):
+        return Stage(commands=(Command(ctx.rank_command, name="rank", env={"DETLAUNCH_RANK": "0"}),))
+    multi = c.num_nodes > 1
+    addrs = c.require_addresses(NAME) if multi else (c.node_addr or "localhost",)
+    layout = SshLayout.for_job(ctx)
+    argv = create_run_command(
+        c.slots, addrs, ssh_port=layout.port, start_timeout=int(ctx.option("start_timeout", 300)),
+        gloo_timeout=ctx.option("gloo_timeout", GLOO_TIMEOUT_SECONDS),
+        network_interface=ctx.option("network_interface"), autotune=bool(ctx.option("autotune")),
+        autotune_log_file=_autotune_log(ctx), fusion_threshold_mb=ctx.option("fusion_threshold_mb"),
+        cycle_time_ms=ctx.option("cycle_time_ms"), debug=bool(ctx.option("debug")),
+        optional_args=ctx.launcher_args,
+    )
+    # The seed ends the command with "--"; horovodrun 0.28 hands that "--" on to `env` in each
+    # rank's command line, which then fails with exit 127. The rank command starts with an
+    # absolute path, so horovodrun cannot mistake it for one of its options.
+    argv = [_horovodrun(), *argv[1:-1]]
+    # The seed: SIGINT, since horovodrun misbehaves on SIGTERM.
+    horovodrun = Command((*argv, *ctx.rank_command), name="horovodrun", stop_signal=signal.SIGINT)
+    # SLURM_JOBID would make horovod/mpirun ignore -H and pack every rank here.
+    unset = ("SLURM_JOBID",)
+    if not multi:
+        return Stage(commands=(horovodrun,), unset_env=unset)
+    return ssh_client_parts(ctx, list(range(1, c.num_nodes)), layout).stage(horovodrun, unset_env=unset)
+
+
+@hookimpl
+def detlaunch_worker_stage(ctx: StageContext) -> Stage:
+    return sshd_parts(ctx).stage()

@@ -1,0 +1,225 @@
+"""Per-job ssh for launchers that reach other nodes over ssh (horovodrun, deepspeed's pdsh).
+
+Every node the launcher reaches runs its own sshd under its supervisor: key-only, listening
+only on that node's address, with a host key and an authorized client key made for this job
+(ssh-keygen, at start). The keys live in the job directory the nodes share (``--ssh-dir``, by
+default the job dir), one private folder per node. The chief's launcher gets an ``ssh`` on its
+PATH that uses a per-job client config: each node's own key, strict host-key checking against
+the host keys the nodes just made (even when a launcher passes StrictHostKeyChecking=no), and
+no password, ever.
+
+A rank that arrives over ssh finds its node's supervisor through DETLAUNCH_SSHD_SUPERVISOR,
+which that node's sshd sets (SetEnv) for every session.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import getpass
+import os
+import shlex
+import shutil
+import sys
+
+from .errors import ConfigError
+from .plan import SOCKET_NAME, SSHD_SUPERVISOR_ENV
+from .safefs import write_private_file
+from .stage import Command, Stage, StageContext
+
+DEFAULT_SSH_PORT = 12350
+SSH_PORT_ENV = "DTRAIN_SSH_PORT"
+
+
+def add_ssh_options(parser: argparse.ArgumentParser, layer: str) -> None:
+    """Add --ssh-port and --ssh-dir to a layer's option group (for layers that use ssh)."""
+    g = parser.add_argument_group(f"{layer}: ssh between nodes")
+    g.add_argument("--ssh-port", type=int, metavar="PORT",
+                   help=f"port of the per-job sshd on each node (default: ${SSH_PORT_ENV}, else {DEFAULT_SSH_PORT})")
+    g.add_argument("--ssh-dir", metavar="DIR",
+                   help="directory shared by all nodes for the per-job ssh keys (default: the job dir)")
+
+
+def _ip_literal(addr: str) -> str:
+    return f"[{addr}]" if ":" in addr else addr
+
+
+@dataclasses.dataclass(frozen=True)
+class SshLayout:
+    """Where each node's ssh files live, and which port the per-job sshd listens on."""
+
+    root: str
+    port: int
+
+    @classmethod
+    def for_job(cls, ctx: StageContext) -> SshLayout:
+        port = ctx.option("ssh_port") or ctx.env.get(SSH_PORT_ENV) or DEFAULT_SSH_PORT
+        try:
+            port = int(port)
+        except ValueError:
+            raise ConfigError(f"{SSH_PORT_ENV}={port!r} is not a port number") from None
+        root = ctx.option("ssh_dir") or os.path.join(ctx.shared_dir, "ssh")
+        return cls(os.path.abspath(root), port)
+
+    def node_dir(self, node: int) -> str:
+        return os.path.join(self.root, f"node-{node}")
+
+    def host_key(self, node: int) -> str:
+        return os.path.join(self.node_dir(node), "host_key")
+
+    def client_key(self, node: int) -> str:
+        return os.path.join(self.node_dir(node), "client_key")
+
+    @property
+    def client_dir(self) -> str:
+        return os.path.join(self.root, "client")
+
+
+@dataclasses.dataclass(frozen=True)
+class SshParts:
+    """Pieces a layer puts into its Stage (see Stage for what each one means)."""
+
+    files: dict[str, str] = dataclasses.field(default_factory=dict)
+    executables: dict[str, str] = dataclasses.field(default_factory=dict)
+    dirs: tuple[str, ...] = ()
+    setup: tuple[tuple[str, ...], ...] = ()
+    prelaunch: tuple[tuple[str, ...], ...] = ()
+    wait_for_sshd: tuple[tuple[str, int], ...] = ()
+    env: dict[str, str] = dataclasses.field(default_factory=dict)
+    commands: tuple[Command, ...] = ()
+
+    def __add__(self, other: SshParts) -> SshParts:
+        return SshParts(
+            files={**self.files, **other.files}, executables={**self.executables, **other.executables},
+            dirs=self.dirs + other.dirs, setup=self.setup + other.setup, prelaunch=self.prelaunch + other.prelaunch,
+            wait_for_sshd=self.wait_for_sshd + other.wait_for_sshd, env={**self.env, **other.env},
+            commands=self.commands + other.commands,
+        )
+
+    def stage(self, *commands: Command, unset_env: tuple[str, ...] = ()) -> Stage:
+        """A Stage running these parts' daemons, then `commands` (which get the parts' env)."""
+        launchers = tuple(dataclasses.replace(c, env={**self.env, **c.env}) for c in commands)
+        return Stage(commands=self.commands + launchers, files=self.files, executables=self.executables,
+                     dirs=self.dirs, setup=self.setup, wait_for_sshd=self.wait_for_sshd,
+                     prelaunch=self.prelaunch, unset_env=unset_env)
+
+
+def sshd_binary() -> str:
+    found = shutil.which("sshd", path=os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/sbin"]))
+    return found or "/usr/sbin/sshd"
+
+
+def sshd_config(ctx: StageContext, layout: SshLayout) -> str:
+    node = ctx.cluster.node_rank
+    addr = ctx.cluster.require_addresses("ssh")[node]
+    socket_path = os.path.join(ctx.run_dir, SOCKET_NAME)
+    return "\n".join([
+        f"ListenAddress {_ip_literal(addr)}:{layout.port}",
+        f"HostKey {layout.host_key(node)}",
+        f"AuthorizedKeysFile {layout.client_key(node)}.pub",
+        "PidFile none",
+        "AuthenticationMethods publickey",
+        "PubkeyAuthentication yes",
+        "PasswordAuthentication no",
+        "KbdInteractiveAuthentication no",
+        "UsePAM no",
+        "PermitRootLogin prohibit-password",
+        f"AllowUsers {getpass.getuser()}",
+        # Our files are 0600 in 0700 folders, but the job dir may sit under a sticky /tmp.
+        "StrictModes no",
+        "PermitUserEnvironment no",
+        "AllowTcpForwarding no",
+        "AllowAgentForwarding no",
+        "AllowStreamLocalForwarding no",
+        "X11Forwarding no",
+        "PermitTunnel no",
+        "PrintMotd no",
+        "PrintLastLog no",
+        "MaxStartups 256",
+        "MaxSessions 256",
+        "LogLevel ERROR",
+        f'SetEnv {SSHD_SUPERVISOR_ENV}="{socket_path}"',
+        "",
+    ])
+
+
+def sshd_parts(ctx: StageContext, layout: SshLayout | None = None) -> SshParts:
+    """This node's sshd: a fresh folder with new keys, then ``sshd -D`` as a daemon of the job."""
+    layout = layout or SshLayout.for_job(ctx)
+    node = ctx.cluster.node_rank
+    config = os.path.join(layout.node_dir(node), "sshd_config")
+    keygen = ("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C")
+    return SshParts(
+        dirs=(layout.node_dir(node),),
+        files={config: sshd_config(ctx, layout)},
+        setup=(
+            (*keygen, f"detlaunch-{ctx.cluster.job_id}-host{node}", "-f", layout.host_key(node)),
+            (*keygen, f"detlaunch-{ctx.cluster.job_id}-client{node}", "-f", layout.client_key(node)),
+        ),
+        commands=(Command((sshd_binary(), "-D", "-e", "-f", config), name="sshd", daemon=True),),
+    )
+
+
+def ssh_client_parts(ctx: StageContext, nodes: list[int], layout: SshLayout | None = None) -> SshParts:
+    """The chief's side: wait for each node's sshd, trust exactly its new host key, use its key."""
+    layout = layout or SshLayout.for_job(ctx)
+    addrs = ctx.cluster.require_addresses("ssh")
+    config = os.path.join(layout.client_dir, "ssh_config")
+    known_hosts = os.path.join(layout.client_dir, "known_hosts")
+    bin_dir = os.path.join(layout.client_dir, "bin")
+    lines = []
+    for node in nodes:
+        lines += [f"Host {addrs[node]}", f"  IdentityFile {layout.client_key(node)}"]
+    lines += [
+        "Host *",
+        f"  Port {layout.port}",
+        "  IdentitiesOnly yes",
+        "  BatchMode yes",
+        "  PasswordAuthentication no",
+        "  KbdInteractiveAuthentication no",
+        "  StrictHostKeyChecking yes",
+        f"  UserKnownHostsFile {known_hosts}",
+        "  GlobalKnownHostsFile /dev/null",
+        "  CheckHostIP no",
+        "  LogLevel ERROR",
+        "  ConnectTimeout 20",
+        "  ServerAliveInterval 5",
+        "",
+    ]
+    ssh = shutil.which("ssh") or "/usr/bin/ssh"
+    # First -o wins in ssh: ours come before whatever the launcher adds.
+    wrapper = (f"#!/bin/sh\nexec {shlex.quote(ssh)} -F {shlex.quote(config)} "
+               "-o StrictHostKeyChecking=yes -o PasswordAuthentication=no \"$@\"\n")
+    pubkeys = [f"{addrs[n]}:{layout.port}={layout.host_key(n)}.pub" for n in nodes]
+    return SshParts(
+        dirs=(layout.client_dir, bin_dir),
+        files={config: "\n".join(lines)},
+        executables={os.path.join(bin_dir, "ssh"): wrapper},
+        prelaunch=((sys.executable, "-m", "detlaunch.ssh", "known-hosts", known_hosts, *pubkeys),),
+        wait_for_sshd=tuple((addrs[n], layout.port) for n in nodes),
+        env={"PATH": bin_dir + os.pathsep + ctx.env.get("PATH", os.defpath)},
+    )
+
+
+def write_known_hosts(path: str, entries: list[str]) -> None:
+    """entries: ``host:port=pubkey_file``; the nodes wrote their host keys before starting sshd."""
+    lines = []
+    for entry in entries:
+        target, _, pub = entry.partition("=")
+        host, _, port = target.rpartition(":")
+        with open(pub) as f:
+            key = " ".join(f.read().split()[:2])
+        lines.append(f"[{host}]:{port} {key}" if port != "22" else f"{host} {key}")
+    write_private_file(path, "\n".join(lines) + "\n")
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) >= 2 and argv[0] == "known-hosts":
+        write_known_hosts(argv[1], argv[2:])
+        return 0
+    print("usage: python -m detlaunch.ssh known-hosts FILE host:port=pubkey ...", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
