@@ -13,8 +13,8 @@ CACHE="${XDG_CACHE_HOME:-$HOME/.cache}/detlaunch"
 TORCH_VERSION=2.13.0
 HOROVOD_VERSION=0.28.1
 DEEPSPEED_VERSION=0.19.8
-APT_PACKAGES=(openssh-server openssh-client pdsh openmpi-bin libopenmpi-dev
-              munge slurmctld slurmd slurm-client)
+APT_PACKAGES=(openssh-server openssh-client pdsh openmpi-bin libopenmpi-dev iproute2
+              munge slurmctld slurmd slurm-client python3)
 
 log() { printf '[setup] %s\n' "$*" >&2; }
 
@@ -29,6 +29,13 @@ install_apt() {
         $sudo apt-get update -qq
         DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
     fi
+}
+
+prepare_sshd() {
+    # sshd wants its privilege-separation dir; /run is emptied at boot.
+    [ -d /run/sshd ] && return 0
+    local sudo=""; [ "$(id -u)" -eq 0 ] || sudo="sudo"
+    $sudo mkdir -p -m 0755 /run/sshd
 }
 
 make_venv() {
@@ -86,6 +93,7 @@ install_deepspeed() {
 }
 
 install_apt
+prepare_sshd
 make_venv
 install_python_deps
 install_horovod

@@ -15,8 +15,8 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Iterator, Sequence
 
 import pytest
 
@@ -78,7 +78,7 @@ class Job:
             self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
             self.kill()
-            raise AssertionError(f"detlaunch did not finish within {timeout} s:\n{self.read()}")
+            raise AssertionError(f"detlaunch did not finish within {timeout} s:\n{self.read()}") from None
         return Result(self.proc.returncode, self.out_path.read_text(errors="replace"),
                       self.err_path.read_text(errors="replace"), time.monotonic() - self.started)
 
@@ -117,8 +117,10 @@ class Launcher:
         self.env = {**os.environ, key: value, "TMPDIR": str(tmp), "PYTHONUNBUFFERED": "1",
                     "XDG_CACHE_HOME": str(tmp_path / "cache")}
 
-    def start(self, *args: str, env: dict[str, str] | None = None, cwd: Path = ROOT) -> Job:
-        job = Job([*DETLAUNCH, *args], {**self.env, **(env or {})}, cwd, self.tmp_path)
+    def start(self, *args: str, env: dict[str, str] | None = None, cwd: Path = ROOT,
+              prefix: Sequence[str] = ()) -> Job:
+        """Start detlaunch; `prefix` runs it through another command (runuser, ip netns exec)."""
+        job = Job([*prefix, *DETLAUNCH, *args], {**self.env, **(env or {})}, cwd, self.tmp_path)
         self.jobs.append(job)
         return job
 

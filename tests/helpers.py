@@ -4,6 +4,11 @@ from __future__ import annotations
 
 import re
 import socket
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+T = TypeVar("T")
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -22,3 +27,15 @@ def report_line(stderr: str) -> str:
     m = re.search(r"^detlaunch: job failed: .*$", stderr, re.M)
     assert m, f"no root-cause line in:\n{stderr}"
     return m.group(0)
+
+
+def wait_until(probe: Callable[[], T | None], timeout: float, what: str) -> T:
+    """Call `probe` every 50 ms until it returns something truthy (tests only: the product never polls)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = probe()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.05)

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
+from detlaunch.rank_wrapper import PIPE_BUF, LinePrefixer, split_lines
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from detlaunch.rank_wrapper import PIPE_BUF, LinePrefixer, split_lines
 
 P = b"[rank=3] "
 
@@ -82,7 +81,7 @@ streams = st.tuples(st.binary(max_size=2000).map(without_crlf), st.lists(st.inte
 
 def chunked(data: bytes, cuts: list[int]) -> list[bytes]:
     points = sorted({min(c, len(data)) for c in cuts})
-    return [data[a:b] for a, b in zip([0, *points], [*points, len(data)])]
+    return [data[a:b] for a, b in zip([0, *points], [*points, len(data)], strict=True)]
 
 
 @settings(max_examples=300, deadline=None)
@@ -100,7 +99,7 @@ def test_output_matches_the_reference_however_the_stream_is_read(stream: tuple[b
 @given(st.lists(st.binary(max_size=60).map(lambda b: b.replace(b"\n", b"").replace(b"\r", b"")), max_size=30),
        st.lists(st.sampled_from([b"\n", b"\r"]), min_size=30, max_size=30))
 def test_what_goes_in_comes_out_in_order_prefixed(lines: list[bytes], ends: list[bytes]) -> None:
-    data = b"".join(line + end for line, end in zip(lines, ends))
+    data = b"".join(line + end for line, end in zip(lines, ends, strict=False))
     out = run(chunked(data, [7, 100, 101, 555]))
     assert (
         b"".join(body[len(P):] + end for body, end in split_lines(out)) == data

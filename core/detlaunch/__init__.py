@@ -36,7 +36,30 @@ _EXPORTS = {
     "ssh_client_parts": "ssh",
 }
 
-__all__ = ["__version__", *_EXPORTS]
+__all__ = [
+    "__version__",
+    "hookimpl",
+    "ClusterInfo",
+    "Config",
+    "StageContext",
+    "Stage",
+    "Command",
+    "RankWrapper",
+    "JobResult",
+    "RankStatus",
+    "Failure",
+    "DetlaunchError",
+    "ConfigError",
+    "ClusterError",
+    "LaunchError",
+    "check_port_free",
+    "SshLayout",
+    "SshParts",
+    "add_ssh_options",
+    "sshd_parts",
+    "ssh_client_parts",
+]
+assert set(__all__) == {"__version__", *_EXPORTS}
 
 if TYPE_CHECKING:
     from .cluster import ClusterInfo

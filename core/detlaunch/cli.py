@@ -7,7 +7,7 @@ import json
 import os
 import sys
 import traceback
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 from .config import (
     CORE_SECTION,
@@ -15,6 +15,7 @@ from .config import (
     Parser,
     apply_defaults,
     build_parser,
+    check_sections,
     parse,
     read_config_file,
     resolve_command,
@@ -30,15 +31,28 @@ def _truthy(value: str | None) -> bool:
     return (value or "").strip().lower() in ("1", "true", "yes", "on")
 
 
+def _pre_parser(with_command: bool) -> Parser:
+    # The core parser knows which options take a value, so `--nnodes 2 --layer x` finds the layer.
+    pre = build_parser(add_help=False)
+    pre.add_argument("-h", "--help", action="store_true")
+    if with_command:
+        pre.add_argument("command", nargs=argparse.REMAINDER)
+    return pre
+
+
 def _pre_parse(argv: Sequence[str], env: Mapping[str, str]) -> argparse.Namespace:
-    """Read what is needed before the layer is loaded: --layer, --config, --debug."""
-    head, _ = split_argv(argv)
-    pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
-    pre.add_argument("--layer")
-    pre.add_argument("--config")
-    pre.add_argument("--debug", action="store_true")
-    pre.add_argument("rest", nargs=argparse.REMAINDER)
-    ns, _ = pre.parse_known_args(head)
+    """Read what is needed before the layer is loaded: --layer, --config, --debug, --help.
+
+    Only detlaunch's own options count: a ``--layer`` or ``-h`` of the user's command is the command's.
+    """
+    head, command = split_argv(argv)
+    ns = None
+    if command is not None:  # launcher args before `--`, unless the command started before it
+        ns, extras = _pre_parser(with_command=False).parse_known_args(head)
+        if extras and not extras[0].startswith("-"):
+            ns = None
+    if ns is None:
+        ns, _ = _pre_parser(with_command=True).parse_known_args(head)
     ns.config = ns.config or env.get("DETLAUNCH_CONFIG")
     ns.debug = ns.debug or _truthy(env.get("DETLAUNCH_DEBUG"))
     return ns
@@ -47,7 +61,11 @@ def _pre_parse(argv: Sequence[str], env: Mapping[str, str]) -> argparse.Namespac
 def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     env = dict(os.environ if env is None else env)
-    debug = _pre_parse(argv, env).debug if "--" not in argv[:1] else False
+    args = argv[1:] if argv and argv[0] in SUBCOMMANDS else argv
+    try:
+        debug = _pre_parse(args, env).debug
+    except DetlaunchError:  # reported by run(), in one line
+        debug = "--debug" in split_argv(args)[0] or _truthy(env.get("DETLAUNCH_DEBUG"))
     try:
         return run(argv, env)
     except DetlaunchError as e:
@@ -65,6 +83,8 @@ def run(argv: list[str], env: dict[str, str]) -> int:
     subcommand = argv.pop(0) if argv and argv[0] in SUBCOMMANDS else None
     pre = _pre_parse(argv, env)
     sections = read_config_file(pre.config)
+    if sections:
+        check_sections(sections, installed_layers(), pre.config)
     plugins = PluginSet(env)
     plugins.load_plugins()
     if subcommand in ("layers", "plugins"):
@@ -73,7 +93,7 @@ def run(argv: list[str], env: dict[str, str]) -> int:
     layer = pre.layer or env.get("DETLAUNCH_LAYER") or sections.get(CORE_SECTION, {}).get("layer")
     if layer:
         plugins.load_layer(layer)
-    elif subcommand != "info" and not {"-h", "--help"} & set(argv):
+    elif subcommand != "info" and not pre.help:
         raise ConfigError(f"no layer chosen: add --layer NAME (installed: "
                           f"{', '.join(installed_layers()) or 'none'})")
     plugins.check_hooks()
@@ -102,9 +122,13 @@ def run(argv: list[str], env: dict[str, str]) -> int:
         print(render_json(plan) if options.get("format") == "json" else render_text(plan))
         return 0
 
+    if options.get("log_dir"):
+        _prepare_log_dir(options["log_dir"])
+
     from .report import format_report
     from .supervisor import NodeSupervisor
 
+    hooks.job_started(plan.context, plan.stage)  # scheduler side effects; a failure is one error line
     supervisor = NodeSupervisor(plan, debug=bool(options.get("debug")))
     result = supervisor.run()
     for problem in hooks.job_finished(plan.context, result):
@@ -112,6 +136,16 @@ def run(argv: list[str], env: dict[str, str]) -> int:
     for line in format_report(result, supervisor.stopped_ranks()):
         print(line, file=sys.stderr)
     return result.exit_code
+
+
+def _prepare_log_dir(path: str) -> None:
+    """Create --log-dir before anything starts: a bad one is one line here, not a crash mid-launch."""
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(f"cannot create --log-dir {path}: {e.strerror}; pick a writable directory") from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise ConfigError(f"--log-dir {path} is not writable; pick a writable directory")
 
 
 def list_plugins(plugins: PluginSet, which: str, as_json: bool) -> int:
@@ -139,24 +173,23 @@ def list_plugins(plugins: PluginSet, which: str, as_json: bool) -> int:
 
 
 def print_info(cluster: object, fmt: str) -> int:
+    """``detlaunch info``: what discovery found on this node, and from which flag or variable."""
     from .cluster import ClusterInfo
 
     assert isinstance(cluster, ClusterInfo)
-    data = {
-        "provider": cluster.provider, "job_id": cluster.job_id, "node_rank": cluster.node_rank,
-        "chief": cluster.chief_addr, "nodes": [
-            {"rank": i, "addr": a, "slots": s} for i, (a, s) in enumerate(zip(cluster.node_addrs, cluster.slots))
-        ], "sources": dict(cluster.sources),
-    }
+    nodes = [{"rank": i, "addr": a, "slots": s}
+             for i, (a, s) in enumerate(zip(cluster.node_addrs, cluster.slots, strict=True))]
     if fmt == "json":
-        print(json.dumps(data, indent=2))
+        print(json.dumps({"provider": cluster.provider, "job_id": cluster.job_id, "node_rank": cluster.node_rank,
+                          "chief": cluster.chief_addr, "nodes": nodes, "sources": dict(cluster.sources)}, indent=2))
         return 0
     print(f"provider: {cluster.provider}")
     print(f"job id:   {cluster.job_id}")
     print(f"this node: rank {cluster.node_rank} of {cluster.num_nodes}, {cluster.local_slots} slot(s)")
     print(f"chief:    {cluster.chief_addr}")
-    for node in data["nodes"]:  # type: ignore[union-attr]
-        print(f"  node {node['rank']}: {node['addr'] or '(address unknown)'}  slots={node['slots']}")
+    for i, (addr, slots) in enumerate(zip(cluster.node_addrs, cluster.slots, strict=True)):
+        here = "  (this node)" if i == cluster.node_rank and cluster.num_nodes > 1 else ""
+        print(f"  node {i}: {addr or '(address unknown)'}  slots={slots}{here}")
     for what, source in cluster.sources.items():
         print(f"  {what} from {source}")
     return 0

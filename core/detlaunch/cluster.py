@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import ipaddress
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 from .errors import ClusterError
 
@@ -41,6 +41,10 @@ class ClusterInfo:
             )
         if any(s < 1 for s in self.slots):
             raise ClusterError(f"every node needs at least one slot, got {list(self.slots)}")
+        if not self.chief_addr:
+            raise ClusterError("cluster info needs the chief's address: give --master-addr ADDR")
+        if not self.job_id:
+            raise ClusterError("cluster info needs a job id: give --job-id ID")
 
     @property
     def num_nodes(self) -> int:
@@ -92,19 +96,29 @@ def _check_addr(addr: str, where: str) -> str:
 
 
 def _check_slots(text: str, entry: str, where: str) -> int:
-    if not text.isdigit() or int(text) < 1:
+    if not (text.isascii() and text.isdigit()) or int(text) < 1:
         raise ClusterError(
             f"bad {where} entry {entry!r}: slots must be a positive integer (e.g. 10.0.0.1:8)"
         )
     return int(text)
 
 
+def _same_host_key(addr: str) -> str:
+    """Host names compare without case; IP addresses by value (::1 and 0:0::1 are one host)."""
+    try:
+        return str(ipaddress.ip_address(addr))
+    except ValueError:
+        return addr.lower().rstrip(".")
+
+
 def _reject_duplicates(hosts: Sequence[Host], where: str) -> None:
-    seen: set[str] = set()
+    seen: dict[str, str] = {}
     for h in hosts:
-        if h.addr in seen:
-            raise ClusterError(f"host {h.addr} appears twice in {where}: list each node once")
-        seen.add(h.addr)
+        key = _same_host_key(h.addr)
+        if key in seen:
+            same = h.addr if seen[key] == h.addr else f"{h.addr} (the same as {seen[key]})"
+            raise ClusterError(f"host {same} appears twice in {where}: list each node once")
+        seen[key] = h.addr
 
 
 def parse_hosts(text: str, where: str = "--hosts") -> list[Host]:
@@ -120,6 +134,7 @@ def parse_hosts(text: str, where: str = "--hosts") -> list[Host]:
             addr, sep, rest = entry[1:].partition("]")
             if not sep or (rest and not rest.startswith(":")):
                 raise ClusterError(f"bad {where} entry {entry!r}: write [ipv6]:slots")
+            _ipv6(addr, where)
             slots = _check_slots(rest[1:], entry, where) if rest else None
         elif entry.count(":") > 1:
             _ipv6(entry, where)
@@ -151,17 +166,19 @@ def parse_hostfile(text: str, where: str) -> list[Host]:
             continue
         here = f"{where} line {lineno}"
         fields = line.split()
-        if ":" in fields[0] and len(fields) == 1 and fields[0].count(":") == 1:
-            hosts.extend(parse_hosts(fields[0], here))
-            continue
-        slots = None
+        if "," in fields[0]:
+            raise ClusterError(f"{here}: one host per line, got {fields[0]!r}")
+        host = parse_hosts(fields[0], here)[0]  # host, host:N, [ipv6], [ipv6]:N, bare ipv6
+        slots = host.slots
         for extra in fields[1:]:
             key, _, value = extra.partition("=")
-            if key in ("slots", "max_slots", "max-slots") and key == "slots":
+            if key == "slots":
+                if slots is not None:
+                    raise ClusterError(f"{here}: slots given twice in {line!r}; write 'host slots=N'")
                 slots = _check_slots(value, line, here)
             elif key not in ("max_slots", "max-slots"):
                 raise ClusterError(f"{here}: cannot read {extra!r}; write 'host slots=N'")
-        hosts.append(Host(_check_addr(fields[0], here), slots))
+        hosts.append(Host(host.addr, slots))
     if not hosts:
         raise ClusterError(f"{where} lists no hosts: write one 'host slots=N' per line")
     _reject_duplicates(hosts, where)

@@ -8,7 +8,11 @@ the documented default.
 The command line reads ``detlaunch [OPTIONS] [LAUNCHER_ARGS... --] COMMAND...``:
 anything detlaunch does not know, given before ``--``, is passed to the
 underlying launcher (torchrun, horovodrun...). Without ``--``, the first
-argument that is not an option starts the command.
+argument that is not an option starts the command; a ``--`` that comes after the
+command has started belongs to the command. Launcher arguments always start with
+an option (``--rdzv-backend c10d --``).
+
+An empty ``DETLAUNCH_<OPTION>`` variable counts as unset.
 """
 
 from __future__ import annotations
@@ -19,7 +23,8 @@ import os
 import shutil
 import sys
 import tomllib
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any, NoReturn
 
 from .errors import ConfigError
 
@@ -48,7 +53,7 @@ class Config:
 class Parser(argparse.ArgumentParser):
     """argparse that raises ConfigError (one line) instead of printing usage and exiting."""
 
-    def error(self, message: str) -> Any:  # type: ignore[override]
+    def error(self, message: str) -> NoReturn:
         raise ConfigError(f"{message} (see detlaunch --help)")
 
 
@@ -89,7 +94,7 @@ def rank_list(text: str) -> tuple[int, ...]:
 rank_list.__name__ = "comma-separated list of ranks"
 
 
-def build_parser(layer_names: Sequence[str] = ()) -> Parser:
+def build_parser(layer_names: Sequence[str] = (), add_help: bool = True) -> Parser:
     p = Parser(
         prog="detlaunch",
         usage="detlaunch --layer NAME [OPTIONS] [LAUNCHER_ARGS... --] COMMAND [ARGS...]\n"
@@ -100,6 +105,7 @@ def build_parser(layer_names: Sequence[str] = ()) -> Parser:
         epilog="Every option --foo-bar is also read from DETLAUNCH_FOO_BAR. "
         f"Installed layers: {', '.join(layer_names) or 'none'}.",
         allow_abbrev=False,
+        add_help=add_help,
     )
     g = p.add_argument_group("job")
     g.add_argument("--layer", help="launch layer: " + (", ".join(layer_names) or "see `detlaunch layers`"))
@@ -128,6 +134,10 @@ def build_parser(layer_names: Sequence[str] = ()) -> Parser:
                    help="after asking processes to stop, SIGKILL them this many seconds later (default 5)")
     g.add_argument("--start-timeout", type=seconds, default=300.0, metavar="S",
                    help="give up when the ranks (or peers) have not started after this long (default 300)")
+    g.add_argument("--control-port", type=port, metavar="PORT",
+                   help="multi-node: the chief's port for the other nodes' supervisors (default: master port + 1)")
+    g.add_argument("--heartbeat", type=seconds, default=1.0, metavar="S",
+                   help="multi-node: heartbeat interval; a node silent for 5 intervals is lost (default 1)")
     g.add_argument("--job-dir", metavar="DIR",
                    help="job directory shared by all nodes, for per-job ssh keys "
                    "(default ~/.cache/detlaunch/jobs/JOB_ID)")
@@ -141,23 +151,26 @@ def option_env_name(dest: str) -> str:
     return ENV_PREFIX + dest.upper()
 
 
-def _convert(action: argparse.Action, raw: Any, where: str) -> Any:
+def _convert(action: argparse.Action, raw: Any, where: str, fix: str) -> Any:
+    """Check and convert one value from the environment or the config file, as the flag would."""
     if isinstance(action, (argparse._StoreTrueAction, argparse._StoreFalseAction)):
         text = str(raw).strip().lower()
         if text in ("1", "true", "yes", "on"):
             return True
         if text in ("0", "false", "no", "off", ""):
             return False
-        raise ConfigError(f"{where}={raw!r}: write 1 or 0")
-    if action.type is None or not isinstance(raw, str):
-        return raw
-    try:
-        value = action.type(raw)  # type: ignore[operator]
-    except (TypeError, ValueError):
-        kind = getattr(action.type, "__name__", "value")
-        raise ConfigError(f"{where}={raw!r} is not a valid {kind}") from None
+        raise ConfigError(f"{where}={raw!r} is not a yes/no value: write 1 or 0; {fix}")
+    if isinstance(raw, bool) or not isinstance(raw, (str, int, float)):
+        raise ConfigError(f"{where}={raw!r}: write a single value (a string or a number); {fix}")
+    value: Any = str(raw)  # a TOML number is checked exactly like the same text on the command line
+    if action.type is not None:
+        try:
+            value = action.type(value)  # type: ignore[operator]
+        except (TypeError, ValueError):
+            kind = getattr(action.type, "__name__", "value")
+            raise ConfigError(f"{where}={raw!r} is not a valid {kind}; {fix}") from None
     if action.choices is not None and value not in action.choices:
-        raise ConfigError(f"{where}={raw!r}: choose one of {', '.join(map(str, action.choices))}")
+        raise ConfigError(f"{where}={raw!r}: choose one of {', '.join(map(str, action.choices))}; {fix}")
     return value
 
 
@@ -175,6 +188,15 @@ def read_config_file(path: str | None) -> dict[str, dict[str, Any]]:
         if not isinstance(values, dict):
             raise ConfigError(f"config file {path}: {section!r} must be a [section]")
     return data
+
+
+def check_sections(sections: Mapping[str, Any], layer_names: Sequence[str], path: str | None) -> None:
+    """Every section of the config file is [detlaunch] or an installed layer's: catch typos."""
+    known = (CORE_SECTION, *layer_names)
+    for section in sections:
+        if section not in known:
+            raise ConfigError(f"config file {path}: unknown section [{section}]; use "
+                              f"{', '.join(f'[{k}]' for k in known)}")
 
 
 def apply_defaults(
@@ -196,11 +218,12 @@ def apply_defaults(
                 continue  # a section for a layer not in use
             if isinstance(raw, list):
                 raw = ",".join(map(str, raw))
-            parser.set_defaults(**{dest: _convert(actions[dest], raw, f"[{section}] {key}")})
+            parser.set_defaults(**{dest: _convert(actions[dest], raw, f"[{section}] {key}",
+                                                  f"fix it in {config_path}")})
     for dest, action in actions.items():
         name = option_env_name(dest)
-        if name in env:
-            parser.set_defaults(**{dest: _convert(action, env[name], name)})
+        if env.get(name):
+            parser.set_defaults(**{dest: _convert(action, env[name], name, f"fix or unset {name}")})
 
 
 def split_argv(argv: Sequence[str]) -> tuple[list[str], list[str] | None]:
@@ -217,19 +240,30 @@ def parse(
     """Parse options; return (options, launcher_args, command)."""
     head, command = split_argv(argv)
     if command is None:
-        parser.add_argument("command", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
-        ns, unknown = parser.parse_known_args(head)
-        command = ns.command
-        if unknown:
-            raise ConfigError(
-                f"unknown option {unknown[0]}: detlaunch options go before the command; "
-                "arguments for the launcher itself go before `--` (detlaunch --layer L "
-                "[LAUNCHER_ARGS] -- COMMAND)"
-            )
-        del ns.command
-        return ns, [], command
+        return _parse_without_separator(parser, head)
     ns, launcher_args = parser.parse_known_args(head)
-    return ns, launcher_args, command
+    if not launcher_args or launcher_args[0].startswith("-"):
+        return ns, launcher_args, command
+    # The command started before the `--` (train.py --epochs 3 -- extra): that `--` is the command's.
+    ns, _, started = _parse_without_separator(parser, head)
+    return ns, [], [*started, "--", *command]
+
+
+def _parse_without_separator(
+    parser: argparse.ArgumentParser, argv: Sequence[str]
+) -> tuple[argparse.Namespace, list[str], list[str]]:
+    """The first argument that is not an option starts the command; the rest is the command's."""
+    parser.add_argument("command", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+    ns, unknown = parser.parse_known_args(argv)
+    command = ns.command
+    if unknown:
+        raise ConfigError(
+            f"unknown option {unknown[0]}: detlaunch options go before the command; "
+            "arguments for the launcher itself go before `--` (detlaunch --layer L "
+            "[LAUNCHER_ARGS] -- COMMAND)"
+        )
+    del ns.command
+    return ns, [], command
 
 
 def resolve_command(command: Sequence[str], env: Mapping[str, str]) -> tuple[str, ...]:

@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import glob
 import hashlib
-import os
 import secrets
-from typing import Mapping
+from collections.abc import Mapping
 
 from .cluster import ClusterInfo, Host, parse_hostfile, parse_hosts
 from .config import Config
@@ -62,7 +61,7 @@ class StaticProvider:
         o = config.options
         if not _wanted(config, self.name):
             return None
-        if o.get("hosts") or o.get("hostfile"):
+        if o.get("hosts") is not None or o.get("hostfile") is not None:  # `--hosts ""` is an error
             return self._from_hosts(config)
         if o.get("nnodes") or o.get("node_rank") is not None or o.get("master_addr"):
             return self._from_flags(config)
@@ -70,9 +69,9 @@ class StaticProvider:
 
     def _from_hosts(self, config: Config) -> ClusterInfo:
         o = config.options
-        if o.get("hosts") and o.get("hostfile"):
+        if o.get("hosts") is not None and o.get("hostfile") is not None:
             raise ConfigError("give --hosts or --hostfile, not both")
-        if o.get("hosts"):
+        if o.get("hosts") is not None:
             hosts, source = parse_hosts(o["hosts"]), "--hosts"
         else:
             path = o["hostfile"]
@@ -94,7 +93,14 @@ class StaticProvider:
             raise ConfigError(f"--node-rank {node_rank} is outside {source} "
                               f"({len(hosts)} hosts: valid ranks 0..{len(hosts) - 1})")
         slots = default_slots(config)
+        here = hosts[node_rank]
+        if o.get("nproc_per_node") and here.slots and here.slots != o["nproc_per_node"]:
+            raise ConfigError(f"--nproc-per-node {o['nproc_per_node']} disagrees with {source}, which gives "
+                              f"this node ({here.addr}) {here.slots} slots: drop one of them")
         addrs = tuple(h.addr for h in hosts)
+        if o.get("master_addr") and o["master_addr"] != addrs[0]:
+            raise ConfigError(f"--master-addr {o['master_addr']} disagrees with {source}, whose first host "
+                              f"(the chief) is {addrs[0]}: drop --master-addr or list the chief first")
         port = o.get("master_port")
         return ClusterInfo(
             node_addrs=addrs,

@@ -12,7 +12,8 @@ node, before any process of the job starts; none runs inside a rank.
 from __future__ import annotations
 
 import argparse
-from typing import TYPE_CHECKING, Mapping
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 import pluggy
 
@@ -57,8 +58,10 @@ def detlaunch_discover_cluster(config: Config) -> ClusterInfo | None:
         another provider).
 
     firstresult: the first provider that answers wins. Built-in order: static
-    (``--hosts``/``--hostfile``), torchrun-style flags, then local (trylast,
-    always answers). Runs on every node.
+    (tryfirst: ``--hosts``/``--hostfile`` or torchrun-style flags), then the
+    schedulers determined, slurm, kubernetes (``detlaunch.providers`` documents
+    their order and the precedence of flags over variables), then local
+    (trylast, always answers). Runs on every node.
     """
 
 
@@ -114,6 +117,26 @@ def detlaunch_worker_stage(ctx: StageContext) -> Stage | None:
         daemon the chief's launcher reaches (sshd); None to let another answer.
 
     firstresult. Runs on worker nodes only. Must not start processes.
+    """
+
+
+# -- the job starts ------------------------------------------------------------------------------
+
+
+@hookspec
+def detlaunch_job_started(ctx: StageContext, stage: Stage) -> None:
+    """Act on the job starting on this node, before any of its processes start.
+
+    :param ctx: the stage context (cluster, config, environment).
+    :param stage: what this node is about to run; ``all(c.daemon for c in
+        stage.commands)`` tells a node that only serves the chief (sshd) from one
+        that runs a launcher of its own.
+
+    For side effects a scheduler needs (Determined: a worker marks its resources
+    as a daemon). Called on every node (chief and workers), after the plan is
+    built and not for ``--dry-run``, right before the supervisor starts anything.
+    Return value ignored. An exception stops the launch on this node: nothing has
+    started yet, and detlaunch exits with one error line naming the plugin.
     """
 
 

@@ -23,7 +23,8 @@ import secrets
 import selectors
 import socket
 import time
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from .errors import LaunchError
 from .report import RankStatus
@@ -149,6 +150,7 @@ class ChiefLink:
         self.finished: set[int] = set()  # said goodbye, or were lost
         self.remote_ranks: dict[int, RankStatus] = {}
         self.stop_message: dict[str, Any] | None = None
+        self.addrs = {n: a for n, a in enumerate(plan.cluster.node_addrs) if a}  # + peers as they join
         host = plan.cluster.chief_addr
         try:
             family, _, _, _, addr = socket.getaddrinfo(host, plan.control_port, type=socket.SOCK_STREAM)[0]
@@ -201,6 +203,7 @@ class ChiefLink:
         assert isinstance(node, int) and self.secret
         line.authed, line.node = True, node
         self.nodes[node] = line
+        self.addrs[node] = str(m.get("addr") or line.sock.getpeername()[0])
         line.send({"t": "welcome", "mac": mac(self.secret, "chief", self.job_id, node, m.get("nonce"))})
         if self.stop_message is not None:  # joined after the job was stopped
             line.send(self.stop_message)
@@ -280,6 +283,7 @@ class WorkerLink:
         self.chief = (plan.cluster.chief_addr, plan.control_port)
         self.shared_dir = plan.shared_dir
         self.env = plan.context.env
+        self.own_addr = plan.cluster.node_addr
         self.line: Line | None = None
         self.connecting: socket.socket | None = None
         self.delay = RETRY_FIRST
@@ -300,6 +304,11 @@ class WorkerLink:
             return
         sock = socket.socket(family, socket.SOCK_STREAM)
         sock.setblocking(False)
+        if self.own_addr:  # leave from this node's own address, so the chief sees which node it is
+            try:
+                sock.bind((self.own_addr, 0))
+            except OSError:
+                self.own_addr = None  # not an address of this machine after all: any source will do
         err = sock.connect_ex(addr)
         if err not in (0, errno.EINPROGRESS):
             sock.close()
@@ -328,7 +337,8 @@ class WorkerLink:
             self._answer(line, m)
         elif kind == "welcome":
             assert self.secret is not None
-            if not hmac.compare_digest(str(m.get("mac")), mac(self.secret, "chief", self.job_id, self.node, line.nonce)):
+            expected = mac(self.secret, "chief", self.job_id, self.node, line.nonce)
+            if not hmac.compare_digest(str(m.get("mac")), expected):
                 self.sup.fail_to_start(f"the chief at {self.chief[0]}:{self.chief[1]} failed authentication")
                 line.close()
                 return
@@ -354,7 +364,7 @@ class WorkerLink:
                                    f"directory must be shared by all nodes (--job-dir), or set {SECRET_ENV}")
             line.close()
             return
-        line.send({"t": "auth", "node": self.node, "nonce": line.nonce,
+        line.send({"t": "auth", "node": self.node, "nonce": line.nonce, "addr": self.own_addr,
                    "mac": mac(self.secret, "worker", self.job_id, self.node, m.get("nonce"))})
 
     def on_close(self, line: Line) -> None:

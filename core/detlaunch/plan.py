@@ -14,7 +14,8 @@ import secrets
 import shlex
 import sys
 import tempfile
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from .cluster import ClusterInfo
 from .config import Config
@@ -136,8 +137,6 @@ def build_plan(hooks: Hooks, config: Config, cluster: ClusterInfo) -> LaunchPlan
     env = hooks.environment(ctx)
     env["DET_CHIEF_IP"] = cluster.chief_addr
     env[SUPERVISOR_ENV] = os.path.join(run_dir, SOCKET_NAME)
-    env["DETLAUNCH_JOB_ID"] = cluster.job_id
-    env["DETLAUNCH_NODE_RANK"] = str(cluster.node_rank)
     if "PYTHONUNBUFFERED" not in config.env:
         env["PYTHONUNBUFFERED"] = "1"  # the last line before a crash must reach the logs
 

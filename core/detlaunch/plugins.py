@@ -16,7 +16,8 @@ import argparse
 import dataclasses
 import importlib.metadata
 import traceback
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import pluggy
 import stevedore
@@ -24,7 +25,7 @@ import stevedore
 from . import hookspecs
 from .cluster import ClusterInfo
 from .config import Config
-from .errors import ClusterError, LayerNotFoundError, PluginLoadError
+from .errors import ClusterError, DetlaunchError, LaunchError, LayerNotFoundError, PluginLoadError
 from .report import JobResult
 from .stage import RankWrapper, Stage, StageContext
 
@@ -51,7 +52,7 @@ def disabled_names(env: Mapping[str, str]) -> set[str]:
 
 
 def _entries(group: str) -> list[PluginEntry]:
-    manager = stevedore.NamedExtensionManager(group, names=[])  # lists, loads nothing
+    manager: stevedore.NamedExtensionManager[Any] = stevedore.NamedExtensionManager(group, names=[])  # lists only
     owners = {(ep.name, ep.value): ep.dist for ep in importlib.metadata.entry_points(group=group)}
     entries = []
     for ep in manager.list_entry_points():
@@ -166,7 +167,7 @@ class Hooks:
         self._hook.detlaunch_add_options.call_historic(kwargs={"parser": parser})
 
     def discover_cluster(self, config: Config) -> ClusterInfo:
-        info = self._hook.detlaunch_discover_cluster(config=config)
+        info: ClusterInfo | None = self._hook.detlaunch_discover_cluster(config=config)
         if info is None:
             wanted = config.options.get("cluster")
             if wanted:
@@ -186,10 +187,24 @@ class Hooks:
         return merged
 
     def chief_stage(self, ctx: StageContext) -> Stage | None:
-        return self._hook.detlaunch_chief_stage(ctx=ctx)
+        stage: Stage | None = self._hook.detlaunch_chief_stage(ctx=ctx)
+        return stage
 
     def worker_stage(self, ctx: StageContext) -> Stage | None:
-        return self._hook.detlaunch_worker_stage(ctx=ctx)
+        stage: Stage | None = self._hook.detlaunch_worker_stage(ctx=ctx)
+        return stage
+
+    def job_started(self, ctx: StageContext, stage: Stage) -> None:
+        """Call every job_started hook; the first failure stops the launch as one DetlaunchError line."""
+        for impl in reversed(self._hook.detlaunch_job_started.get_hookimpls()):
+            kwargs = {"ctx": ctx, "stage": stage}
+            name = impl.plugin_name.rpartition(":")[2]
+            try:
+                impl.function(**{arg: kwargs[arg] for arg in impl.argnames})
+            except DetlaunchError as e:
+                raise type(e)(f"{name}: {e}") from e
+            except Exception as e:
+                raise LaunchError(f"{name}: job_started failed: {_error_line(e)}") from e
 
     def job_finished(self, ctx: StageContext, result: JobResult) -> list[str]:
         """Call every observer; return the errors they raised (they never change the exit code)."""

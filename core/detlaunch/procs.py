@@ -13,7 +13,7 @@ import errno
 import os
 import shutil
 import signal
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import psutil
 
@@ -115,7 +115,7 @@ def kill_descendants() -> int:
 
 def reap() -> list[tuple[int, int]]:
     """Collect every exited child (ours or re-parented orphans): [(pid, exit code or -signal)]."""
-    done = []
+    done: list[tuple[int, int]] = []
     while True:
         try:
             pid, status = os.waitpid(-1, os.WNOHANG)

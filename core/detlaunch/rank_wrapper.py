@@ -34,7 +34,7 @@ PIPE_BUF = 4096
 READ_SIZE = 1 << 16
 TAIL_BYTES = 8192
 TAIL_LINES = 20
-DEFAULT_RANK_ENV = ("RANK", "HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
+DEFAULT_RANK_ENV = ("RANK", "HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "DETLAUNCH_RANK")
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT,
                      signal.SIGUSR1, signal.SIGUSR2)
 
@@ -197,7 +197,7 @@ class Supervisor:
         re-prefixes it, ships it to another node, or slows it down.
         """
         if not path:
-            return None, (1, 2)
+            return None, (1, 2), {}
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.settimeout(30)
         try:
@@ -212,7 +212,7 @@ class Supervisor:
         if reply.get("t") != "ok" or len(fds) != 2:
             raise UsageError(f"the supervisor refused rank {rank}: {reply.get('why', 'no reason given')}")
         sock.settimeout(None)
-        return link, tuple(fds)
+        return link, tuple(fds), reply
 
     def __init__(self, sock):
         self.sock = sock
@@ -356,11 +356,14 @@ def main(argv=None):
         opts, command = parse_args(sys.argv[1:] if argv is None else argv)
         rank = find_rank(opts["rank"], opts["rank_env"], os.environ)
         path = os.environ.get("DETLAUNCH_SSHD_SUPERVISOR") or os.environ.get("DETLAUNCH_SUPERVISOR")
-        supervisor, console = Supervisor.connect(path, opts["job"], rank)
-        if opts["console"] is not None and rank not in opts["console"]:
+        supervisor, console, node = Supervisor.connect(path, opts["job"], rank)
+        # Where logs go and which ranks reach the console are this node's settings: a rank that
+        # arrived over ssh carries the chief's argv, its node's supervisor knows better.
+        console_ranks = node.get("console_ranks", opts["console"])
+        if console_ranks is not None and rank not in console_ranks:
             console = None
-        wrapper = RankWrapper(rank, command, supervisor, console,
-                              open_log(opts["log_dir"], rank), opts["grace"])
+        log_dir = node.get("log_dir", opts["log_dir"])
+        wrapper = RankWrapper(rank, command, supervisor, console, open_log(log_dir, rank), opts["grace"])
         return wrapper.run()
     except (UsageError, ValueError) as e:
         os.write(2, f"detlaunch rank wrapper: error: {e}\n".encode())

@@ -9,7 +9,8 @@ from __future__ import annotations
 import dataclasses
 import os
 import signal
-from typing import TYPE_CHECKING, Any, Mapping
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .cluster import ClusterInfo

@@ -29,16 +29,17 @@ import struct
 import subprocess
 import sys
 import time
-from typing import Any, Callable, TextIO
+from collections.abc import Callable
+from typing import Any, TextIO
 
 import psutil
 
 from . import procs
 from .errors import LaunchError
 from .joblink import ChiefLink, WorkerLink
-from .safefs import ensure_private_dir, write_private_file
 from .plan import LaunchPlan
 from .report import Failure, JobResult, RankStatus, describe_exit
+from .safefs import ensure_private_dir, write_private_file
 from .stage import Command
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -180,6 +181,7 @@ class NodeSupervisor:
         self.failed_child: Child | None = None
         self.console_out, self.console_err = 1, 2
         self.link: ChiefLink | WorkerLink | None = None
+        self.launchers_deferred = False
 
     # -- output ------------------------------------------------------------------------------
     def say(self, message: str) -> None:
@@ -262,7 +264,8 @@ class NodeSupervisor:
         child = Child(command, pid, out_r)
         if self.plan.log_dir:
             os.makedirs(self.plan.log_dir, exist_ok=True)
-            child.log_fd = os.open(os.path.join(self.plan.log_dir, f"{command.name}-node{self.plan.cluster.node_rank}.log"),
+            name = f"{command.name}-node{self.plan.cluster.node_rank}.log"
+            child.log_fd = os.open(os.path.join(self.plan.log_dir, name),
                                    os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
         os.set_blocking(out_r, False)
         self.sel.register(out_r, selectors.EVENT_READ, (1, functools.partial(self._on_child_output, child)))
@@ -368,7 +371,7 @@ class NodeSupervisor:
                  f"{self.plan.grace_period:g} s)")
         if self.link is not None:
             self.link.failed(f"node {self.plan.cluster.node_rank} was interrupted by {name}", 128 + signum)
-        self._stop(signum)
+        self._stop(signum, interrupt=True)
 
     def _on_children(self) -> None:
         for pid, code in procs.reap():
@@ -458,7 +461,10 @@ class NodeSupervisor:
             return
         conn.rank = int(message["rank"])
         self.ranks[conn.rank] = conn
-        self._send(conn, {"t": "ok"}, fds=(self.console_out, self.console_err))
+        ranks = self.plan.context.config.options.get("ranks")
+        log_dir = os.path.abspath(self.plan.log_dir) if self.plan.log_dir else None
+        self._send(conn, {"t": "ok", "log_dir": log_dir, "console_ranks": list(ranks) if ranks else None},
+                   fds=(self.console_out, self.console_err))
         self.trace(f"rank {conn.rank} registered (wrapper pid {conn.peer_pid})")
 
     def _refusal(self, message: dict[str, Any]) -> str | None:
@@ -552,6 +558,8 @@ class NodeSupervisor:
                                f"rank(s) ever started on node {self.plan.cluster.node_rank}", 1)
                 else:
                     self._stop(signal.SIGTERM)
+        if self.phase == "stopping" and self.launchers_deferred and all(c.status for c in self.ranks.values()):
+            self._stop_children()
         if self.phase == "stopping" and not live_children and not self.conns:
             self._sweep()
         if self.phase == "local_done" and (self.link is None or self.link.ready_to_finish()):
@@ -580,14 +588,28 @@ class NodeSupervisor:
             probe.close()
         self._stop(signal.SIGTERM)
 
-    def _stop(self, rank_signal: int) -> None:
+    def _stop(self, rank_signal: int, interrupt: bool = False) -> None:
+        """Stop this node's part of the job: ranks through their wrappers, then the launchers.
+
+        On a failure, everything is signalled at once. On the user's signal, the ranks get that
+        signal first and the launchers are left alone until the ranks are gone, so no launcher's
+        own SIGTERM races the SIGINT a rank was about to handle. Either way, whatever is left
+        after the grace period is SIGKILLed.
+        """
         if self.phase in ("stopping", "local_done", "done"):
             return
         self.phase = "stopping"
-        for conn in self.ranks.values():
-            if conn.status is None:
-                conn.stopped_by_us = True
-                procs.signal_pid(conn.peer_pid, rank_signal)
+        live = [c for c in self.ranks.values() if c.status is None]
+        for conn in live:
+            conn.stopped_by_us = True
+            procs.signal_pid(conn.peer_pid, rank_signal)
+        self.launchers_deferred = interrupt and bool(live)
+        if not self.launchers_deferred:
+            self._stop_children()
+        self.timers.at(time.monotonic() + self.plan.grace_period, self._kill_all)
+
+    def _stop_children(self) -> None:
+        self.launchers_deferred = False
         clean = self.failure is None and self.interrupted_by is None
         for child in self.children.values():
             if child.exit is None:
@@ -595,7 +617,6 @@ class NodeSupervisor:
                     procs.signal_tree(child.pid, child.command.stop_signal)
                 else:  # after a clean end, sshd sessions finish delivering exit statuses
                     procs.signal_pid(child.pid, child.command.stop_signal)
-        self.timers.at(time.monotonic() + self.plan.grace_period, self._kill_all)
 
     def _kill_all(self) -> None:
         if self.phase in ("local_done", "done"):
@@ -652,7 +673,8 @@ class NodeSupervisor:
     def node_lost(self, node: int, why: str) -> None:
         """Chief: a worker node's supervisor vanished."""
         if self.phase in ("starting", "running"):
-            self._fail(f"lost node {node} ({self.plan.cluster.node_addrs[node]}): {why}", 1)
+            addr = self.link.addrs.get(node, "address unknown") if isinstance(self.link, ChiefLink) else "?"
+            self._fail(f"lost node {node} ({addr}): {why}", 1)
 
     def stop_from_chief(self, what: str, code: int, rank: RankStatus | None) -> None:
         """Worker: the chief decided the job is over; its verdict is this node's too."""
@@ -723,14 +745,14 @@ class NodeSupervisor:
         return [r for r, c in self.ranks.items() if c.stopped_by_us]
 
     def _host(self) -> str:
-        return self.plan.cluster.node_addr or "this node"
+        return self.plan.cluster.node_addr or socket.gethostname()
 
 
 def _split(code: int) -> tuple[int | None, int | None]:
     return (None, -code) if code < 0 else (code, None)
 
 
-def _alive(p: "psutil.Process") -> bool:
+def _alive(p: psutil.Process) -> bool:
     try:
         return p.status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:

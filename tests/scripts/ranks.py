@@ -5,6 +5,8 @@ Environment knobs (all optional):
   KILL_RANK=R               rank R SIGKILLs itself
   SLEEP=S                   the other ranks print "rank N sleeping" and sleep S seconds
   LINES=N                   every rank prints N numbered lines first
+  TRIGGER=FIFO              FAIL_RANK/KILL_RANK first print "rank R waiting" and block until
+                            the test writes to the FIFO (so every rank is up when the fault hits)
 """
 
 import os
@@ -17,11 +19,20 @@ for i in range(int(os.environ.get("LINES", "0"))):
     print(f"line {i} of rank {rank}")
 print(f"rank {rank} started pid={os.getpid()}", flush=True)
 
+def wait_for_trigger() -> None:
+    if os.environ.get("TRIGGER"):
+        print(f"rank {rank} waiting", flush=True)
+        with open(os.environ["TRIGGER"], "rb") as fifo:
+            fifo.read(1)
+
+
 if os.environ.get("FAIL_RANK") == str(rank):
+    wait_for_trigger()
     print(f"rank {rank} failing", flush=True)
     print(f"something broke in rank {rank}", file=sys.stderr, flush=True)
     sys.exit(int(os.environ.get("FAIL_CODE", "3")))
 if os.environ.get("KILL_RANK") == str(rank):
+    wait_for_trigger()
     print(f"rank {rank} killing itself", flush=True)
     os.kill(os.getpid(), signal.SIGKILL)
 

@@ -16,7 +16,7 @@ import os
 import shutil
 import signal
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
 from detlaunch import (
     Command,
@@ -45,7 +45,7 @@ def create_hostlist_arg(host_slot_counts: Sequence[int], ip_addresses: Sequence[
     if len(host_slot_counts) != len(ip_addresses):
         raise ValueError("need one slot count per host")
     hosts = ["localhost", *ip_addresses[1:]]
-    return ",".join(f"{h}:{s}" for h, s in zip(hosts, host_slot_counts))
+    return ",".join(f"{h}:{s}" for h, s in zip(hosts, host_slot_counts, strict=True))
 
 
 def create_performance_args(autotune: bool, autotune_log_file: str, fusion_threshold_mb: int,
