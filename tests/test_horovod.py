@@ -142,3 +142,35 @@ def test_dry_run_shows_the_chief_and_worker_chains(launcher: Launcher) -> None:
     assert "sshd -D -e -f" in worker.stdout and "[daemon, stop with SIGTERM]" in worker.stdout
     assert "horovodrun" not in worker.stdout
     assert "USE_HOROVOD=1" in chief.stdout and "DET_CHIEF_IP=127.0.0.1" in worker.stdout
+
+
+def test_options_come_from_flags_and_from_the_config_files_horovod_section(launcher: Launcher, tmp_path) -> None:
+    config = tmp_path / "detlaunch.toml"
+    config.write_text("[detlaunch]\nlayer = 'horovod'\n\n[horovod]\nfusion_threshold_mb = 32\ncycle_time_ms = 3.5\n")
+    base = ["--config", str(config), "--nproc-per-node", "2", "--dry-run", "--format", "json"]
+
+    def horovodrun(*args: str, env: dict[str, str] | None = None) -> list[str]:
+        r = launcher.run(*base, *args, HVD, env=env)
+        assert r.returncode == 0, r.output
+        plan = json.loads(r.stdout)
+        assert "SLURM_JOBID" in plan["unset_env"]  # would make horovod pack every rank on this node
+        return plan["commands"][0]["argv"]
+
+    argv = horovodrun()
+    assert argv[argv.index("--fusion-threshold-mb") + 1] == "32" and argv[argv.index("--cycle-time-ms") + 1] == "3.5"
+    argv = horovodrun(env={"DETLAUNCH_FUSION_THRESHOLD_MB": "16"})
+    assert argv[argv.index("--fusion-threshold-mb") + 1] == "16"  # the variable beats the file
+    argv = horovodrun("--fusion-threshold-mb", "8", env={"DETLAUNCH_FUSION_THRESHOLD_MB": "16"})
+    assert argv[argv.index("--fusion-threshold-mb") + 1] == "8"  # the flag beats both
+    argv = horovodrun("--autotune")
+    assert "--fusion-threshold-mb" not in argv and argv[argv.index("--autotune-log-file") + 1].endswith(
+        "horovod_autotune_log.csv")
+
+
+def test_slurm_jobid_never_reaches_horovodrun(launcher: Launcher, tmp_path) -> None:
+    script = tmp_path / "env.py"
+    script.write_text("import os\nprint('SLURM_JOBID' in os.environ, os.environ.get('USE_HOROVOD'))\n")
+    r = launcher.run("--layer", "horovod", "--cluster", "local", "--nproc-per-node", "2", str(script),
+                     env={"SLURM_JOBID": "42"})
+    assert r.returncode == 0, r.output
+    assert rank_lines(r.stdout, 0) == rank_lines(r.stdout, 1) == ["False 1"]
