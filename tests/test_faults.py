@@ -18,7 +18,8 @@ from helpers import free_port, report_line
 
 pytestmark = pytest.mark.timeout(300)
 RANKS = str(SCRIPTS / "ranks.py")
-COLLECTIVE = {"torchrun": str(SCRIPTS / "collective.py"), "horovod": str(SCRIPTS / "hvd_collective.py")}
+COLLECTIVE = {"torchrun": str(SCRIPTS / "collective.py"), "horovod": str(SCRIPTS / "hvd_collective.py"),
+              "deepspeed": str(SCRIPTS / "collective.py")}
 FAULTY = 3  # the worker node's second rank
 WORKER = "rank 3 on node 1 (127.0.0.2)"
 
@@ -92,7 +93,7 @@ CELLS = {
 }
 
 
-@pytest.mark.parametrize("layer", ["torchrun", "horovod"])
+@pytest.mark.parametrize("layer", ["torchrun", "horovod", "deepspeed"])
 @pytest.mark.parametrize("fault", list(CELLS))
 def test_fault_outside_a_collective(launcher: Launcher, tmp_path: Path, layer: str, fault: str) -> None:
     env, how, chief_code, worker_code, chief_cause, worker_cause = CELLS[fault]
@@ -126,7 +127,7 @@ def inject(job: TwoNodes, how: str) -> None:
         job.chief.signal(signal.SIGKILL)
 
 
-@pytest.mark.parametrize("layer", ["torchrun", "horovod"])
+@pytest.mark.parametrize("layer", ["torchrun", "horovod", "deepspeed"])
 def test_fault_while_the_survivors_are_inside_a_collective(launcher: Launcher, tmp_path: Path, layer: str) -> None:
     job = TwoNodes(launcher, tmp_path, layer, COLLECTIVE[layer], {"FAIL_RANK": "3", "FAIL_CODE": "3"})
     job.wait_until_every_rank_is_up()
@@ -137,3 +138,19 @@ def test_fault_while_the_survivors_are_inside_a_collective(launcher: Launcher, t
     assert "detlaunch:   | something broke in rank 3" in rc.stderr
     job.assert_last_lines_logged()
     assert launcher.leftovers(settle=15) == []
+
+
+@pytest.mark.parametrize("layer", ["horovod", "deepspeed"])
+def test_peer_sshd_not_reachable(launcher: Launcher, layer: str) -> None:
+    """The worker's detlaunch is up, but its sshd is not where the chief looks: the chief gives up in time."""
+    port = free_port("127.0.0.2")
+    common = ["--layer", layer, "--hosts", "127.0.0.1:2,127.0.0.2:2", "--master-port", str(free_port()),
+              "--start-timeout", "8"]
+    worker = launcher.start(*common, "--ssh-port", str(free_port("127.0.0.2")), "--node-rank", "1", RANKS)
+    chief = launcher.start(*common, "--ssh-port", str(port), "--node-rank", "0", RANKS)
+    rc, rw = chief.wait(90), worker.wait(90)
+    assert (rc.returncode, rw.returncode) == (1, 1), rc.output + rw.output
+    assert report_line(rc.stderr) == (f"detlaunch: job failed: sshd on 127.0.0.2:{port} did not answer within 8 s "
+                                      "(is detlaunch running on that node, with the same --ssh-port?)")
+    assert report_line(rw.stderr) == report_line(rc.stderr)  # the chief's verdict is every node's
+    assert rc.duration < 60

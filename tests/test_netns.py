@@ -57,7 +57,8 @@ def test_a_lost_machine_stops_the_job_on_both_sides(launcher: Launcher, worker_n
     rc, rw = chief.wait(60), worker.wait(60)
     assert (rc.returncode, rw.returncode) == (1, 1), rc.output + "\n----\n" + rw.output
     assert report_line(rc.stderr) == f"detlaunch: job failed: lost node 1 ({WORKER}): no heartbeat for 2.5 s"
-    assert report_line(rw.stderr) == f"detlaunch: job failed: lost the chief ({CHIEF}): no heartbeat from the chief for 2.5 s"
+    assert report_line(rw.stderr) == (f"detlaunch: job failed: lost the chief ({CHIEF}): "
+                                      "no heartbeat from the chief for 2.5 s")
     assert rank_lines(rc.stdout, 0)[-1] == "rank 0 sleeping"
     assert rank_lines(rw.stdout, 1)[-1] == "rank 1 sleeping"
     assert rc.duration < 120

@@ -12,7 +12,6 @@ import signal
 import socket
 import stat
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 

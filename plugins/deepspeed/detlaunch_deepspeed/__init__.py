@@ -1,0 +1,1 @@
+"""The deepspeed layer for detlaunch (entry point ``detlaunch.layers: deepspeed``)."""

@@ -1,0 +1,268 @@
+"""deepspeed layer: the seed's chain (harness/determined/launch/deepspeed.py) on detlaunch's public API.
+
+- one node: supervisor -> ``deepspeed --num_gpus N --master_addr localhost --master_port P
+  --no_python --no_local_rank`` -> rank wrapper (rank from RANK) -> script.
+- several nodes: every node's supervisor runs the per-job sshd. The chief waits for each of them
+  (its own too: pdsh reaches the chief over ssh like any node), writes the hostfile and the env
+  file into its private run directory, and runs ``deepspeed -H HOSTFILE --master_addr CHIEF
+  --master_port P --no_python --no_local_rank --no_ssh_check --launcher pdsh`` -> pdsh -> ssh ->
+  each node's sshd -> deepspeed.launcher.launch -> rank wrapper -> script. The ranks register
+  with their own node's supervisor (DETLAUNCH_SSHD_SUPERVISOR, set by that node's sshd).
+
+The env file. An ssh session starts with a bare environment, so every rank (the chief's too) gets
+only what deepspeed exports from its env file (see envfile.py). deepspeed reads that file from a
+fixed name, ``$DS_ENV_FILE`` or ``.deepspeed_env``, joined to the home and then the current
+directory; os.path.join keeps an absolute DS_ENV_FILE as it is. So the file lives in the chief's
+private run directory (0700, random name, removed at the end) and DS_ENV_FILE points at it: never
+in the user's directories, where two jobs would overwrite each other's and a crash would leave it
+behind. It is written by a step the chief's supervisor runs just before deepspeed, from the
+environment deepspeed really gets (a stage hook sees only the user's, not what detlaunch and other
+plugins add). deepspeed puts every exported value on pdsh's command line, visible in ``ps`` on
+the chief, as it does without detlaunch.
+
+Stopping: deepspeed's runner answers SIGINT/SIGTERM by running ``pkill -f <python> -u -m
+deepspeed.launcher.launch`` on every host through pdsh, which kills every deepspeed job on those
+machines, not only this one. So the runner is stopped with SIGKILL, which it cannot catch: the
+supervisors stop the ranks through their wrappers, the sshd sessions with sshd, and the other
+nodes through the job link.
+
+Importing this module imports neither deepspeed nor torch (deepspeed takes seconds to import).
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import importlib.metadata
+import os
+import shlex
+import shutil
+import signal
+import sys
+from collections.abc import Callable, Mapping, Sequence
+
+from detlaunch import (
+    Command,
+    ConfigError,
+    RankWrapper,
+    SshLayout,
+    SshParts,
+    Stage,
+    StageContext,
+    add_ssh_options,
+    check_port_free,
+    hookimpl,
+    ssh_client_parts,
+    sshd_parts,
+)
+
+from . import envfile
+from .envfile import DENY, parse_version, quoting_for
+
+NAME = "deepspeed"
+DEFAULT_MASTER_PORT = 29500
+# Multi-node needs DS_ENV_FILE (so that the env file can live in a private folder rather than in
+# the user's current or home directory); 0.15.0 is the oldest release checked to have it.
+MIN_MULTI_NODE_VERSION = (0, 15, 0)
+# Device nodes that mean an accelerator deepspeed would pick on its own (NVIDIA, ROCm, Gaudi, Ascend).
+ACCELERATOR_DEVICES = ("/dev/nvidia[0-9]*", "/dev/kfd", "/dev/accel/accel[0-9]*", "/dev/davinci[0-9]*")
+
+
+# -- pure functions (unit-tested) ------------------------------------------------------------------
+
+
+def check_deepspeed_version(version: tuple[int, ...], multi_machine: bool) -> None:
+    """Refuse the versions the multi-node chain cannot work with (one line, saying what to do)."""
+    if not multi_machine:
+        return
+    shown = ".".join(map(str, version))
+    if (0, 6, 1) <= version[:3] <= (0, 6, 4):
+        # The seed's check: these releases always run their own ssh check, without the
+        # per-job ssh settings, and have no --no_ssh_check to skip it.
+        raise ConfigError(f"deepspeed {shown} cannot run multi-node jobs under detlaunch: deepspeed 0.6.1 to "
+                          "0.6.4 run an ssh check that cannot be skipped and fails with per-job ssh; "
+                          "install deepspeed >= 0.15 (pip install -U deepspeed)")
+    if version < MIN_MULTI_NODE_VERSION:
+        raise ConfigError(f"deepspeed {shown} is too old for multi-node jobs under detlaunch: it reads its env "
+                          "file only from the current or home directory (DS_ENV_FILE came later); "
+                          "install deepspeed >= 0.15 (pip install -U deepspeed)")
+
+
+def create_hostfile(host_slot_counts: Sequence[int], ip_addresses: Sequence[str]) -> str:
+    """deepspeed's (MPI-style) hostfile: ``host slots=N`` per node, the chief first."""
+    if len(host_slot_counts) != len(ip_addresses):
+        raise ValueError("need one slot count per host")
+    return "".join(f"{host} slots={slots}\n" for host, slots in zip(ip_addresses, host_slot_counts, strict=True))
+
+
+def create_run_command(
+    *,
+    master_address: str,
+    master_port: int,
+    hostfile_path: str | None = None,
+    num_gpus: int | None = None,
+    optional_args: Sequence[str] = (),
+) -> list[str]:
+    """The deepspeed command, as the seed builds it (``deepspeed`` first; the rank command follows).
+
+    With a hostfile, pdsh starts the ranks on every node; without, deepspeed starts them here.
+    The seed's final ``--`` is left out: the rank command starts with an absolute path, so
+    deepspeed cannot take it for one of its options.
+    """
+    cmd = ["deepspeed"]
+    if hostfile_path is not None:
+        cmd += ["-H", hostfile_path]
+    elif num_gpus is not None:
+        cmd += ["--num_gpus", str(num_gpus)]
+    cmd += ["--master_addr", master_address, "--master_port", str(master_port), "--no_python", "--no_local_rank"]
+    if hostfile_path is not None:
+        cmd += ["--no_ssh_check", "--launcher", "pdsh"]
+    return cmd + list(optional_args)
+
+
+def pdsh_ssh_args_append(existing: str | None, ssh_config: str, port: int) -> str:
+    """PDSH_SSH_ARGS_APPEND: the user's value, then the per-job client config and port.
+
+    pdsh runs ``ssh`` from PATH (the per-job wrapper, which already uses the config); these make
+    the per-job settings win over the user's own -F/-p (for ssh the last -F and -p count), while
+    the wrapper's leading ``-o StrictHostKeyChecking=yes`` wins over any later ``-o``.
+    """
+    ours = f"-F {shlex.quote(ssh_config)} -p {port}"
+    return f"{existing.strip()} {ours}" if existing and existing.strip() else ours
+
+
+def visible_devices(env: Mapping[str, str]) -> list[str]:
+    value = env.get("CUDA_VISIBLE_DEVICES")
+    return [d.strip() for d in value.split(",") if d.strip() and d.strip() != "-1"] if value else []
+
+
+def has_accelerator(env: Mapping[str, str], devices: Sequence[str]) -> bool:
+    """Whether this node has a GPU (or other accelerator) for deepspeed to find by itself.
+
+    devices: the accelerator device nodes present (see ACCELERATOR_DEVICES).
+    """
+    return bool(devices) or bool(visible_devices(env))
+
+
+def accelerator_env(env: Mapping[str, str], devices: Sequence[str]) -> dict[str, str]:
+    """DS_ACCELERATOR=cpu where there is no accelerator, unless the user chose one."""
+    if "DS_ACCELERATOR" in env or has_accelerator(env, devices):
+        return {}
+    return {"DS_ACCELERATOR": "cpu"}
+
+
+def network_env(env: Mapping[str, str]) -> dict[str, str]:
+    """The seed: on GPUs, NCCL uses Determined's inter-node interface unless the user chose one."""
+    nic = (env.get("DET_INTER_NODE_NETWORK_INTERFACE") or "").strip()
+    if visible_devices(env) and nic and not (env.get("NCCL_SOCKET_IFNAME") or "").strip():
+        return {"NCCL_SOCKET_IFNAME": nic}
+    return {}
+
+
+def one_node_gpu_args(env: Mapping[str, str], devices: Sequence[str], slots: int) -> int | None:
+    """--num_gpus for one node, or None to let deepspeed follow CUDA_VISIBLE_DEVICES.
+
+    deepspeed ignores CUDA_VISIBLE_DEVICES when given --num_gpus (it would use GPUs 0..N-1, maybe
+    another job's): on a node with GPUs and CUDA_VISIBLE_DEVICES, it must pick them itself.
+    On CPU, --num_gpus is what sets the number of ranks (--include needs LOCAL_SIZE there).
+    """
+    visible = visible_devices(env)
+    if not (devices and visible):
+        return slots
+    if len(visible) != slots:
+        raise ConfigError(f"CUDA_VISIBLE_DEVICES lists {len(visible)} device(s) but this node runs {slots} "
+                          f"rank(s): make them agree (--nproc-per-node {len(visible)})")
+    return None
+
+
+# -- what reads the machine ------------------------------------------------------------------------
+
+
+def deepspeed_version() -> tuple[int, ...]:
+    try:
+        return parse_version(importlib.metadata.version("deepspeed"))
+    except importlib.metadata.PackageNotFoundError:
+        raise ConfigError("the deepspeed layer needs deepspeed in this Python environment: "
+                          "pip install 'detlaunch[deepspeed]'") from None
+
+
+def accelerator_devices(globber: Callable[[str], list[str]] = glob.glob) -> list[str]:
+    return [path for pattern in ACCELERATOR_DEVICES for path in globber(pattern)]
+
+
+def _deepspeed() -> str:
+    beside_python = os.path.join(os.path.dirname(sys.executable), "deepspeed")
+    return beside_python if os.path.exists(beside_python) else shutil.which("deepspeed") or "deepspeed"
+
+
+# -- hooks -----------------------------------------------------------------------------------------
+
+
+@hookimpl
+def detlaunch_add_options(parser: argparse.ArgumentParser) -> None:
+    add_ssh_options(parser, NAME)
+
+
+@hookimpl
+def detlaunch_rank_wrappers(ctx: StageContext) -> RankWrapper:
+    return RankWrapper(rank_env=("RANK",))
+
+
+@hookimpl
+def detlaunch_environment(ctx: StageContext) -> dict[str, str]:
+    return {"USE_DEEPSPEED": "1", **accelerator_env(ctx.env, accelerator_devices()), **network_env(ctx.env)}
+
+
+def _master_port(ctx: StageContext) -> int:
+    return int(ctx.option("master_port", DEFAULT_MASTER_PORT))
+
+
+def _warn_unexported(env: Mapping[str, str], quoting: str) -> None:
+    """The writer runs under the supervisor, where its output is not shown: warn while planning."""
+    _, skipped = envfile.env_file_lines(env, quoting)
+    for name, reason in skipped:
+        print(f"detlaunch: warning: deepspeed: not exporting {name} to the ranks: {reason}", file=sys.stderr)
+
+
+@hookimpl
+def detlaunch_chief_stage(ctx: StageContext) -> Stage:
+    c = ctx.cluster
+    multi = c.num_nodes > 1
+    version = deepspeed_version()
+    check_deepspeed_version(version, multi)
+    port = _master_port(ctx)
+    if not multi:
+        check_port_free("127.0.0.1", port)
+        argv = create_run_command(master_address="localhost", master_port=port,
+                                  num_gpus=one_node_gpu_args(ctx.env, accelerator_devices(), c.local_slots),
+                                  optional_args=ctx.launcher_args)
+        launcher = Command((_deepspeed(), *argv[1:], *ctx.rank_command), name=NAME, stop_signal=signal.SIGKILL)
+        return Stage(commands=(launcher,))
+
+    addrs = c.require_addresses(NAME)
+    check_port_free(c.chief_addr, port)
+    layout = SshLayout.for_job(ctx)
+    client = ssh_client_parts(ctx, list(range(c.num_nodes)), layout)
+    # The per-job client config is the one file ssh_client_parts writes (its ssh wrapper is an executable).
+    ssh_config = next(path for path in client.files if path.startswith(layout.client_dir + os.sep))
+    # The chief's own files, in its private run directory (0700, random name, removed at the end):
+    # it is their only reader and writer.
+    folder = os.path.join(ctx.run_dir, NAME)
+    hostfile = os.path.join(folder, "hostfile")
+    env_file = os.path.join(folder, "env")
+    quoting = quoting_for(version)
+    _warn_unexported(ctx.env, quoting)
+    writer = (sys.executable, "-S", os.path.abspath(envfile.__file__), "--quoting", quoting,
+              *[arg for pattern in DENY for arg in ("--deny", pattern)], env_file)
+    own = SshParts(dirs=(folder,), files={hostfile: create_hostfile(c.slots, addrs)}, prelaunch=(writer,))
+    argv = create_run_command(master_address=c.chief_addr, master_port=port, hostfile_path=hostfile,
+                              optional_args=ctx.launcher_args)
+    env = {"DS_ENV_FILE": env_file,
+           "PDSH_SSH_ARGS_APPEND": pdsh_ssh_args_append(ctx.env.get("PDSH_SSH_ARGS_APPEND"), ssh_config, layout.port)}
+    launcher = Command((_deepspeed(), *argv[1:], *ctx.rank_command), name=NAME, stop_signal=signal.SIGKILL, env=env)
+    return (sshd_parts(ctx, layout) + client + own).stage(launcher)
+
+
+@hookimpl
+def detlaunch_worker_stage(ctx: StageContext) -> Stage:
+    return sshd_parts(ctx).stage()
