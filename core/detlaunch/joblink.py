@@ -14,7 +14,6 @@ current secret, never a stale one).
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import hmac
 import json
@@ -26,6 +25,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from .dial import Dialer
 from .errors import LaunchError
 from .report import RankStatus
 from .safefs import ensure_private_dir, read_private_file, write_private_file
@@ -36,7 +36,6 @@ if TYPE_CHECKING:
 HEARTBEAT_MISSES = 5
 SECRET_ENV = "DETLAUNCH_JOB_SECRET"
 SECRET_FILE = "secret"
-RETRY_FIRST, RETRY_MAX = 0.02, 0.5
 
 
 def load_or_create_secret(env: dict[str, str] | Any, shared_dir: str, create: bool) -> str | None:
@@ -283,52 +282,15 @@ class WorkerLink:
         self.chief = (plan.cluster.chief_addr, plan.control_port)
         self.shared_dir = plan.shared_dir
         self.env = plan.context.env
-        self.own_addr = plan.cluster.node_addr
         self.line: Line | None = None
-        self.connecting: socket.socket | None = None
-        self.delay = RETRY_FIRST
         self.joined = False
         self.chief_ended = False
         self.stopped_by_chief = False
         self.secret: str | None = None
-        self.attempt()
+        self.dialer = Dialer(sup, *self.chief, self._on_connected, source=plan.cluster.node_addr)
         sup.timers.at(time.monotonic() + self.heartbeat, self.tick)
 
-    def attempt(self) -> None:
-        if self.line is not None or self.sup.phase == "done":
-            return
-        try:
-            family, _, _, _, addr = socket.getaddrinfo(*self.chief, type=socket.SOCK_STREAM)[0]
-        except socket.gaierror as e:
-            self.sup.fail_to_start(f"cannot resolve the chief {self.chief[0]}: {e.strerror}")
-            return
-        sock = socket.socket(family, socket.SOCK_STREAM)
-        sock.setblocking(False)
-        if self.own_addr:  # leave from this node's own address, so the chief sees which node it is
-            try:
-                sock.bind((self.own_addr, 0))
-            except OSError:
-                self.own_addr = None  # not an address of this machine after all: any source will do
-        err = sock.connect_ex(addr)
-        if err not in (0, errno.EINPROGRESS):
-            sock.close()
-            self._retry()
-            return
-        self.connecting = sock
-        self.sup.sel.register(sock, selectors.EVENT_WRITE, (1, self.on_connected))
-
-    def _retry(self) -> None:
-        self.sup.timers.at(time.monotonic() + self.delay, self.attempt)
-        self.delay = min(self.delay * 2, RETRY_MAX)
-
-    def on_connected(self, _mask: int) -> None:
-        sock, self.connecting = self.connecting, None
-        assert sock is not None
-        self.sup.sel.unregister(sock)
-        if sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) != 0:
-            sock.close()
-            self._retry()
-            return
+    def _on_connected(self, sock: socket.socket) -> None:
         self.line = Line(self.sup, sock, self.on_message, self.on_close, self.heartbeat)
 
     def on_message(self, line: Line, m: dict[str, Any]) -> None:
@@ -364,7 +326,7 @@ class WorkerLink:
                                    f"directory must be shared by all nodes (--job-dir), or set {SECRET_ENV}")
             line.close()
             return
-        line.send({"t": "auth", "node": self.node, "nonce": line.nonce, "addr": self.own_addr,
+        line.send({"t": "auth", "node": self.node, "nonce": line.nonce, "addr": self.dialer.source,
                    "mac": mac(self.secret, "worker", self.job_id, self.node, m.get("nonce"))})
 
     def on_close(self, line: Line) -> None:
@@ -411,11 +373,6 @@ class WorkerLink:
             self.line = None
 
     def close(self) -> None:
-        if self.connecting is not None:
-            try:
-                self.sup.sel.unregister(self.connecting)
-            except (KeyError, ValueError):
-                pass
-            self.connecting.close()
+        self.dialer.stop()
         if self.line is not None:
             self.line.close()

@@ -15,7 +15,6 @@ grace period, and exits with the first failing rank's own exit code.
 from __future__ import annotations
 
 import dataclasses
-import errno
 import functools
 import heapq
 import itertools
@@ -35,6 +34,7 @@ from typing import Any, TextIO
 import psutil
 
 from . import procs
+from .dial import SshdProbe
 from .errors import LaunchError
 from .joblink import ChiefLink, WorkerLink
 from .plan import LaunchPlan
@@ -43,7 +43,6 @@ from .safefs import ensure_private_dir, write_private_file
 from .stage import Command
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-PEER_RETRY_FIRST, PEER_RETRY_MAX = 0.02, 0.5
 
 
 def exit_code_of(code: int) -> int:
@@ -103,65 +102,6 @@ class Timers:
             callback()
 
 
-class PeerProbe:
-    """Waits for one peer's sshd greeting (``SSH-...``), retrying refused connections."""
-
-    def __init__(self, sup: NodeSupervisor, host: str, port: int):
-        self.sup, self.host, self.port = sup, host, port
-        self.delay = PEER_RETRY_FIRST
-        self.sock: socket.socket | None = None
-        self.ready = False
-        self.attempt()
-
-    def attempt(self) -> None:
-        if self.ready or self.sup.phase != "starting":
-            return
-        try:
-            infos = socket.getaddrinfo(self.host, self.port, type=socket.SOCK_STREAM)
-        except socket.gaierror as e:
-            self.sup.fail_to_start(f"cannot resolve sshd peer {self.host}: {e.strerror}")
-            return
-        family, _, _, _, addr = infos[0]
-        self.sock = socket.socket(family, socket.SOCK_STREAM)
-        self.sock.setblocking(False)
-        err = self.sock.connect_ex(addr)
-        if err not in (0, errno.EINPROGRESS):
-            self.retry()
-            return
-        self.sup.sel.register(self.sock, selectors.EVENT_READ, (2, self.on_ready))
-
-    def on_ready(self, _mask: int) -> None:
-        assert self.sock is not None
-        try:
-            data = self.sock.recv(64)
-        except OSError:
-            data = b""
-        if data.startswith(b"SSH-"):
-            self.ready = True
-            try:  # say who we are, so sshd does not log an error for the probe
-                self.sock.send(b"SSH-2.0-detlaunch-probe\r\n")
-            except OSError:
-                pass
-            self.close()
-            self.sup.peer_ready(self)
-        else:
-            self.retry()
-
-    def retry(self) -> None:
-        self.close()
-        self.sup.timers.at(time.monotonic() + self.delay, self.attempt)
-        self.delay = min(self.delay * 2, PEER_RETRY_MAX)
-
-    def close(self) -> None:
-        if self.sock is not None:
-            try:
-                self.sup.sel.unregister(self.sock)
-            except (KeyError, ValueError):
-                pass
-            self.sock.close()
-            self.sock = None
-
-
 class NodeSupervisor:
     def __init__(self, plan: LaunchPlan, *, err: TextIO | None = None, debug: bool = False):
         self.plan = plan
@@ -172,7 +112,7 @@ class NodeSupervisor:
         self.children: dict[int, Child] = {}
         self.conns: dict[socket.socket, RankConn] = {}
         self.ranks: dict[int, RankConn] = {}
-        self.probes: list[PeerProbe] = []
+        self.probes: list[SshdProbe] = []
         self.phase = "starting"  # starting -> running -> stopping -> done
         self.failure: Failure | None = None
         self.interrupted_by: int | None = None
@@ -302,7 +242,7 @@ class NodeSupervisor:
                 if cmd.daemon:
                     self._start(cmd)
             self.timers.at(self.started_at + self.plan.start_timeout, self._on_start_timeout)
-            self.probes = [PeerProbe(self, h, p) for h, p in self.plan.stage.wait_for_sshd]
+            self.probes = [SshdProbe(self, h, p) for h, p in self.plan.stage.wait_for_sshd]
             if not self.probes:
                 self._start_launchers()
             self._loop()
@@ -335,7 +275,7 @@ class NodeSupervisor:
         except LaunchError as e:
             self.fail_to_start(str(e))
 
-    def peer_ready(self, probe: PeerProbe) -> None:
+    def peer_ready(self, probe: SshdProbe) -> None:
         self.trace(f"sshd {probe.host}:{probe.port} answered")
         if all(p.ready for p in self.probes):
             self._start_launchers()
