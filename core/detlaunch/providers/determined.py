@@ -26,7 +26,7 @@ import dataclasses
 import json
 import os
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..cluster import ClusterInfo
 from ..config import Config
@@ -34,7 +34,9 @@ from ..errors import ClusterError
 from ..hookspecs import hookimpl
 from ..stage import Stage, StageContext
 from . import job_id_override, should_answer
-from .determined_master import Master, canonical_url, mark_daemon
+
+if TYPE_CHECKING:  # determined_master imports requests: only when Determined is really there
+    from .determined_master import Master
 
 NAME = "determined"
 INFO_ENV = "DET_CLUSTER_INFO"
@@ -126,15 +128,23 @@ def read_det_info(env: Mapping[str, str]) -> DetInfo:
     else:  # only trials rendezvous; the harness treats anything else as one local container
         addrs, rank, counts = ("127.0.0.1",), 0, (len(slot_ids),)
     return DetInfo(
-        master_url=canonical_url(_field(info, "master_url", str, path)),
+        master_url=_canonical_url(_field(info, "master_url", str, path)),
         allocation_id=_field(info, "allocation_id", str, path), session_token=token, task_type=task_type,
         slot_ids=slot_ids, container_addrs=addrs, container_rank=rank, container_slot_counts=counts,
         master_cert_file=info.get("master_cert_file"), master_cert_name=info.get("master_cert_name"), path=path,
     )
 
 
+def _canonical_url(url: str) -> str:
+    from .determined_master import canonical_url
+
+    return canonical_url(url)
+
+
 def master_for(info: DetInfo, env: Mapping[str, str]) -> Master:
     """How to reach the master: DET_MASTER_CERT_FILE/NAME first, as certs.default_load reads them."""
+    from .determined_master import Master
+
     cert_file = env.get("DET_MASTER_CERT_FILE") or info.master_cert_file
     verify: bool | str = True
     if cert_file and cert_file.lower() == "noverify":
@@ -190,6 +200,8 @@ class DeterminedProvider:
             raise ClusterError("DET_RESOURCES_ID is not set, so this worker cannot be marked as a daemon: "
                                "Determined sets it in every task container; is this one?")
         info = read_det_info(env)
+        from .determined_master import mark_daemon
+
         mark_daemon(master_for(info, env), info.allocation_id, resources_id)
 
 
