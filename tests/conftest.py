@@ -19,31 +19,12 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
+from detlaunch.testing.runner import describe_processes, processes_with_marker
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 DETLAUNCH = [sys.executable, "-m", "detlaunch"]
-
-
-def processes_with_marker(marker: str) -> list[int]:
-    """PIDs of live processes whose environment holds `marker` (read from /proc)."""
-    needle = marker.encode()
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{entry}/environ", "rb") as f:
-                if needle not in f.read():
-                    continue
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                state = f.read().rsplit(b")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if state not in (b"Z", b"X"):
-            found.append(int(entry))
-    return found
 
 
 @dataclasses.dataclass
@@ -137,16 +118,6 @@ class Launcher:
             time.sleep(0.05)
 
 
-def describe(pids: list[int]) -> str:
-    out = []
-    for pid in pids:
-        try:
-            out.append(f"{pid}: " + Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:200])
-        except OSError:
-            pass
-    return "\n".join(out)
-
-
 @pytest.fixture
 def launcher(tmp_path: Path) -> Iterator[Launcher]:
     """Run detlaunch for real; fail the test if any process of its jobs outlives it."""
@@ -157,7 +128,7 @@ def launcher(tmp_path: Path) -> Iterator[Launcher]:
             job.kill()
     left = launcher.leftovers()
     if left:
-        text = describe(left)
+        text = describe_processes(left)
         for pid in left:
             try:
                 os.kill(pid, signal.SIGKILL)

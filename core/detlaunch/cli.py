@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -88,7 +89,12 @@ def run(argv: list[str], env: dict[str, str]) -> int:
     plugins = PluginSet(env)
     plugins.load_plugins()
     if subcommand in ("layers", "plugins"):
-        return list_plugins(plugins, subcommand, as_json="json" in argv)
+        return list_plugins(plugins, subcommand, as_json="json" in argv, env=env, debug=pre.debug)
+    for entry in plugins.entries:  # reported, not fatal: the job does not need this plugin
+        if entry.status == "failed":
+            print(f"detlaunch: warning: plugin {entry.name!r} ({entry.dist} {entry.version}) failed to load and "
+                  f"is skipped: {entry.error} (DETLAUNCH_DISABLE_PLUGINS={entry.name} silences this)",
+                  file=sys.stderr)
 
     layer = pre.layer or env.get("DETLAUNCH_LAYER") or sections.get(CORE_SECTION, {}).get("layer")
     if layer:
@@ -148,19 +154,29 @@ def _prepare_log_dir(path: str) -> None:
         raise ConfigError(f"--log-dir {path} is not writable; pick a writable directory")
 
 
-def list_plugins(plugins: PluginSet, which: str, as_json: bool) -> int:
-    """``detlaunch layers`` / ``detlaunch plugins``: what is installed, from where, and whether it loads."""
+def list_plugins(plugins: PluginSet, which: str, as_json: bool, env: Mapping[str, str] | None = None,
+                 debug: bool = False) -> int:
+    """``detlaunch layers`` / ``detlaunch plugins``: what is installed, from where, and whether it loads.
+
+    Each layer is loaded on its own (a fresh plugin manager each), so that one layer's failure,
+    or its unknown hook, is its own line and never hides another's. A disabled layer is not imported.
+    """
     groups = (LAYERS,) if which == "layers" else (LAYERS, PLUGINS)
-    if which == "layers" or which == "plugins":
-        for name in installed_layers():
-            if name not in plugins.disabled:
-                try:
-                    plugins.load_layer(name)
-                except DetlaunchError:
-                    pass  # recorded in the entries, shown below
+    disabled_env = {"DETLAUNCH_DISABLE_PLUGINS": ",".join(sorted(plugins.disabled))}
+    tracebacks = dict(plugins.tracebacks)
+    for name in installed_layers():
+        one = PluginSet(disabled_env if env is None else env)
+        try:
+            one.load_layer(name)
+            one.check_hooks()
+        except DetlaunchError as exc:
+            if one.entries and one.entries[-1].status == "loaded":  # loaded, but its hooks are wrong
+                one.entries[-1] = dataclasses.replace(one.entries[-1], status="failed", error=str(exc))
+        tracebacks.update(one.tracebacks)
+        plugins.entries.extend(one.entries)
     entries = plugins.list_entries(groups)
     if as_json:
-        print(json.dumps([e.__dict__ for e in entries], indent=2))
+        print(json.dumps([dataclasses.asdict(e) for e in entries], indent=2))
         return 0
     width = max((len(e.name) for e in entries), default=4)
     for e in entries:
@@ -169,6 +185,8 @@ def list_plugins(plugins: PluginSet, which: str, as_json: bool) -> int:
         if e.error:
             line += f": {e.error}"
         print(line)
+        if debug and e.status == "failed" and tracebacks.get(e.name):
+            print("    " + tracebacks[e.name].rstrip().replace("\n", "\n    "))
     return 0
 
 

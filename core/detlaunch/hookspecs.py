@@ -6,7 +6,13 @@ always-on plugin (``detlaunch.plugins``) implements some of these with
 ``detlaunch.plugins.Hooks``; nothing else touches ``pm.hook``.
 
 Where a hook runs: every hook runs inside the ``detlaunch`` process on each
-node, before any process of the job starts; none runs inside a rank.
+node, before any process of the job starts (``detlaunch_job_finished``: after
+they have all ended); none runs inside a rank.
+
+docs/HOOKS.md documents each hook with an example; tests/test_docs.py keeps it
+in step with this module, and names a test for every hook. A plugin that
+implements a hook not declared here is refused when it loads (for that plugin
+only). Layers are checked against all of this by ``detlaunch.testing.LayerContract``.
 """
 
 from __future__ import annotations
@@ -62,6 +68,10 @@ def detlaunch_discover_cluster(config: Config) -> ClusterInfo | None:
     schedulers determined, slurm, kubernetes (``detlaunch.providers`` documents
     their order and the precedence of flags over variables), then local
     (trylast, always answers). Runs on every node.
+
+    Nested jobs: when the user gives no chief address and ``DET_CHIEF_IP`` is set
+    (an outer layer exported it), a provider takes the chief from it rather than
+    rediscovering one; ``static`` and ``local`` do.
     """
 
 

@@ -73,8 +73,32 @@ def installed_layers() -> list[str]:
     return [e.name for e in _entries(LAYERS) if e.status != "shadowed"]
 
 
+class _OneEntryPoint(stevedore.NamedExtensionManager):  # type: ignore[type-arg]
+    """Loads the one entry point `target` of a name: another distribution's entry point of the same
+    name (shadowed, or a layer not chosen) is never imported."""
+
+    def __init__(self, group: str, target: str, **kwargs: Any):
+        self._target = target  # before super().__init__, which lists and loads
+        super().__init__(group, **kwargs)
+
+    def list_entry_points(self) -> list[importlib.metadata.EntryPoint]:
+        return [ep for ep in super().list_entry_points() if ep.value == self._target]
+
+
 def _error_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}".strip()
+
+
+def _unknown_hooks(pm: pluggy.PluginManager, plugin: object) -> list[str]:
+    """The hooks `plugin` implements that no hook spec declares (optionalhook ones excepted)."""
+    unknown = []
+    for caller in pm.get_hookcallers(plugin) or []:
+        if caller.has_spec():
+            continue
+        impls = [i for i in caller.get_hookimpls() if i.plugin is plugin]
+        if any(not i.optionalhook for i in impls):
+            unknown.append(caller.name)
+    return sorted(unknown)
 
 
 class PluginSet:
@@ -98,8 +122,8 @@ class PluginSet:
         def on_failure(_manager: Any, _ep: Any, exc: BaseException) -> None:
             failures.append(exc)
 
-        manager = stevedore.NamedExtensionManager(
-            entry.group, names=[entry.name], on_load_failure_callback=on_failure,
+        manager = _OneEntryPoint(
+            entry.group, entry.target, names=[entry.name], on_load_failure_callback=on_failure,
             on_missing_entrypoints_callback=lambda names: None,
         )
         ext = next((e for e in manager.extensions if e.entry_point.value == entry.target), None)
@@ -112,6 +136,12 @@ class PluginSet:
             self.pm.register(module, name=f"{entry.group}:{entry.name}")
         except (ValueError, pluggy.PluginValidationError) as e:
             return dataclasses.replace(entry, status="failed", error=_error_line(e)), None
+        unknown = _unknown_hooks(self.pm, module)
+        if unknown:  # a typo in one plugin must not stop every other plugin (check_pending would)
+            self.pm.unregister(module)
+            return dataclasses.replace(entry, status="failed", error=(
+                f"unknown hook(s) {', '.join(unknown)}: not in detlaunch's hook specs "
+                "(see docs/HOOKS.md)")), None
         return dataclasses.replace(entry, status="loaded"), module
 
     def load_plugins(self) -> None:
@@ -126,6 +156,7 @@ class PluginSet:
                 f"unknown layer {name!r}; installed layers: {', '.join(installed_layers()) or 'none'}"
             )
         if name in self.disabled:
+            self.entries.append(dataclasses.replace(candidates[0], status="disabled"))
             raise PluginLoadError(f"layer {name!r} is disabled by DETLAUNCH_DISABLE_PLUGINS")
         loaded, module = self._load(candidates[0])
         self.entries.append(loaded)

@@ -1,0 +1,619 @@
+"""The layer contract suite: every check a launch layer must pass, for any layer.
+
+A layer author writes three lines::
+
+    from detlaunch.testing import LayerContract
+
+    class TestMyLayer(LayerContract):
+        layer = "mylayer"          # the name of its ``detlaunch.layers`` entry point
+
+and pytest runs every ``test_*`` method below against the installed layer. The base
+class is never collected on its own; a subclass without ``layer`` is an error as soon
+as it is defined (so: at collection).
+
+What a layer cannot do is declared, never skipped silently. Each capability has a
+documented default; a layer module may declare its own in a ``DETLAUNCH_CONTRACT``
+dict (so the three lines are enough), and a test class attribute of the same name wins
+over both. A check that a declaration rules out is reported as skipped, with a reason
+that starts with "declared by the layer" (and listed at the end of the pytest run).
+
+===================  =========================  ==================================================
+capability           default                    meaning
+===================  =========================  ==================================================
+``multi_node``       ``True``                   the layer plans jobs of several nodes. When False,
+                                                planning a 2-node job must fail with a detlaunch
+                                                error (one line), and the 2-node checks are skipped.
+``runs_here``        ``True``                   a real 2-rank job can run on this machine (CPU
+                                                only, no scheduler). When False, the real-job
+                                                checks are skipped.
+``needs``            ``()``                     programs the real jobs need on PATH (``mpirun``);
+                                                when one is missing the real-job checks are skipped,
+                                                saying which.
+``heavy_modules``    ``DEFAULT_HEAVY_MODULES``  modules that loading the layer must not import.
+``run_args``         ``()``                     extra detlaunch options for every run and plan.
+``run_timeout``      ``100``                    seconds a real job may take (every check also has its
+                                                own timeouts: none can hang).
+===================  =========================  ==================================================
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import re
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any, ClassVar
+
+import psutil
+import pytest
+
+from ..cluster import ClusterInfo
+from ..config import Config, build_parser, parse, resolve_command
+from ..errors import DetlaunchError
+from ..plan import LaunchPlan, build_plan, render_json, render_text
+from ..plugins import LAYERS, PluginEntry, PluginSet, installed_layers
+from ..stage import Command, RankWrapper, Stage
+from .runner import MARKER_VAR, Completed, DetlaunchRunner
+
+DEFAULT_HEAVY_MODULES: tuple[str, ...] = ("torch", "tensorflow", "jax", "horovod", "deepspeed", "mpi4py", "numpy")
+CONTRACT_ATTR = "DETLAUNCH_CONTRACT"
+DECLARED = "declared by the layer"
+FAIL_CODE = 7  # what the failing rank exits with: it must come back unchanged
+CHIEF_ADDR, WORKER_ADDR = "127.0.0.1", "127.0.0.2"
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+
+
+@dataclasses.dataclass(frozen=True)
+class Capabilities:
+    """What a layer declares it can do (see the module docstring for each field)."""
+
+    multi_node: bool = True
+    runs_here: bool = True
+    needs: tuple[str, ...] = ()
+    heavy_modules: tuple[str, ...] = DEFAULT_HEAVY_MODULES
+    run_args: tuple[str, ...] = ()
+    run_timeout: float = 100.0
+    # where each non-default value came from, for the skip reasons
+    sources: Mapping[str, str] = dataclasses.field(default_factory=dict, compare=False)
+
+    def declared(self, name: str) -> str:
+        """`declared by the layer: NAME = VALUE (in WHERE)`."""
+        where = self.sources.get(name, "the documented default")
+        return f"{DECLARED}: {name} = {getattr(self, name)!r} (in {where})"
+
+
+CAPABILITY_NAMES = tuple(f.name for f in dataclasses.fields(Capabilities) if f.name != "sources")
+
+
+def resolve_capabilities(module: Any, overrides: Mapping[str, Any]) -> Capabilities:
+    """Defaults, then the layer module's DETLAUNCH_CONTRACT, then the test class's attributes."""
+    values: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    declared = getattr(module, CONTRACT_ATTR, None) or {}
+    if not isinstance(declared, Mapping):
+        raise TypeError(f"{module.__name__}.{CONTRACT_ATTR} must be a dict, not {type(declared).__name__}")
+    for where, given in ((f"{module.__name__}.{CONTRACT_ATTR}", declared), ("the test class", overrides)):
+        unknown = sorted(set(given) - set(CAPABILITY_NAMES))
+        if unknown:
+            raise TypeError(f"{where}: unknown capability {', '.join(unknown)} "
+                            f"(known: {', '.join(CAPABILITY_NAMES)})")
+        for name, value in given.items():
+            if value is not None:
+                values[name], sources[name] = value, where
+    for name in ("needs", "heavy_modules", "run_args"):
+        if name in values:
+            if isinstance(values[name], str) or not all(isinstance(v, str) for v in values[name]):
+                raise TypeError(f"{sources[name]}: {name} must be a sequence of strings")
+            values[name] = tuple(values[name])
+    for name in ("multi_node", "runs_here"):
+        if name in values and not isinstance(values[name], bool):
+            raise TypeError(f"{sources[name]}: {name} must be True or False")
+    return Capabilities(**values, sources=sources)
+
+
+@dataclasses.dataclass(frozen=True)
+class Shape:
+    """A cluster shape seen from one node: `nodes` x `slots`, this node's rank."""
+
+    nodes: int
+    slots: int
+    node_rank: int
+
+    @property
+    def id(self) -> str:
+        return f"{self.nodes}x{self.slots}-{'chief' if self.node_rank == 0 else 'worker'}"
+
+    def cluster(self) -> ClusterInfo:
+        addrs = (CHIEF_ADDR, WORKER_ADDR)[: self.nodes]
+        return ClusterInfo(node_addrs=addrs, slots=(self.slots,) * self.nodes, node_rank=self.node_rank,
+                           chief_addr=CHIEF_ADDR, job_id=f"contract-{self.nodes}x{self.slots}",
+                           provider="contract", sources={"nodes": "the contract suite"})
+
+
+SHAPES = (Shape(1, 1, 0), Shape(1, 8, 0), Shape(2, 8, 0), Shape(2, 8, 1))
+
+RANK_SCRIPT = textwrap.dedent("""\
+    # Written by detlaunch's layer contract suite: a rank that needs nothing but Python.
+    import os, sys, time
+    open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "ran"), "a").close()
+    names = [n for n in os.environ.get("CONTRACT_RANK_ENV", "").split(",") if n]
+    rank = next((os.environ[n] for n in names if os.environ.get(n, "").strip().isdigit()), "?")
+    print(f"contract rank={rank} chief={os.environ.get('DET_CHIEF_IP')} "
+          f"marker={os.environ.get('%(marker)s')}", flush=True)
+    if rank == os.environ.get("CONTRACT_FAIL_RANK"):
+        print(f"contract rank {rank} fails on purpose", file=sys.stderr, flush=True)
+        sys.exit(int(os.environ["CONTRACT_FAIL_CODE"]))
+    if os.environ.get("CONTRACT_SLEEP"):
+        time.sleep(float(os.environ["CONTRACT_SLEEP"]))
+    """) % {"marker": MARKER_VAR}
+
+IMPORT_PROBE = textwrap.dedent("""\
+    import json, os, sys
+    from detlaunch.plugins import PluginSet
+    plugins = PluginSet(os.environ)
+    plugins.load_layer(sys.argv[1])
+    print(json.dumps({"layer_module": plugins.layer_module.__name__, "modules": sorted(sys.modules)}))
+    """)
+
+
+def free_port(host: str = CHIEF_ADDR) -> int:
+    """A TCP port free on `host`, and the next one too (detlaunch's control port is master port + 1)."""
+    for _ in range(50):
+        with socket.socket() as s:
+            s.bind((host, 0))
+            port = int(s.getsockname()[1])
+        if port < 65535:
+            with socket.socket() as s2:
+                try:
+                    s2.bind((host, port + 1))
+                except OSError:
+                    continue
+            return port
+    raise RuntimeError("no pair of free ports found")
+
+
+def clean_env(base: Mapping[str, str]) -> dict[str, str]:
+    """`base` without detlaunch's own variables: a plan must not depend on an outer job."""
+    return {k: v for k, v in base.items() if not k.startswith("DETLAUNCH_") and k != "DET_CHIEF_IP"}
+
+
+# -- loading the layer and planning, in this process --------------------------------------------
+
+
+@dataclasses.dataclass
+class LoadedLayer:
+    """The layer, loaded through the real loader, with the parser and options it adds."""
+
+    name: str
+    plugins: PluginSet
+    entry: PluginEntry
+
+    @classmethod
+    def load(cls, name: str, env: Mapping[str, str]) -> LoadedLayer:
+        plugins = PluginSet(env)
+        plugins.load_layer(name)  # raises a DetlaunchError (one line) when it does not load
+        plugins.check_hooks()
+        entry = next(e for e in plugins.entries if e.group == LAYERS and e.name == name)
+        return cls(name, plugins, entry)
+
+    @property
+    def module(self) -> Any:
+        return self.plugins.layer_module
+
+    def config(self, args: Sequence[str], env: Mapping[str, str]) -> Config:
+        """Options exactly as the command line gives them (the core's and the layer's)."""
+        parser = build_parser(installed_layers())
+        self.plugins.hooks.add_options(parser)
+        ns, launcher_args, command = parse(parser, ["--layer", self.name, *args], env)
+        options = vars(ns)
+        options["layer"] = self.name
+        return Config(layer=self.name, command=resolve_command(command, env), launcher_args=tuple(launcher_args),
+                      options=options, env=dict(env))
+
+    def plan(self, config: Config, cluster: ClusterInfo) -> LaunchPlan:
+        return build_plan(self.plugins.hooks, config, cluster)
+
+    def own_results(self, hook: str, **kwargs: Any) -> list[Any]:
+        """The layer's own, unmerged results of `hook` (the Hooks facade merges and converts them)."""
+        results = []
+        for caller in self.plugins.pm.get_hookcallers(self.module) or []:
+            if caller.name == hook:
+                for impl in caller.get_hookimpls():
+                    if impl.plugin is self.module:
+                        result = impl.function(**{arg: kwargs[arg] for arg in impl.argnames})
+                        if result is not None:
+                            results.append(result)
+        return results
+
+
+def _contains(haystack: Sequence[str], needle: Sequence[str]) -> bool:
+    n = len(needle)
+    return any(tuple(haystack[i : i + n]) == tuple(needle) for i in range(len(haystack) - n + 1))
+
+
+def _check_env(where: str, env: Any, problems: list[str]) -> None:
+    if not isinstance(env, Mapping):
+        problems.append(f"{where} is a {type(env).__name__}, not a mapping of str to str")
+        return
+    for key, value in env.items():
+        if not isinstance(key, str) or not _ENV_NAME.match(key):
+            problems.append(f"{where}: {key!r} is not a valid environment variable name")
+        if not isinstance(value, str):
+            problems.append(f"{where}: {key}={value!r} is a {type(value).__name__}, not a str")
+        elif "\0" in value:
+            problems.append(f"{where}: {key} holds a NUL byte")
+
+
+def _check_argv(where: str, argv: Any, problems: list[str]) -> None:
+    if not isinstance(argv, tuple) or not argv:
+        problems.append(f"{where}: argv must be a non-empty tuple, got {argv!r}")
+        return
+    bad = [a for a in argv if not isinstance(a, str)]
+    if bad:
+        problems.append(f"{where}: every argv item must be a str, got {bad[0]!r} ({type(bad[0]).__name__})")
+    elif not argv[0]:
+        problems.append(f"{where}: argv[0] is empty")
+
+
+def plan_problems(plan: LaunchPlan, wrappers: Sequence[Any], layer_env: Any) -> list[str]:
+    """Everything wrong with one node's plan and the hook results it was built from."""
+    problems: list[str] = []
+    ctx, stage = plan.context, plan.stage
+    for w in wrappers:
+        if not isinstance(w, RankWrapper):
+            problems.append(f"detlaunch_rank_wrappers returned a {type(w).__name__}, not a detlaunch.RankWrapper")
+            continue
+        for name in w.rank_env:
+            if not isinstance(name, str) or not _ENV_NAME.match(name):
+                problems.append(f"RankWrapper.rank_env: {name!r} is not an environment variable name")
+        if not all(isinstance(a, str) for a in w.argv):
+            problems.append(f"RankWrapper.argv must hold str only: {w.argv!r}")
+    if not any(isinstance(w, RankWrapper) and w.rank_env for w in wrappers):
+        problems.append("detlaunch_rank_wrappers: the layer names no rank variable (RankWrapper(rank_env=...)); "
+                        "the wrapper would guess, and could read an outer job's RANK")
+    if layer_env is not None:
+        _check_env("detlaunch_environment's result", layer_env, problems)
+        if isinstance(layer_env, Mapping) and layer_env.get("DET_CHIEF_IP", plan.cluster.chief_addr) != \
+                plan.cluster.chief_addr:
+            problems.append(f"detlaunch_environment sets DET_CHIEF_IP={layer_env['DET_CHIEF_IP']!r}, "
+                            f"not the chief {plan.cluster.chief_addr!r}")
+    if not isinstance(stage, Stage):
+        problems.append(f"the {plan.role} stage is a {type(stage).__name__}, not a detlaunch.Stage")
+        return problems
+    for i, cmd in enumerate(stage.commands):
+        where = f"command {i} ({getattr(cmd, 'name', '?')})"
+        if not isinstance(cmd, Command):
+            problems.append(f"{where} is a {type(cmd).__name__}, not a detlaunch.Command")
+            continue
+        _check_argv(where, cmd.argv, problems)
+        _check_env(f"{where} env", cmd.env, problems)
+        try:
+            signal.Signals(cmd.stop_signal)
+        except ValueError:
+            problems.append(f"{where}: stop_signal {cmd.stop_signal!r} is not a signal")
+        if not isinstance(cmd.daemon, bool):
+            problems.append(f"{where}: daemon must be True or False")
+        if isinstance(cmd.env, Mapping) and cmd.env.get("DET_CHIEF_IP", plan.cluster.chief_addr) != \
+                plan.cluster.chief_addr:
+            problems.append(f"{where} overrides DET_CHIEF_IP with {cmd.env['DET_CHIEF_IP']!r}")
+    for kind, files in (("files", stage.files), ("executables", stage.executables)):
+        for path, content in files.items():
+            if not isinstance(path, str) or not path:
+                problems.append(f"Stage.{kind}: bad path {path!r}")
+            if not isinstance(content, str):
+                problems.append(f"Stage.{kind}[{path!r}] is a {type(content).__name__}, not a str")
+    for kind, steps in (("setup", stage.setup), ("prelaunch", stage.prelaunch)):
+        for i, argv in enumerate(steps):
+            _check_argv(f"Stage.{kind}[{i}]", argv, problems)
+    for entry in stage.wait_for_sshd:
+        if len(entry) != 2 or not isinstance(entry[0], str) or not isinstance(entry[1], int):
+            problems.append(f"Stage.wait_for_sshd: {entry!r} is not (host, port)")
+    if not all(isinstance(d, str) and d for d in stage.dirs):
+        problems.append(f"Stage.dirs must be paths: {stage.dirs!r}")
+    if stage.expected_ranks is not None and (not isinstance(stage.expected_ranks, int) or stage.expected_ranks < 0):
+        problems.append(f"Stage.expected_ranks must be None or a count, got {stage.expected_ranks!r}")
+    if "DET_CHIEF_IP" in stage.unset_env:
+        problems.append("Stage.unset_env removes DET_CHIEF_IP: the ranks and nested layers need it")
+    # The ranks must run the wrapper: whatever runs them is given ctx.rank_command.
+    launches = plan.cluster.is_chief or any(not c.daemon for c in stage.commands if isinstance(c, Command))
+    if launches:
+        rc = ctx.rank_command
+        carried = any(_contains(c.argv, rc) for c in stage.commands if isinstance(c, Command)) or \
+            any(_contains(s, rc) for s in (*stage.setup, *stage.prelaunch)) or \
+            any(shlex.join(rc) in text for text in (*stage.files.values(), *stage.executables.values())
+                if isinstance(text, str))
+        if not carried:
+            problems.append("the stage never runs ctx.rank_command (the rank wrapper, then the user's command): "
+                            "put it in the launcher's argv, or in a file the stage writes")
+    if plan.env.get("DET_CHIEF_IP") != plan.cluster.chief_addr:
+        problems.append(f"the plan's environment has DET_CHIEF_IP={plan.env.get('DET_CHIEF_IP')!r}, "
+                        f"not the chief {plan.cluster.chief_addr!r}")
+    try:
+        json.dumps(plan.to_json())
+        render_text(plan)
+    except (TypeError, ValueError) as e:
+        problems.append(f"the plan does not render: {type(e).__name__}: {e}")
+    return problems
+
+
+def normalized(plan: LaunchPlan) -> str:
+    """The plan as JSON, with its random run directory replaced: two plans of one input compare equal."""
+    return render_json(plan).replace(plan.run_dir, "<RUN_DIR>")
+
+
+@contextlib.contextmanager
+def no_side_effects(paths: Sequence[str]) -> Iterator[list[str]]:
+    """Collect what planning did that it must not: start a process, or create one of `paths`."""
+    me = psutil.Process()
+    before = {p.pid for p in me.children(recursive=True)}
+    problems: list[str] = []
+    yield problems
+    started = [p for p in me.children(recursive=True) if p.pid not in before]
+    if started:
+        problems.append("planning started process(es): " + ", ".join(
+            f"{p.pid} {' '.join(p.cmdline())[:120]}" for p in started if p.is_running()))
+    problems.extend(f"planning created {path}" for path in paths if os.path.lexists(path))
+
+
+# -- the suite ----------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Case:
+    """One test's view of the layer under test."""
+
+    layer: str
+    loaded: LoadedLayer
+    caps: Capabilities
+    tmp: Path
+    script: Path
+    env: dict[str, str]
+
+    def args(self, *extra: str, port: int | None = None) -> list[str]:
+        """Options for this layer's runs (the in-process parse adds ``--layer`` itself)."""
+        return ["--master-port", str(port or free_port()), *self.caps.run_args, *extra]
+
+    def cli_args(self, *extra: str, port: int | None = None) -> list[str]:
+        return ["--layer", self.layer, *self.args(*extra, port=port)]
+
+    def plan(self, shape: Shape, port: int) -> LaunchPlan:
+        config = self.loaded.config(self.args(str(self.script), port=port), self.env)
+        return self.loaded.plan(config, shape.cluster())
+
+    def rank_env(self) -> tuple[str, ...]:
+        config = self.loaded.config(self.args(str(self.script)), self.env)
+        plan = self.loaded.plan(config, Shape(1, 2, 0).cluster())
+        wrappers = self.loaded.plugins.hooks.rank_wrappers(plan.context)
+        return next((w.rank_env for w in wrappers if w.rank_env), ())
+
+
+class LayerContract:
+    """Subclass this with ``layer = "<name>"``: pytest then runs the whole contract against that layer.
+
+    Capability attributes (None: the layer's ``DETLAUNCH_CONTRACT``, else the documented default;
+    see :mod:`detlaunch.testing.contract`): ``multi_node``, ``runs_here``, ``needs``,
+    ``heavy_modules``, ``run_args``, ``run_timeout``. Setting ``__test__ = False`` in a subclass
+    makes it an abstract base of your own, which needs no ``layer``.
+    """
+
+    __test__: ClassVar[bool] = False
+    layer: ClassVar[str] = ""
+    multi_node: ClassVar[bool | None] = None
+    runs_here: ClassVar[bool | None] = None
+    needs: ClassVar[Sequence[str] | None] = None
+    heavy_modules: ClassVar[Sequence[str] | None] = None
+    run_args: ClassVar[Sequence[str] | None] = None
+    run_timeout: ClassVar[float | None] = None
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.__dict__.get("__test__") is False:
+            return  # an abstract base of the suite, not a layer's tests
+        if not isinstance(cls.layer, str) or not cls.layer:
+            raise TypeError(f"{cls.__module__}.{cls.__qualname__} subclasses detlaunch.testing.LayerContract but "
+                            "sets no layer: add `layer = \"NAME\"`, the name of the layer's `detlaunch.layers` "
+                            "entry point (or set `__test__ = False` to make it an abstract base)")
+        cls.__test__ = True
+
+    # -- fixtures --------------------------------------------------------------------------------
+
+    @pytest.fixture
+    def contract(self, tmp_path: Path, detlaunch_runner: DetlaunchRunner) -> Case:
+        # The real runs of this test must not depend on an outer job either (pytest under detlaunch).
+        marker = detlaunch_runner.env[MARKER_VAR]
+        detlaunch_runner.env = {**clean_env(detlaunch_runner.env), MARKER_VAR: marker}
+        env = clean_env(os.environ)
+        env.update(TMPDIR=str(tmp_path / "tmp"), XDG_CACHE_HOME=str(tmp_path / "cache"))
+        loaded = LoadedLayer.load(self.layer, env)
+        overrides = {name: getattr(type(self), name) for name in CAPABILITY_NAMES}
+        caps = resolve_capabilities(loaded.module, overrides)
+        script = tmp_path / "contract_rank.py"
+        script.write_text(RANK_SCRIPT)
+        return Case(self.layer, loaded, caps, tmp_path, script, env)
+
+    def _multi_node_or_skip(self, case: Case) -> None:
+        if not case.caps.multi_node:
+            pytest.skip(f"{case.caps.declared('multi_node')}: the 2-node checks do not apply")
+
+    def _real_runs_or_skip(self, case: Case) -> None:
+        if not case.caps.runs_here:
+            pytest.skip(f"{case.caps.declared('runs_here')}: no real job is run")
+        path = case.env.get("PATH", os.defpath)
+        missing = [prog for prog in case.caps.needs if shutil.which(prog, path=path) is None]
+        if missing:
+            pytest.skip(f"{case.caps.declared('needs')}: {', '.join(missing)} not found on PATH; "
+                        "no real job is run")
+
+    # -- loading ---------------------------------------------------------------------------------
+
+    def test_entry_point_loads_through_the_real_loader(self, contract: Case) -> None:
+        entry = contract.loaded.entry
+        assert entry.status == "loaded", entry
+        assert entry.dist != "?" and entry.version != "?", f"{entry.target}: no distribution owns this entry point"
+        hooks = {impl.function.__name__ for caller in contract.loaded.plugins.pm.get_hookcallers(contract.loaded.module)
+                 or [] for impl in caller.get_hookimpls() if impl.plugin is contract.loaded.module}
+        assert "detlaunch_chief_stage" in hooks, f"the layer implements no detlaunch_chief_stage (it has: {hooks})"
+        contract.loaded.plugins.pm.check_pending()  # no hook implementation without a spec
+
+    def test_listed_by_detlaunch_layers(self, contract: Case, detlaunch_runner: DetlaunchRunner) -> None:
+        run = detlaunch_runner.run("layers", "--format", "json", timeout=60)
+        assert run.returncode == 0, run.output
+        mine = [e for e in json.loads(run.stdout) if e["name"] == self.layer and e["status"] != "shadowed"]
+        assert len(mine) == 1, run.output
+        assert (mine[0]["status"], mine[0]["dist"], mine[0]["version"]) == (
+            "loaded", contract.loaded.entry.dist, contract.loaded.entry.version), mine[0]
+        detlaunch_runner.assert_no_leftovers()
+
+    def test_import_does_not_load_heavy_frameworks(self, contract: Case) -> None:
+        """A fresh interpreter loads the layer through its entry point; no heavy module may come along."""
+        done = subprocess.run([sys.executable, "-c", IMPORT_PROBE, self.layer], env=contract.env,
+                              capture_output=True, text=True, timeout=60, check=False)
+        assert done.returncode == 0, done.stderr
+        report = json.loads(done.stdout.splitlines()[-1])
+        assert report["layer_module"] == contract.loaded.module.__name__
+        heavy = sorted(m for m in report["modules"]
+                       if any(m == h or m.startswith(h + ".") for h in contract.caps.heavy_modules))
+        assert not heavy, (f"loading layer {self.layer!r} imported {', '.join(heavy[:10])}: import heavy "
+                           "frameworks inside the rank, not in the layer module "
+                           f"(checked: {', '.join(contract.caps.heavy_modules)})")
+
+    # -- planning: hooks, in this process ---------------------------------------------------------
+
+    @pytest.mark.parametrize("shape", SHAPES, ids=[s.id for s in SHAPES])
+    def test_hooks_are_well_formed_and_deterministic(self, contract: Case, shape: Shape) -> None:
+        port = free_port()
+        if shape.nodes > 1 and not contract.caps.multi_node:
+            with pytest.raises(DetlaunchError) as refused:
+                contract.plan(shape, port)
+            message = str(refused.value)
+            assert message and "\n" not in message, f"the refusal must be one line: {message!r}"
+            pytest.skip(f"{contract.caps.declared('multi_node')}; planning {shape.id} fails as it must: {message}")
+        hooks = contract.loaded.plugins.hooks
+        shared = os.path.join(contract.env["XDG_CACHE_HOME"], "detlaunch")
+        with no_side_effects([shared, contract.env["TMPDIR"]]) as side_effects:
+            plan = contract.plan(shape, port)
+            again = contract.plan(shape, port)
+            ctx = plan.context
+            wrappers = hooks.rank_wrappers(ctx)
+            layer_env = contract.loaded.own_results("detlaunch_environment", ctx=ctx)
+            stage_hook = hooks.chief_stage if shape.node_rank == 0 else hooks.worker_stage
+            stage_1, stage_2 = stage_hook(ctx), stage_hook(ctx)
+            same_calls = (wrappers == hooks.rank_wrappers(ctx), hooks.environment(ctx) == hooks.environment(ctx))
+        side_effects += [f"{path} exists after planning" for path in (plan.run_dir, again.run_dir)
+                         if os.path.lexists(path)]
+        assert not side_effects, "building a plan must not start anything or touch the disk:\n" + \
+            "\n".join(side_effects)
+        assert (plan.role, plan.cluster.node_rank) == ("chief" if shape.node_rank == 0 else "worker", shape.node_rank)
+        problems = plan_problems(plan, wrappers, {k: v for r in layer_env for k, v in r.items()} if layer_env
+                                 else None)
+        assert not problems, f"{shape.id}: the {plan.role} plan is not well formed:\n- " + "\n- ".join(problems)
+        assert stage_1 == stage_2 == plan.stage, f"{shape.id}: the same context gave different stages"
+        assert all(same_calls), f"{shape.id}: rank_wrappers/environment differ between two identical calls"
+        assert normalized(plan) == normalized(again), f"{shape.id}: two plans of the same input differ"
+        assert plan.rank_command[-len(plan.user_command):] == plan.user_command
+        assert plan.rank_command[: len(plan.wrapper_argv)] == plan.wrapper_argv
+
+    @pytest.mark.parametrize("shape", SHAPES, ids=[s.id for s in SHAPES])
+    def test_det_chief_ip_reaches_every_process_in_the_plan(self, contract: Case, shape: Shape) -> None:
+        if shape.nodes > 1:
+            self._multi_node_or_skip(contract)
+        plan = contract.plan(shape, free_port())
+        assert plan.env.get("DET_CHIEF_IP") == CHIEF_ADDR, plan.env
+        assert "DET_CHIEF_IP" not in plan.unset_env
+        for cmd in plan.stage.commands:
+            assert cmd.env.get("DET_CHIEF_IP", CHIEF_ADDR) == CHIEF_ADDR, f"{cmd.name} overrides DET_CHIEF_IP"
+
+    # -- planning: the real command line ---------------------------------------------------------
+
+    def _dry_run(self, case: Case, runner: DetlaunchRunner, shape_args: Sequence[str]) -> tuple[dict[str, Any], str]:
+        port = free_port()
+        args = case.cli_args(*shape_args, "--job-id", "contract-dry-run", "--dry-run", port=port)
+        as_json = runner.run(*args, "--format", "json", str(case.script), timeout=60)
+        assert as_json.returncode == 0 and only_warnings(as_json.stderr), as_json.output
+        as_text = runner.run(*args, str(case.script), timeout=60)
+        assert as_text.returncode == 0 and only_warnings(as_text.stderr), as_text.output
+        assert not (case.tmp / "ran").exists()
+        assert not list(runner.tmpdir.iterdir()), f"--dry-run created {list(runner.tmpdir.iterdir())}"
+        assert not (runner.cache / "detlaunch").exists(), "--dry-run created the shared job directory"
+        runner.assert_no_leftovers()
+        return json.loads(as_json.stdout), as_text.stdout
+
+    def _check_rendered(self, plan: dict[str, Any], text: str, role: str, slots: list[int]) -> None:
+        """The JSON says what this node runs; the tree shows the same."""
+        chief = plan["cluster"]["chief_addr"]
+        assert (plan["layer"], plan["role"], plan["cluster"]["slots"]) == (self.layer, role, slots), plan
+        assert plan["env"].get("DET_CHIEF_IP") == chief, plan["env"]
+        assert plan["command"][-1].endswith("contract_rank.py"), plan["command"]
+        assert plan["commands"], "the plan runs nothing"
+        rank_command = plan["rank_wrapper"] + plan["command"]
+        in_argv = any(_contains(c["argv"], rank_command) for c in plan["commands"])
+        if role == "chief":
+            assert in_argv or plan["files"], f"nothing in the chief's plan runs the rank command {rank_command}"
+        lines = text.splitlines()
+        assert lines and f"({role}) · layer {self.layer} · " in lines[0], text
+        assert "environment added for every process:" in lines, text
+        assert f"  DET_CHIEF_IP={chief}" in lines, text
+        for cmd in plan["commands"]:
+            assert any(shlex.quote(cmd["argv"][0]) in line for line in lines), f"{cmd['name']} not shown:\n{text}"
+        if in_argv:  # the tree shows the wrapper, then the user's command, under the launcher
+            assert any(line.endswith(f"{shlex.join(plan['rank_wrapper'])}  [one per rank]") for line in lines), text
+            assert any(line.endswith(f"└── {shlex.join(plan['command'])}") for line in lines), text
+
+    def test_dry_run_renders_one_node(self, contract: Case, detlaunch_runner: DetlaunchRunner) -> None:
+        plan, text = self._dry_run(contract, detlaunch_runner, ["--nproc-per-node", "2"])
+        self._check_rendered(plan, text, "chief", [2])
+
+    @pytest.mark.parametrize("node_rank", [0, 1], ids=["chief", "worker"])
+    def test_dry_run_renders_two_nodes(self, contract: Case, detlaunch_runner: DetlaunchRunner,
+                                       node_rank: int) -> None:
+        self._multi_node_or_skip(contract)
+        hosts = f"{CHIEF_ADDR}:2,{WORKER_ADDR}:2"
+        plan, text = self._dry_run(contract, detlaunch_runner, ["--hosts", hosts, "--node-rank", str(node_rank)])
+        self._check_rendered(plan, text, "worker" if node_rank else "chief", [2, 2])
+        assert plan["cluster"]["node_rank"] == node_rank
+
+    # -- real jobs -------------------------------------------------------------------------------
+
+    def _run_job(self, case: Case, runner: DetlaunchRunner, **env: str) -> Completed:
+        rank_env = ",".join(case.rank_env())
+        run = runner.run(*case.cli_args("--nproc-per-node", "2", str(case.script)),
+                         env={"CONTRACT_RANK_ENV": rank_env, **env}, timeout=case.caps.run_timeout)
+        runner.assert_no_leftovers()
+        return run
+
+    def test_real_two_rank_job_succeeds(self, contract: Case, detlaunch_runner: DetlaunchRunner) -> None:
+        self._real_runs_or_skip(contract)
+        run = self._run_job(contract, detlaunch_runner)
+        assert run.returncode == 0, run.output
+        for rank in (0, 1):
+            expected = f"contract rank={rank} chief={CHIEF_ADDR} marker={detlaunch_runner.marker_value}"
+            assert contract_lines(run, rank) == [expected], \
+                f"rank {rank} did not run once, with DET_CHIEF_IP and the job's environment:\n{run.output}"
+
+    def test_real_failing_rank_exit_code_comes_back(self, contract: Case, detlaunch_runner: DetlaunchRunner) -> None:
+        self._real_runs_or_skip(contract)
+        sleep = contract.caps.run_timeout * 2  # the other rank would outlive the test unless stopped
+        run = self._run_job(contract, detlaunch_runner, CONTRACT_FAIL_RANK="1", CONTRACT_FAIL_CODE=str(FAIL_CODE),
+                            CONTRACT_SLEEP=f"{sleep:g}")
+        assert run.returncode == FAIL_CODE, f"expected rank 1's own exit code {FAIL_CODE}:\n{run.output}"
+        assert re.search(rf"^detlaunch: job failed: rank 1 on node 0 .*exited with code {FAIL_CODE}$",
+                         run.stderr, re.M), run.output
+
+
+def only_warnings(stderr: str) -> bool:
+    """A --dry-run may warn (one line each); anything else on stderr is a failure."""
+    return all(line.startswith("detlaunch: warning: ") for line in stderr.splitlines())
+
+
+def contract_lines(run: Completed, rank: int) -> list[str]:
+    return [line for line in run.rank_lines(rank) if line.startswith("contract rank=")]

@@ -1,0 +1,1 @@
+"""A detlaunch layer that fails to import, on purpose (see layer.py)."""

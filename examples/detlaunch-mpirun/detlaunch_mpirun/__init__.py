@@ -1,0 +1,1 @@
+"""An Open MPI launch layer for detlaunch (entry point ``detlaunch.layers: mpirun``)."""

@@ -1,0 +1,171 @@
+"""The layer contract suite (detlaunch.testing) against every layer we ship or publish, and tested itself.
+
+Each layer takes the same three lines a third party writes. Then the suite's own tests: it runs,
+in a separate pytest, against a toy layer that breaks one rule at a time (tests/plugin_fixtures/
+toylayer.py), and must catch each one; a correct toy layer must pass all of it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import uuid
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+from detlaunch.testing import LayerContract, processes_with_marker
+from plugin_examples import MPIRUN, ensure_installed, fake_dist
+
+ensure_installed(MPIRUN)  # now, before anything in this process lists entry points (see plugin_examples)
+
+
+class TestTorchrun(LayerContract):
+    layer = "torchrun"
+
+
+class TestHorovod(LayerContract):
+    layer = "horovod"
+
+
+class TestDeepspeed(LayerContract):
+    layer = "deepspeed"
+
+
+class TestMpirun(LayerContract):  # examples/detlaunch-mpirun, pip-installed like any third-party layer
+    layer = "mpirun"
+
+
+# -- the suite's own tests -------------------------------------------------------------------------
+
+TOY_TESTS = """\
+from detlaunch.testing import LayerContract
+
+
+class TestToy(LayerContract):
+    layer = "toy"
+    heavy_modules = ("toy_heavy",)
+    run_timeout = 60
+"""
+
+
+def run_suite(tmp_path: Path, mode: str, select: str = "", tests: str = TOY_TESTS,
+              ) -> tuple[subprocess.CompletedProcess[str], dict[str, tuple[str, str]]]:
+    """Run the suite against the toy layer in TOY_MODE `mode`; return pytest's result and each test's
+    (outcome, message). Processes the in-process planning leaked (mode "leak") are killed here."""
+    (tmp_path / "test_toy.py").write_text(tests)
+    report = tmp_path / "report.xml"
+    marker = uuid.uuid4().hex
+    toy = fake_dist(tmp_path / "site", "detlaunch-toy", {"detlaunch.layers": {"toy": "toylayer"}})
+    env = {**os.environ, "TOY_MODE": mode, **toy, "TOY_META_MARKER": marker}
+    argv = [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", "--timeout", "120",
+            f"--junitxml={report}", str(tmp_path / "test_toy.py")]
+    if select:
+        argv += ["-k", select]
+    try:
+        done = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=400,
+                              check=False, start_new_session=True)
+    finally:
+        for pid in processes_with_marker(f"TOY_META_MARKER={marker}"):
+            os.kill(pid, signal.SIGKILL)
+    outcomes: dict[str, tuple[str, str]] = {}
+    if report.exists():
+        for case in ET.parse(report).getroot().iter("testcase"):
+            outcome, message = "passed", ""
+            for kind in ("failure", "error", "skipped"):
+                found = case.find(kind)
+                if found is not None:
+                    outcome, message = kind, (found.get("message") or "") + (found.text or "")
+            outcomes[case.get("name", "")] = (outcome, message)
+    return done, outcomes
+
+
+@pytest.mark.timeout(300)
+def test_a_correct_layer_passes_the_whole_suite(tmp_path: Path) -> None:
+    done, outcomes = run_suite(tmp_path, "")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert len(outcomes) == 16 and {o for o, _ in outcomes.values()} == {"passed"}, outcomes
+
+
+BROKEN_RULES = [
+    # (TOY_MODE, -k selection, the test that must fail, what its message must say)
+    ("heavy", "heavy", "test_import_does_not_load_heavy_frameworks", "imported toy_heavy"),
+    ("random", "well_formed and 1x1", "test_hooks_are_well_formed_and_deterministic[1x1-chief]",
+     "differ between two identical calls"),
+    ("no-wrapper", "well_formed and 1x8", "test_hooks_are_well_formed_and_deterministic[1x8-chief]",
+     "never runs ctx.rank_command"),
+    ("chief-ip", "chief_ip and 2x8-worker", "test_det_chief_ip_reaches_every_process_in_the_plan[2x8-worker]",
+     "toy overrides DET_CHIEF_IP"),
+    ("chief-ip", "real_two_rank", "test_real_two_rank_job_succeeds", "chief=192.0.2.1"),
+    ("leak", "dry_run_renders_one_node", "test_dry_run_renders_one_node", "left running"),
+    ("wrong-rank", "real_failing", "test_real_failing_rank_exit_code_comes_back", "expected rank 1's own exit code 7"),
+    ("unknown-hook", "entry_point", "test_entry_point_loads_through_the_real_loader",
+     "unknown hook(s) detlaunch_chief_stag"),
+    ("single-crash", "well_formed and 2x8-chief", "test_hooks_are_well_formed_and_deterministic[2x8-chief]",
+     "ValueError"),
+]
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize(("mode", "select", "test", "says"), BROKEN_RULES,
+                         ids=[f"{m}-{t.removeprefix('test_')[:30]}" for m, _, t, _ in BROKEN_RULES])
+def test_the_suite_catches_a_broken_rule(tmp_path: Path, mode: str, select: str, test: str, says: str) -> None:
+    done, outcomes = run_suite(tmp_path, mode, select)
+    assert test in outcomes, done.stdout + done.stderr
+    outcome, message = outcomes[test]
+    assert outcome in ("failure", "error"), f"{test} {outcome} with the toy layer in mode {mode}:\n{done.stdout}"
+    assert says in message, message
+    assert done.returncode == 1, done.stdout
+
+
+@pytest.mark.timeout(200)
+def test_declared_limits_are_checked_and_reported_never_silently_skipped(tmp_path: Path) -> None:
+    done, outcomes = run_suite(tmp_path, "single", "well_formed or dry_run_renders_two or chief_ip")
+    assert done.returncode == 0, done.stdout + done.stderr
+    declared = "declared by the layer: multi_node = False (in toylayer.DETLAUNCH_CONTRACT)"
+    for name, (outcome, message) in outcomes.items():
+        if "2x8" in name or "two_nodes" in name:
+            assert outcome == "skipped" and declared in message, (name, outcome, message)
+        else:
+            assert outcome == "passed", (name, outcome, message)
+    # The refusal itself was checked: planning 2 nodes fails with the layer's one-line error.
+    assert "fails as it must: the toy layer runs on one node only" in \
+        outcomes["test_hooks_are_well_formed_and_deterministic[2x8-worker]"][1]
+    # ... and the end of the run lists what the declaration ruled out.
+    section = done.stdout.partition("checks ruled out by a layer's declarations")[2].partition("short test summary")[0]
+    skipped = [n for n, (o, _) in outcomes.items() if o == "skipped"]
+    assert len(skipped) == 6 and section.count(declared) == 6, done.stdout
+    assert all(f"TestToy::{name}: {declared}" in section for name in skipped), done.stdout
+
+
+def test_a_test_class_attribute_overrides_the_layers_declaration(tmp_path: Path) -> None:
+    tests = TOY_TESTS + "    runs_here = False\n"
+    done, outcomes = run_suite(tmp_path, "", "real_two or real_failing", tests=tests)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert {n: o for n, (o, _) in outcomes.items()} == {
+        "test_real_two_rank_job_succeeds": "skipped", "test_real_failing_rank_exit_code_comes_back": "skipped"}
+    assert all("declared by the layer: runs_here = False (in the test class)" in m for _, m in outcomes.values())
+
+
+def test_a_subclass_without_a_layer_is_a_clear_error_at_collection(tmp_path: Path) -> None:
+    tests = "from detlaunch.testing import LayerContract\n\n\nclass TestMine(LayerContract):\n    pass\n"
+    done, outcomes = run_suite(tmp_path, "", tests=tests)
+    assert done.returncode == 2, done.stdout  # a collection error
+    assert "TypeError: test_toy.TestMine subclasses detlaunch.testing.LayerContract but sets no layer: " \
+           "add `layer = \"NAME\"`" in done.stdout, done.stdout
+
+
+def test_the_base_class_alone_is_not_collected(tmp_path: Path) -> None:
+    tests = textwrap.dedent("""\
+        from detlaunch.testing import LayerContract
+
+
+        class TestAbstract(LayerContract):  # an author's own base: abstract on purpose
+            __test__ = False
+            run_timeout = 30
+        """)
+    done, outcomes = run_suite(tmp_path, "", tests=tests)
+    assert (done.returncode, outcomes) == (5, {}), done.stdout  # 5: no tests collected
