@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import signal
+from pathlib import Path
 
 import pytest
 from conftest import EXAMPLES, SCRIPTS, Launcher
@@ -38,9 +40,15 @@ def test_two_nodes_on_two_loopback_addresses(launcher: Launcher) -> None:
     assert [rank_lines(rw.stdout, r) for r in (2, 3)] == [[f"rank {r} {expected}"] for r in (2, 3)]
 
 
-def test_a_failing_rank_stops_the_job_with_its_own_exit_code(launcher: Launcher) -> None:
-    r = launcher.run(*torchrun("--nproc-per-node", "2", RANKS),
-                     env={"FAIL_RANK": "1", "FAIL_CODE": "3", "SLEEP": "120"})
+def test_a_failing_rank_stops_the_job_with_its_own_exit_code(launcher: Launcher, tmp_path: Path) -> None:
+    trigger = tmp_path / "trigger"
+    os.mkfifo(trigger)
+    job = launcher.start(*torchrun("--nproc-per-node", "2", RANKS),
+                         env={"FAIL_RANK": "1", "FAIL_CODE": "3", "SLEEP": "120", "TRIGGER": str(trigger)})
+    job.wait_for_output("[rank=0] rank 0 sleeping")
+    job.wait_for_output("[rank=1] rank 1 waiting")
+    trigger.write_bytes(b"x")
+    r = job.wait(60)
     assert r.returncode == 3, r.output
     assert report_line(r.stderr) == "detlaunch: job failed: rank 1 on node 0 (127.0.0.1) exited with code 3"
     assert "detlaunch:   | something broke in rank 1" in r.stderr

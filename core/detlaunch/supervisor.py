@@ -121,7 +121,8 @@ class NodeSupervisor:
         self.failed_child: Child | None = None
         self.console_out, self.console_err = 1, 2
         self.link: ChiefLink | WorkerLink | None = None
-        self.launchers_deferred = False
+        self.launchers_deferred = False  # interrupted: the launchers are stopped once the ranks are
+        self.killed = False  # everything left has been SIGKILLed
 
     # -- output ------------------------------------------------------------------------------
     def say(self, message: str) -> None:
@@ -498,8 +499,14 @@ class NodeSupervisor:
                                f"rank(s) ever started on node {self.plan.cluster.node_rank}", 1)
                 else:
                     self._stop(signal.SIGTERM)
-        if self.phase == "stopping" and self.launchers_deferred and all(c.status for c in self.ranks.values()):
+        ranks_done = all(c.status for c in self.ranks.values())
+        if self.phase == "stopping" and self.launchers_deferred and ranks_done:
             self._stop_children()
+        if (self.phase == "stopping" and not self.killed and ranks_done and self.ranks
+                and (self.failure is not None or self.interrupted_by is not None)):
+            # No rank of this node runs any more: a launcher's own shutdown (torchrun takes a
+            # second) is not worth waiting for, and it has nothing left to clean up.
+            self._kill_all()
         if self.phase == "stopping" and not live_children and not self.conns:
             self._sweep()
         if self.phase == "local_done" and (self.link is None or self.link.ready_to_finish()):
@@ -562,6 +569,7 @@ class NodeSupervisor:
         if self.phase in ("local_done", "done"):
             return
         self.phase = "stopping"
+        self.killed = True
         count = procs.kill_descendants()
         for conn in self.ranks.values():
             if conn.status is None:

@@ -111,6 +111,8 @@ def detlaunch_add_options(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--network-interface", metavar="NIC", help="inter-node interface, e.g. eth0 (multi-node)")
     g.add_argument("--gloo-timeout", type=int, default=GLOO_TIMEOUT_SECONDS, metavar="S",
                    help=f"horovodrun --gloo-timeout-seconds (default {GLOO_TIMEOUT_SECONDS})")
+    g.add_argument("--controller", choices=("gloo", "mpi"), default="gloo",
+                   help="horovodrun's controller (default gloo, the build scripts/setup.sh makes)")
     g.add_argument("--auto", action="store_true",
                    help="one node with at most one slot: run the script directly, without horovodrun")
     add_ssh_options(parser, NAME)
@@ -157,6 +159,9 @@ def detlaunch_chief_stage(ctx: StageContext) -> Stage:
     # rank's command line, which then fails with exit 127. The rank command starts with an
     # absolute path, so horovodrun cannot mistake it for one of its options.
     argv = [_horovodrun(), *argv[1:-1]]
+    # Naming the controller spares horovodrun its probe for an MPI build (seconds at every start).
+    if not {"--gloo", "--mpi", "--jsrun"} & set(ctx.launcher_args):
+        argv.append(f"--{ctx.option('controller', 'gloo')}")
     # The seed: SIGINT, since horovodrun misbehaves on SIGTERM.
     horovodrun = Command((*argv, *ctx.rank_command), name="horovodrun", stop_signal=signal.SIGINT)
     # SLURM_JOBID would make horovod/mpirun ignore -H and pack every rank here.
