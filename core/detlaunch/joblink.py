@@ -57,13 +57,14 @@ def mac(secret: str, *parts: object) -> str:
 
 def status_to_json(s: RankStatus) -> dict[str, Any]:
     return {"rank": s.rank, "node": s.node_rank, "code": s.exit_code, "signal": s.signal,
-            "tail": list(s.tail), "lost": s.lost, "host": s.host}
+            "tail": list(s.tail), "lost": s.lost, "host": s.host, "wall": s.wall, "stopped": s.stopped}
 
 
 def status_from_json(d: dict[str, Any]) -> RankStatus:
     return RankStatus(rank=int(d["rank"]), node_rank=int(d["node"]), exit_code=d.get("code"),
                       signal=d.get("signal"), tail=tuple(d.get("tail") or ()), lost=bool(d.get("lost")),
-                      host=str(d.get("host") or ""))
+                      host=str(d.get("host") or ""), wall=float(d.get("wall") or 0.0),
+                      stopped=bool(d.get("stopped")))
 
 
 class Line:
@@ -188,8 +189,7 @@ class ChiefLink:
                 status = status_from_json(d)
                 self.remote_ranks[status.rank] = status
             assert line.node is not None
-            self.finished.add(line.node)
-            line.close()
+            self.finished.add(line.node)  # the line stays open for the final verdict
 
     def _authenticate(self, line: Line, m: dict[str, Any]) -> None:
         node = m.get("node")
@@ -235,12 +235,14 @@ class ChiefLink:
     def rank_exited(self, status: RankStatus) -> None:
         pass  # the chief's own ranks are in its own report
 
-    def failed(self, what: str, code: int) -> None:
-        """The job failed (here or anywhere): every node stops, with this verdict."""
+    def _verdict(self, kind: str, what: str, code: int) -> dict[str, Any]:
         f = self.sup.failure
         rank = f.rank if f is not None and f.what == what else None
-        self.stop_message = {"t": "stop", "what": what, "code": code,
-                             "rank": status_to_json(rank) if rank else None}
+        return {"t": kind, "what": what, "code": code, "rank": status_to_json(rank) if rank else None}
+
+    def failed(self, what: str, code: int) -> None:
+        """The job failed (here or anywhere): every node stops, with this verdict (so far)."""
+        self.stop_message = self._verdict("stop", what, code)
         for line in self.nodes.values():
             line.send(self.stop_message)
 
@@ -249,10 +251,17 @@ class ChiefLink:
         return set(self.nodes) <= self.finished
 
     def finish(self, code: int, ranks: list[RankStatus]) -> None:
+        """Every node has finished: tell each the final verdict (the earliest failure of all)."""
+        f = self.sup.failure
+        end = self._verdict("end", f.what, f.exit_code) if f is not None else {"t": "end", "code": code}
         for line in self.nodes.values():
-            line.send({"t": "end", "code": code})
+            line.send(end)
             line.close()
         self.listener.close()
+
+    @property
+    def closed(self) -> bool:
+        return True
 
     def close(self) -> None:
         for line in self.nodes.values():
@@ -312,6 +321,11 @@ class WorkerLink:
             self.sup.stop_from_chief(str(m.get("what")), int(m.get("code") or 1), rank)
         elif kind == "end":
             self.chief_ended = True
+            if m.get("code") and m.get("what"):  # the final verdict, all nodes' reports considered
+                rank = status_from_json(m["rank"]) if m.get("rank") else None
+                self.sup.stop_from_chief(str(m["what"]), int(m["code"]), rank)
+            line.close()
+            self.line = None
 
     def _answer(self, line: Line, m: dict[str, Any]) -> None:
         if m.get("job") != self.job_id:
@@ -367,10 +381,19 @@ class WorkerLink:
         return True
 
     def finish(self, code: int, ranks: list[RankStatus]) -> None:
+        """Say goodbye with this node's ranks, then wait (a few heartbeats at most) for the verdict."""
         if self.line is not None:
             self.line.send({"t": "bye", "code": code, "ranks": [status_to_json(r) for r in ranks]})
+            self.sup.timers.at(time.monotonic() + HEARTBEAT_MISSES * self.heartbeat, self._give_up_waiting)
+
+    def _give_up_waiting(self) -> None:
+        if self.line is not None:
             self.line.close()
             self.line = None
+
+    @property
+    def closed(self) -> bool:
+        return self.line is None
 
     def close(self) -> None:
         self.dialer.stop()

@@ -23,15 +23,26 @@ supervisor) wins over DETLAUNCH_SUPERVISOR. Without either, the wrapper only
 prefixes output.
 """
 
+from __future__ import annotations
+
+import _signal as signal  # the C modules under signal and socket: the same calls, without
+import _socket as socket  # their enum wrappers, which would cost every rank about 1 MB
+import fcntl
 import os
 import select
-import signal
-import socket
 import sys
 import time
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # never at run time: the typing module alone costs about 1 MB
+    from collections.abc import Iterator, Mapping
+    from types import FrameType
+    from typing import Any
+
 PIPE_BUF = 4096
 READ_SIZE = 1 << 16
+PIPE_SIZE = 1 << 18  # the rank's stdout pipe holds this much while the wrapper lets output gather
+GATHER = 0.002  # after a read of less than PIPE_BUF bytes, let output gather this long (seconds)
 TAIL_BYTES = 8192
 TAIL_LINES = 20
 DEFAULT_RANK_ENV = ("RANK", "HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "DETLAUNCH_RANK")
@@ -43,10 +54,10 @@ class UsageError(Exception):
     pass
 
 
-def parse_args(argv):
+def parse_args(argv: list[str]) -> tuple[dict[str, Any], list[str]]:
     """Parse the wrapper's small argv by hand (argparse alone costs more than the rest)."""
-    opts = {"rank": None, "rank_env": DEFAULT_RANK_ENV, "job": "", "console": None,
-            "log_dir": None, "grace": 5.0}
+    opts: dict[str, Any] = {"rank": None, "rank_env": DEFAULT_RANK_ENV, "job": "", "console": None,
+                            "log_dir": None, "grace": 5.0}
     i = 0
     while i < len(argv) and argv[i] != "--":
         key = argv[i]
@@ -74,7 +85,7 @@ def parse_args(argv):
     return opts, command
 
 
-def find_rank(explicit, names, env):
+def find_rank(explicit: str | None, names: tuple[str, ...], env: Mapping[str, str]) -> int:
     if explicit is not None:
         return int(explicit)
     for name in names:
@@ -92,12 +103,12 @@ class LinePrefixer:
     with an added ``\\n``, so that every emitted line fits in one atomic pipe write.
     """
 
-    def __init__(self, prefix):
+    def __init__(self, prefix: bytes) -> None:
         self.prefix = prefix
         self.limit = max(PIPE_BUF - len(prefix) - 2, 16)
         self.pending = b""
 
-    def feed(self, data):
+    def feed(self, data: bytes) -> bytes:
         """Return the complete lines of pending + data, prefixed; keep the partial rest."""
         buf = self.pending + data if self.pending else data
         end = max(buf.rfind(b"\n"), buf.rfind(b"\r")) + 1
@@ -110,12 +121,12 @@ class LinePrefixer:
         self.pending = rest
         return out
 
-    def flush(self):
+    def flush(self) -> bytes:
         """At end of stream: the last partial line, ended with an added newline."""
         rest, self.pending = self.pending, b""
         return self.prefix + rest + b"\n" if rest else b""
 
-    def _prefix(self, head):
+    def _prefix(self, head: bytes) -> bytes:
         prefix = self.prefix
         if b"\r" not in head:
             lines = head.split(b"\n")
@@ -125,7 +136,7 @@ class LinePrefixer:
             return b"".join(self._pieces(line, b"\n") for line in lines)
         return b"".join(self._pieces(body, end) for body, end in split_lines(head))
 
-    def _pieces(self, body, end):
+    def _pieces(self, body: bytes, end: bytes) -> bytes:
         """One line: prefixed, split into pieces of at most `limit` bytes."""
         n = self.limit
         if len(body) <= n:
@@ -135,7 +146,7 @@ class LinePrefixer:
         return b"".join(self.prefix + p + b"\n" for p in parts) + self.prefix + last + end
 
 
-def split_lines(head):
+def split_lines(head: bytes) -> Iterator[tuple[bytes, bytes]]:
     """Yield (body, terminator) for each line of `head`, which ends with a line end."""
     parts = head.split(b"\n")
     after_last_newline = parts.pop()
@@ -144,7 +155,7 @@ def split_lines(head):
     yield from _split_cr(after_last_newline, b"")
 
 
-def _split_cr(part, end):
+def _split_cr(part: bytes, end: bytes) -> Iterator[tuple[bytes, bytes]]:
     subs = part.split(b"\r")
     last = subs.pop()
     if not last and subs and end:  # "...\r\n" is one line end
@@ -156,26 +167,28 @@ def _split_cr(part, end):
         yield last, end
 
 
-def write_all(fd, data):
+def write_all(fd: int, data: bytes) -> None:
     """Write whole lines in pieces of at most PIPE_BUF bytes, so no line is torn."""
-    while data:
-        if len(data) <= PIPE_BUF:
-            piece, data = data, b""
+    view = memoryview(data)  # pieces are views: no copy of what remains after each write
+    start, size = 0, len(data)
+    while start < size:
+        end = start + PIPE_BUF
+        if end < size:
+            cut = max(data.rfind(b"\n", start, end), data.rfind(b"\r", start, end)) + 1
+            end = cut or end
         else:
-            cut = max(data.rfind(b"\n", 0, PIPE_BUF), data.rfind(b"\r", 0, PIPE_BUF)) + 1
-            piece, data = data[:cut or PIPE_BUF], data[cut or PIPE_BUF:]
-        view = memoryview(piece)
-        while view:
-            view = view[os.write(fd, view):]
+            end = size
+        while start < end:
+            start += os.write(fd, view[start:end])
 
 
 class Output:
     """Where one of the rank's streams goes: the console (maybe) and the rank's log file (maybe)."""
 
-    def __init__(self, console_fd, log_fd):
+    def __init__(self, console_fd: int | None, log_fd: int | None) -> None:
         self.fds = [fd for fd in (console_fd, log_fd) if fd is not None]
 
-    def write(self, data):
+    def write(self, data: bytes) -> None:
         if not data:
             return
         for fd in list(self.fds):
@@ -189,7 +202,7 @@ class Supervisor:
     """The connection to this node's supervisor (the pid_server role), or None when running alone."""
 
     @staticmethod
-    def connect(path, job, rank):
+    def connect(path: str | None, job: str, rank: int) -> tuple[Supervisor | None, tuple[int, int], dict[str, Any]]:
         """Register; return the link and the console fds the supervisor hands over.
 
         Rank output goes straight to the node's console (the supervisor's stdout and
@@ -203,26 +216,26 @@ class Supervisor:
         try:
             sock.connect(path)
         except OSError as e:
-            raise UsageError(f"cannot reach this node's detlaunch supervisor at {path}: {e.strerror}")
+            raise UsageError(f"cannot reach this node's detlaunch supervisor at {path}: {e.strerror}") from None
         link = Supervisor(sock)
         link.send({"t": "hello", "job": job, "rank": rank, "pid": os.getpid()})
-        data, fds, _, _ = socket.recv_fds(sock, 4096, 2)
+        data, fds = recv_fds(sock, 4096, 2)
         link.buffer = data
         reply = link.receive()
         if reply.get("t") != "ok" or len(fds) != 2:
             raise UsageError(f"the supervisor refused rank {rank}: {reply.get('why', 'no reason given')}")
         sock.settimeout(None)
-        return link, tuple(fds), reply
+        return link, (fds[0], fds[1]), reply
 
-    def __init__(self, sock):
+    def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
         self.buffer = b""
 
-    def send(self, message):
+    def send(self, message: dict[str, Any]) -> None:
         import json
         self.sock.sendall(json.dumps(message).encode() + b"\n")
 
-    def receive(self):
+    def receive(self) -> dict[str, Any]:
         import json
         while b"\n" not in self.buffer:
             data = self.sock.recv(4096)
@@ -230,82 +243,110 @@ class Supervisor:
                 return {}
             self.buffer += data
         line, self.buffer = self.buffer.split(b"\n", 1)
-        return json.loads(line)
+        reply: dict[str, Any] = json.loads(line)
+        return reply
+
+
+def recv_fds(sock: socket.socket, size: int, count: int) -> tuple[bytes, list[int]]:
+    """socket.recv_fds: receive up to `size` bytes and up to `count` file descriptors."""
+    data, ancillary, _, _ = sock.recvmsg(size, socket.CMSG_LEN(count * 4))
+    fds = []
+    for level, kind, payload in ancillary:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fds += [int.from_bytes(payload[i:i + 4], sys.byteorder) for i in range(0, len(payload) - 3, 4)]
+    return data, fds
 
 
 class RankWrapper:
-    def __init__(self, rank, command, supervisor, console, log_fd, grace):
+    def __init__(self, rank: int, command: list[str], supervisor: Supervisor | None,
+                 console: tuple[int, int] | None, log_fd: int | None, grace: float) -> None:
         """console: the (stdout, stderr) fds to write to, or None to keep this rank off the console."""
         self.rank = rank
         self.command = command
         self.supervisor = supervisor
         self.grace = grace
         self.prefix = f"[rank={rank}] ".encode()
-        self.pid = None
-        self.status = None
-        self.pending_signal = None
-        self.kill_deadline = None
+        self.pid: int | None = None
+        self.status: int | None = None
+        self.ended_at = 0.0
+        self.pending_signal: int | None = None
+        self.kill_deadline: float | None = None
         self.tail = b""
-        out, err = console or (None, None)
+        out, err = console if console else (None, None)
         self.outputs = {1: Output(out, log_fd), 2: Output(err, log_fd)}
 
     # -- signals --------------------------------------------------------------
-    def on_signal(self, signum, frame):
+    def on_signal(self, signum: int, frame: FrameType | None) -> None:
         if self.pid is None:
             self.pending_signal = signum
         elif self.status is None:
             self.signal_rank(signum)
 
-    def signal_rank(self, signum):
+    def signal_rank(self, signum: int) -> None:
+        if self.pid is None:
+            return
         try:
             os.killpg(self.pid, signum)
         except ProcessLookupError:
             pass
 
-    def stop_rank(self):
+    def stop_rank(self) -> None:
         """Ask the rank's group to stop now and make sure it is gone after the grace period."""
         self.signal_rank(signal.SIGTERM)
         if self.kill_deadline is None:
             self.kill_deadline = time.monotonic() + self.grace
 
     # -- the loop ---------------------------------------------------------------
-    def run(self):
+    def run(self) -> int:
         for signum in FORWARDED_SIGNALS:
             signal.signal(signum, self.on_signal)
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
+        try:  # room for output to gather in while the wrapper waits (see GATHER below)
+            fcntl.fcntl(out_w, fcntl.F_SETPIPE_SZ, PIPE_SIZE)
+            gather = GATHER
+        except OSError:  # over the user's pipe quota: read as soon as anything arrives
+            gather = 0
         actions = [(os.POSIX_SPAWN_DUP2, out_w, 1), (os.POSIX_SPAWN_DUP2, err_w, 2),
                    (os.POSIX_SPAWN_CLOSE, out_w), (os.POSIX_SPAWN_CLOSE, err_w)]
-        self.pid = os.posix_spawnp(self.command[0], self.command, os.environ, file_actions=actions,
-                                   setpgroup=0, setsigdef=FORWARDED_SIGNALS + (signal.SIGPIPE,))
+        pid = self.pid = os.posix_spawnp(self.command[0], self.command, os.environ, file_actions=actions,
+                                         setpgroup=0, setsigdef=FORWARDED_SIGNALS + (signal.SIGPIPE,))
         os.close(out_w)
         os.close(err_w)
         if self.supervisor:
             self.supervisor.send({"t": "started", "pid": self.pid})
         if self.pending_signal is not None:
             self.signal_rank(self.pending_signal)
-        pidfd = os.pidfd_open(self.pid)
+        pidfd = os.pidfd_open(pid)
         streams = {out_r: (LinePrefixer(self.prefix), self.outputs[1], False),
                    err_r: (LinePrefixer(self.prefix), self.outputs[2], True)}
         poller = select.poll()
         for fd in (out_r, err_r, pidfd):
             poller.register(fd, select.POLLIN)
-        sup_fd = self.supervisor.sock.fileno() if self.supervisor else None
+        supervisor = self.supervisor
+        sup_fd = supervisor.sock.fileno() if supervisor else None
         if sup_fd is not None:
             poller.register(sup_fd, select.POLLIN)
+        # While output gathers (see GATHER), the rank's exit and the supervisor still wake us at once.
+        events_only = select.poll()
+        for event_fd in (pidfd, sup_fd):
+            if event_fd is not None:
+                events_only.register(event_fd, select.POLLIN)
 
         while streams or self.status is None:
-            timeout = None
+            timeout: float | None = None
             if self.kill_deadline is not None:
                 timeout = max(0, (self.kill_deadline - time.monotonic()) * 1000)
             events = poller.poll(timeout)
             if self.kill_deadline is not None and time.monotonic() >= self.kill_deadline:
                 self.signal_rank(signal.SIGKILL)
                 self.kill_deadline = float("inf") if streams else None
+            short_read = False
             for fd, _ in events:
                 if fd in streams:
                     prefixer, output, is_stderr = streams[fd]
                     data = os.read(fd, READ_SIZE)
+                    short_read = short_read or 0 < len(data) < PIPE_BUF
                     if data:
                         output.write(prefixer.feed(data))
                         if is_stderr:
@@ -316,19 +357,30 @@ class RankWrapper:
                         os.close(fd)
                         del streams[fd]
                 elif fd == pidfd:
-                    _, self.status = os.waitpid(self.pid, 0)
+                    _, self.status = os.waitpid(pid, 0)
+                    self.ended_at = time.time()  # wall clock: failures on different nodes are ordered by it
                     poller.unregister(pidfd)
+                    events_only.unregister(pidfd)
                     os.close(pidfd)
                     if streams:  # something the rank started still holds its output open
                         self.stop_rank()
-                elif fd == sup_fd:
-                    if not self.supervisor.sock.recv(4096):
+                elif supervisor and fd == sup_fd:
+                    if not supervisor.sock.recv(4096):
                         poller.unregister(sup_fd)
+                        events_only.unregister(sup_fd)
                         self.supervisor = None
                         self.stop_rank()
+            # A rank that writes a line at a time (python -u, progress bars) would wake the
+            # wrapper for every line, costing both a syscall and a context switch per line:
+            # after a short read, let its output gather for a moment. The first line after
+            # a quiet spell still goes out at once; a burst waits at most GATHER; the rank's
+            # exit is reported without delay.
+            if short_read and gather and self.status is None:
+                events_only.poll(gather * 1000)
         return self.finish()
 
-    def finish(self):
+    def finish(self) -> int:
+        assert self.status is not None
         code = os.waitstatus_to_exitcode(self.status)
         signum = -code if code < 0 else None
         exit_code = 128 + signum if signum else code
@@ -337,13 +389,13 @@ class RankWrapper:
             tail = [line for line in lines if line.strip()][-TAIL_LINES:]
             try:
                 self.supervisor.send({"t": "exit", "code": exit_code, "signal": signum,
-                                      "tail": tail, "time": time.monotonic()})
+                                      "tail": tail, "wall": self.ended_at})
             except OSError:
                 pass
         return exit_code
 
 
-def open_log(log_dir, rank):
+def open_log(log_dir: str | None, rank: int) -> int | None:
     if not log_dir:
         return None
     os.makedirs(log_dir, exist_ok=True)
@@ -351,17 +403,16 @@ def open_log(log_dir, rank):
                    os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
 
 
-def main(argv=None):
+def main(argv: list[str] | None = None) -> int:
     try:
         opts, command = parse_args(sys.argv[1:] if argv is None else argv)
         rank = find_rank(opts["rank"], opts["rank_env"], os.environ)
         path = os.environ.get("DETLAUNCH_SSHD_SUPERVISOR") or os.environ.get("DETLAUNCH_SUPERVISOR")
-        supervisor, console, node = Supervisor.connect(path, opts["job"], rank)
+        supervisor, console_fds, node = Supervisor.connect(path, opts["job"], rank)
         # Where logs go and which ranks reach the console are this node's settings: a rank that
         # arrived over ssh carries the chief's argv, its node's supervisor knows better.
         console_ranks = node.get("console_ranks", opts["console"])
-        if console_ranks is not None and rank not in console_ranks:
-            console = None
+        console = None if console_ranks is not None and rank not in console_ranks else console_fds
         log_dir = node.get("log_dir", opts["log_dir"])
         wrapper = RankWrapper(rank, command, supervisor, console, open_log(log_dir, rank), opts["grace"])
         return wrapper.run()

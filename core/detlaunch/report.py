@@ -32,8 +32,9 @@ class RankStatus:
     signal: int | None = None
     tail: tuple[str, ...] = ()
     lost: bool = False  # the wrapper vanished without a report (SIGKILLed)
-    time: float = 0.0  # CLOCK_MONOTONIC of the exit, to order failures on a node
+    wall: float = 0.0  # wall-clock time of the exit: orders failures across nodes
     host: str = ""
+    stopped: bool = False  # detlaunch had asked it to stop: its end is a consequence, not a cause
 
     @property
     def failed(self) -> bool:
@@ -54,6 +55,7 @@ class Failure:
     rank: RankStatus | None = None
     tail: tuple[str, ...] = ()  # the last output lines of whatever failed
     tail_of: str = ""  # whose lines they are: "rank 1", "torchrun"
+    at: float = 0.0  # wall-clock time it happened: the earliest failure is the root cause
 
 
 @dataclasses.dataclass(frozen=True)

@@ -123,6 +123,7 @@ class NodeSupervisor:
         self.link: ChiefLink | WorkerLink | None = None
         self.launchers_deferred = False  # interrupted: the launchers are stopped once the ranks are
         self.killed = False  # everything left has been SIGKILLed
+        self.stopped_by_chief = False  # worker: the chief's verdict decides this node's exit
 
     # -- output ------------------------------------------------------------------------------
     def say(self, message: str) -> None:
@@ -295,7 +296,7 @@ class NodeSupervisor:
         self._on_children()  # a SIGCHLD coalesced into another wakeup is still reaped
 
     def _on_signal(self, signum: int) -> None:
-        if self.phase == "local_done":  # the chief, waiting for the other nodes to finish
+        if self.phase in ("local_done", "closing"):  # the chief, waiting for the other nodes to finish
             self.say(f"{signal.Signals(signum).name} received: not waiting for the other nodes")
             if self.link is not None and self.failure is None:
                 self.link.failed(f"node 0 was interrupted by {signal.Signals(signum).name}", 128 + signum)
@@ -391,7 +392,7 @@ class NodeSupervisor:
             conn.status = RankStatus(
                 rank=conn.rank, node_rank=self.plan.cluster.node_rank, exit_code=int(message["code"]),
                 signal=message.get("signal"), tail=tuple(message.get("tail") or ()),
-                time=float(message.get("time") or time.monotonic()), host=self._host())
+                wall=float(message.get("wall") or time.time()), host=self._host(), stopped=conn.stopped_by_us)
             self._on_rank_exit(conn.status)
 
     def _on_hello(self, conn: RankConn, message: dict[str, Any]) -> None:
@@ -440,7 +441,8 @@ class NodeSupervisor:
         if conn.rank is not None and conn.status is None:
             conn.status = RankStatus(rank=conn.rank, node_rank=self.plan.cluster.node_rank,
                                      exit_code=128 + signal.SIGKILL, signal=signal.SIGKILL,
-                                     lost=True, time=time.monotonic(), host=self._host())
+                                     lost=True, wall=time.time(), host=self._host(),
+                                     stopped=conn.stopped_by_us)
             if conn.rank_pid:
                 procs.signal_group(conn.rank_pid, signal.SIGKILL)  # the rank must not outlive it
             self._on_rank_exit(conn.status)
@@ -455,10 +457,14 @@ class NodeSupervisor:
         self.trace(f"rank {status.rank} ended: {status.describe()}")
         if self.link is not None:
             self.link.rank_exited(status)
-        if status.failed and self.phase in ("starting", "running") and self.failure is None:
-            self._fail(f"rank {status.rank} on node {status.node_rank} ({status.host}) "
-                       f"{'exited with code ' + str(status.exit_code) if not status.signal else status.describe()}",
-                       status.exit_code or 1, status)
+        self._rank_failed(status)
+
+    def _rank_failed(self, status: RankStatus) -> None:
+        """A failed rank, here or (chief) on another node, is a candidate for the root cause."""
+        if status.failed and not status.stopped:
+            how = f"exited with code {status.exit_code}" if not status.signal else status.describe()
+            self._fail(f"rank {status.rank} on node {status.node_rank} ({status.host}) {how}",
+                       status.exit_code or 1, status, at=status.wall)
 
     def _on_start_timeout(self) -> None:
         missing = self.link.missing_nodes() if self.link is not None else []
@@ -512,22 +518,39 @@ class NodeSupervisor:
         if self.phase == "local_done" and (self.link is None or self.link.ready_to_finish()):
             if self.link is not None:
                 self.link.finish(self._exit_code(), [c.status for c in self.ranks.values() if c.status])
+            self.phase = "closing"
+        if self.phase == "closing" and (self.link is None or self.link.closed):
             self.phase = "done"
 
     def _fail(self, what: str, exit_code: int, rank: RankStatus | None = None,
-              child: Child | None = None) -> None:
-        if self.failure is None and self.interrupted_by is None:
-            self.failure = Failure(what=what, exit_code=exit_code, rank=rank,
-                                   tail=rank.tail if rank else (), tail_of=f"rank {rank.rank}" if rank else "")
-            self.failed_child = child
+              child: Child | None = None, at: float | None = None) -> None:
+        """Record a failure and stop the job; the earliest failure is the root cause.
+
+        The first failure stops the job at once. Another one reported while stopping, by a
+        rank detlaunch had not yet asked to stop, may still be the cause: on two nodes, a
+        survivor's collective error can arrive before the report of the rank whose death
+        caused it. So the verdict is the failure that happened first, by its wall-clock time.
+        """
+        at = time.time() if at is None else at
+        failure = Failure(what=what, exit_code=exit_code, rank=rank, at=at,
+                          tail=rank.tail if rank else (), tail_of=f"rank {rank.rank}" if rank else "")
+        if self.interrupted_by is not None or self.stopped_by_chief:
+            pass  # the user's interruption, or the chief's verdict, stands
+        elif self.failure is None:
+            self.failure, self.failed_child = failure, child
             self.say(f"{what}: stopping the job")
+            if self.link is not None:
+                self.link.failed(what, exit_code)
+        elif at < self.failure.at:
+            self.trace(f"an earlier failure came in: {what}")
+            self.failure, self.failed_child = failure, child
             if self.link is not None:
                 self.link.failed(what, exit_code)
         self._stop(signal.SIGTERM)
 
     def fail_to_start(self, what: str) -> None:
         if self.failure is None:
-            self.failure = Failure(what=what, exit_code=1)
+            self.failure = Failure(what=what, exit_code=1, at=time.time())
             self.say(what)
             if self.link is not None:
                 self.link.failed(what, 1)
@@ -543,7 +566,7 @@ class NodeSupervisor:
         own SIGTERM races the SIGINT a rank was about to handle. Either way, whatever is left
         after the grace period is SIGKILLed.
         """
-        if self.phase in ("stopping", "local_done", "done"):
+        if self.phase in ("stopping", "local_done", "closing", "done"):
             return
         self.phase = "stopping"
         live = [c for c in self.ranks.values() if c.status is None]
@@ -566,7 +589,7 @@ class NodeSupervisor:
                     procs.signal_pid(child.pid, child.command.stop_signal)
 
     def _kill_all(self) -> None:
-        if self.phase in ("local_done", "done"):
+        if self.phase in ("local_done", "closing", "done"):
             return
         self.phase = "stopping"
         self.killed = True
@@ -609,10 +632,7 @@ class NodeSupervisor:
     # -- the other nodes (see joblink) ---------------------------------------------------------
     def remote_rank_exit(self, status: RankStatus) -> None:
         """Chief: a worker node's rank ended."""
-        if status.failed and self.phase in ("starting", "running"):
-            how = f"exited with code {status.exit_code}" if not status.signal else status.describe()
-            self._fail(f"rank {status.rank} on node {status.node_rank} ({status.host}) {how}",
-                       status.exit_code or 1, status)
+        self._rank_failed(status)
 
     def remote_failure(self, what: str, code: int, node: int | None) -> None:
         """Chief: a worker node failed for another reason (its sshd died, it was interrupted...)."""
@@ -629,6 +649,7 @@ class NodeSupervisor:
         self.failure = Failure(what=what, exit_code=code, rank=rank, tail=rank.tail if rank else (),
                                tail_of=f"rank {rank.rank}" if rank else "")
         self.failed_child = None
+        self.stopped_by_chief = True
         if self.phase in ("starting", "running"):
             self.say(f"the chief stopped the job: {what}")
         self._stop(signal.SIGTERM)
@@ -649,7 +670,7 @@ class NodeSupervisor:
     def _cleanup(self) -> None:
         if self.link is not None:
             self.link.close()
-        if self.phase not in ("local_done", "done"):
+        if self.phase not in ("local_done", "closing", "done"):
             procs.kill_descendants()
         procs.reap()
         for probe in self.probes:

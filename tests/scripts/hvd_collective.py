@@ -1,4 +1,9 @@
-"""horovod twin of collective.py: survivors sit in hvd.allreduce while FAIL_RANK exits FAIL_CODE."""
+"""horovod twin of collective.py: survivors sit in hvd.allreduce while FAIL_RANK dies with FAIL_CODE.
+
+The failing rank leaves with os._exit, as a crash would. With sys.exit, horovod's atexit
+shutdown tells every other rank first ("Horovod has been shut down"): they fail and end
+while the failing rank is still shutting down, so the first rank to END is a survivor.
+"""
 
 import os
 import sys
@@ -14,7 +19,7 @@ if os.environ.get("FAIL_RANK") == str(rank):
     with open(os.environ["TRIGGER"], "rb") as fifo:
         fifo.read(1)
     print(f"something broke in rank {rank}", file=sys.stderr, flush=True)
-    sys.exit(int(os.environ.get("FAIL_CODE", "3")))
+    os._exit(int(os.environ.get("FAIL_CODE", "3")))
 print(f"rank {rank} sleeping", flush=True)  # the survivors' last line: inside the collective
 hvd.allreduce(torch.ones(1), name="stuck")
 print(f"rank {rank} done", flush=True)

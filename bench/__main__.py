@@ -1,0 +1,112 @@
+"""The bench runner: `python -m bench [--quick] [--reps N] [--only NAME ...]` (bench/run.sh sets up first).
+
+Runs each measurement (a module of this package), interleaving the compared cases in
+every repetition, and writes bench/results/results.{md,png,json}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from importlib import metadata
+from pathlib import Path
+
+from . import launch, memory, report, scale, teardown, throughput
+from .common import BENCH, DET_PY, ROOT, Section, Table, base_env, become_subreaper, kill_descendants, say
+
+MEASUREMENTS: dict[str, Callable[..., Section]] = {
+    "throughput": lambda env, reps, quick, tmp: throughput.main(env, reps, quick),
+    "memory": memory.main,
+    "teardown": teardown.main,
+    "launch": launch.main,
+    "scale": scale.main,
+}
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="bench/run.sh", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true",
+                   help="2 repetitions, no 2M-line streams, scale with 1 repetition")
+    p.add_argument("--reps", type=int,
+                   help="repetitions per case (default 5, at most 3 for the 2M-line streams and scale; 2 with --quick)")
+    p.add_argument("--only", nargs="+", choices=list(MEASUREMENTS), help="run only these measurements")
+    p.add_argument("--out", type=Path, default=BENCH / "results", help="where results go (default bench/results)")
+    return p.parse_args(argv)
+
+
+def header(args: argparse.Namespace, reps: int, started: float, wall: float, load_at_start: str) -> list[str]:
+    def version(dist: str) -> str:
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            return "not installed"
+
+    det = subprocess.run([DET_PY, "-c", "import determined; print(determined.__version__)"],
+                         capture_output=True, text=True).stdout.strip() or "not installed"
+    rev = subprocess.run(["git", "-C", str(ROOT), "describe", "--always", "--dirty"],
+                         capture_output=True, text=True).stdout.strip()
+    load = f"{os.getloadavg()[0]:.2f}"
+    return [
+        f"- run: {time.strftime('%Y-%m-%d %H:%M', time.localtime(wall))}, "
+        f"{time.monotonic() - started:.0f} s, {'--quick, ' if args.quick else ''}{reps} repetitions per case, "
+        "cases interleaved (order rotated every repetition)",
+        f"- machine: {os.cpu_count()} cores, Linux {platform.release()}, Python {platform.python_version()}; "
+        f"1-min load average {load_at_start} at the start, {load} at the end (a shared machine: the spread "
+        "shows the noise)",
+        f"- versions: detlaunch {rev}, torch {version('torch')}, deepspeed {version('deepspeed')}, "
+        f"horovod {version('horovod')}, determined {det}",
+        "- times: median (min-max) over the repetitions",
+    ]
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    reps = args.reps or (2 if args.quick else 5)
+    become_subreaper()
+    started, wall = time.monotonic(), time.time()
+    load_at_start = f"{os.getloadavg()[0]:.2f}"
+    tmp = Path(tempfile.mkdtemp(prefix="detlaunch-bench-"))
+    env = base_env(tmp)
+    sections: list[Section] = []
+    failed = False
+    try:
+        for name, measure in MEASUREMENTS.items():
+            if args.only and name not in args.only:
+                continue
+            n = min(reps, 1 if args.quick else 3) if name == "scale" else reps  # scale: 8 jobs a repetition
+            try:
+                sections.append(measure(env, n, args.quick, tmp))
+            except Exception as e:  # one broken measurement must not lose the others
+                failed = True
+                traceback.print_exc()
+                sections.append(Section(name, [Table(f"{name}: FAILED", ["error"], [[str(e).splitlines()[0]]])],
+                                        [], []))
+    finally:
+        leftovers = kill_descendants()
+        if leftovers:
+            say(f"killed leftover processes {leftovers}")
+        shutil.rmtree(tmp, ignore_errors=True)
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    text = report.markdown(sections, header(args, reps, started, wall, load_at_start))
+    (args.out / "results.md").write_text(text)
+    (args.out / "results.json").write_text(json.dumps([dataclasses.asdict(s) for s in sections], indent=1))
+    report.chart(sections, args.out / "results.png")
+    print(text)
+    say(f"wrote {args.out / 'results.md'} and {args.out / 'results.png'}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
