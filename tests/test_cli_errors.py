@@ -18,7 +18,10 @@ from helpers import free_port
 
 pytestmark = pytest.mark.timeout(60)
 
-INSTALLED = sorted(ep.name for ep in importlib.metadata.entry_points(group="detlaunch.layers"))
+def installed() -> list[str]:
+    """The layers installed now (other test modules install example layers while being collected)."""
+    importlib.invalidate_caches()
+    return sorted({ep.name for ep in importlib.metadata.entry_points(group="detlaunch.layers")})
 
 
 def check_one_line_error(launcher: Launcher, args: list[str], expected: str,
@@ -41,20 +44,20 @@ def script(tmp_path: Path) -> str:
 
 
 def test_unknown_layer_names_the_installed_layers(launcher: Launcher, script: str) -> None:
-    assert {"torchrun", "horovod", "deepspeed"} <= set(INSTALLED)
+    assert {"torchrun", "horovod", "deepspeed"} <= set(installed())
     check_one_line_error(launcher, ["--layer", "nope", script],
-                         f"unknown layer 'nope'; installed layers: {', '.join(INSTALLED)}")
+                         f"unknown layer 'nope'; installed layers: {', '.join(installed())}")
 
 
 def test_no_layer(launcher: Launcher, script: str) -> None:
     check_one_line_error(launcher, [script],
-                         f"no layer chosen: add --layer NAME (installed: {', '.join(INSTALLED)})")
+                         f"no layer chosen: add --layer NAME (installed: {', '.join(installed())})")
 
 
 def test_no_layer_when_the_scripts_own_args_ask_for_help(launcher: Launcher, script: str) -> None:
     # `-h` after the script is the script's; it must not hide that no layer was chosen.
     check_one_line_error(launcher, [script, "-h"],
-                         f"no layer chosen: add --layer NAME (installed: {', '.join(INSTALLED)})")
+                         f"no layer chosen: add --layer NAME (installed: {', '.join(installed())})")
 
 
 def test_layer_found_after_an_option_that_takes_a_value(launcher: Launcher, script: str) -> None:
@@ -169,7 +172,7 @@ CONFIG_CASES = {
     "unknown-layer-key": ("[torchrun]\nmax_restarts = 2\n", ": unknown option 'max_restarts' in [torchrun]"),
     "unknown-section": ("[detlauch]\nnproc_per_node = 2\n",
                         ": unknown section [detlauch]; use [detlaunch], "
-                        + ", ".join(f"[{name}]" for name in INSTALLED)),
+                        + ", ".join(f"[{name}]" for name in installed())),
     "not-a-section": ("nproc_per_node = 2\n", ": 'nproc_per_node' must be a [section]"),
 }
 
@@ -233,7 +236,7 @@ def test_help_exits_0_and_lists_the_options(launcher: Launcher, args: list[str])
                    "--master-port PORT", "--hosts H:S,...", "--hostfile FILE", "--grace-period S",
                    "--log-dir DIR", "--ranks R,R"):
         assert f"\n  {option} " in r.stdout, option
-    assert f"Installed layers: {', '.join(INSTALLED)}." in " ".join(r.stdout.split())
+    assert f"Installed layers: {', '.join(installed())}." in " ".join(r.stdout.split())
 
 
 # -- inputs that must work, not error: real ranks through the torchrun layer ------------------------
