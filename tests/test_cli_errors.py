@@ -165,14 +165,14 @@ def test_bad_environment_variable_is_named(launcher: Launcher, script: str, name
     check_one_line_error(launcher, ["--layer", "torchrun", script], expected, env={name: value})
 
 
-# name -> (the config file's text, the error that follows "config file PATH")
+# name -> (the config file's text, the error that follows "config file PATH"; {layer_sections} is filled in
+# when the test runs, since other test modules install example layers while being collected)
 CONFIG_CASES = {
     "not-toml": ("[detlaunch\nnproc_per_node = 2\n", " is not valid TOML: "),
     "unknown-key": ("[detlaunch]\nnproc_per_nodes = 2\n", ": unknown option 'nproc_per_nodes' in [detlaunch]"),
     "unknown-layer-key": ("[torchrun]\nmax_restarts = 2\n", ": unknown option 'max_restarts' in [torchrun]"),
     "unknown-section": ("[detlauch]\nnproc_per_node = 2\n",
-                        ": unknown section [detlauch]; use [detlaunch], "
-                        + ", ".join(f"[{name}]" for name in installed())),
+                        ": unknown section [detlauch]; use [detlaunch], {layer_sections}"),
     "not-a-section": ("nproc_per_node = 2\n", ": 'nproc_per_node' must be a [section]"),
 }
 
@@ -180,6 +180,7 @@ CONFIG_CASES = {
 @pytest.mark.parametrize("case", list(CONFIG_CASES))
 def test_bad_config_file(launcher: Launcher, script: str, tmp_path: Path, case: str) -> None:
     text, expected = CONFIG_CASES[case]
+    expected = expected.replace("{layer_sections}", ", ".join(f"[{name}]" for name in installed()))
     path = tmp_path / "detlaunch.toml"
     path.write_text(text)
     args = ["--layer", "torchrun", "--config", str(path), script]
