@@ -8,6 +8,8 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
+from detlaunch.testing.runner import rank_lines as rank_lines  # the shipped one, re-exported
+
 T = TypeVar("T")
 
 
@@ -16,11 +18,6 @@ def free_port(host: str = "127.0.0.1") -> int:
         s.bind((host, 0))
         return s.getsockname()[1]
 
-
-def rank_lines(text: str, rank: int) -> list[str]:
-    """The lines of `rank`, prefix removed, in the order they arrived."""
-    prefix = f"[rank={rank}] "
-    return [line[len(prefix):] for line in text.splitlines() if line.startswith(prefix)]
 
 
 def report_line(stderr: str) -> str:

@@ -31,6 +31,8 @@ import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from detlaunch.testing.runner import processes_with_marker
+
 NODES = {"n1": "127.0.0.1", "n2": "127.0.0.2"}
 MARKER_ENV = "DETLAUNCH_SLURM_CLUSTER"
 
@@ -65,24 +67,6 @@ def _alive(pid: int) -> bool:
     except OSError:
         return False
     return False
-
-
-def processes_with_env(needle: str) -> list[int]:
-    """Live PIDs whose environment contains `needle`."""
-    found = []
-    raw = needle.encode()
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{entry}/environ", "rb") as f:
-                if raw not in f.read():
-                    continue
-        except OSError:
-            continue
-        if _alive(int(entry)):
-            found.append(int(entry))
-    return found
 
 
 def processes_in_namespaces(namespaces: set[str]) -> list[int]:
@@ -307,7 +291,7 @@ PartitionName=main Nodes={",".join(NODES)} Default=YES MaxTime=INFINITE State=UP
     def _leftovers(self, settle: float) -> list[int]:
         deadline = time.monotonic() + settle
         while True:
-            pids = sorted(set(processes_in_namespaces(self.node_namespaces)) | set(processes_with_env(self.marker)))
+            pids = sorted(set(processes_in_namespaces(self.node_namespaces)) | set(processes_with_marker(self.marker)))
             if not pids or time.monotonic() >= deadline:
                 return pids
             time.sleep(0.05)

@@ -224,7 +224,7 @@ def test_unusable_log_dir(launcher: Launcher, script: str, tmp_path: Path) -> No
     check_one_line_error(launcher, ["--layer", "torchrun", "--master-port", str(free_port()),
                                     "--log-dir", str(log_dir), script],
                          f"cannot create --log-dir {log_dir}: Not a directory; pick a writable directory")
-    assert list((launcher.tmp_path / "tmp").iterdir()) == []  # nothing was started, no run directory
+    assert list((launcher.tmpdir).iterdir()) == []  # nothing was started, no run directory
 
 
 @pytest.mark.parametrize("args", [["--help"], ["--layer", "torchrun", "--help"], ["--layer", "torchrun", "-h"]])

@@ -246,8 +246,8 @@ def test_dry_run_shows_the_chief_and_worker_chains(launcher: Launcher) -> None:
     assert "USE_DEEPSPEED=1" in worker.stdout and "DET_CHIEF_IP=127.0.0.1" in worker.stdout
     # Nothing was created.
     assert not os.path.exists(run_dir)
-    assert list((launcher.tmp_path / "tmp").iterdir()) == []
-    assert not (launcher.tmp_path / "cache" / "detlaunch").exists()
+    assert list((launcher.tmpdir).iterdir()) == []
+    assert not (launcher.cache / "detlaunch").exists()
 
 
 @pytest.mark.timeout(60)
@@ -306,8 +306,8 @@ def test_two_nodes_all_reduce_over_pdsh_and_the_per_job_sshd(launcher: Launcher)
     assert list(short_tmp.iterdir()) == []
     short_tmp.rmdir()
     assert not (ROOT / ".deepspeed_env").exists() and not (home / ".deepspeed_env").exists()
-    assert not (launcher.tmp_path / "cache" / "detlaunch" / "jobs").exists() or not any(
-        (launcher.tmp_path / "cache" / "detlaunch" / "jobs").iterdir())
+    assert not (launcher.cache / "detlaunch" / "jobs").exists() or not any(
+        (launcher.cache / "detlaunch" / "jobs").iterdir())
     assert (rc.returncode, rw.returncode) == (0, 0), rc.output + rw.output
     line = "of 4: deepspeed.comm.all_reduce sum = 6 (chief 127.0.0.1)"
     assert [rank_lines(rc.stdout, r)[-1:] for r in (0, 1)] == [[f"rank {r} {line}"] for r in (0, 1)]

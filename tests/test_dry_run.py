@@ -39,9 +39,9 @@ def two_node_args(port: int, node_rank: int, script: Path) -> list[str]:
 
 def assert_nothing_started(launcher: Launcher, script: Path) -> None:
     assert not (script.parent / "ran").exists(), "the script ran"
-    assert list((launcher.tmp_path / "tmp").iterdir()) == [], "something was created in TMPDIR"
-    assert not (launcher.tmp_path / "cache" / "detlaunch").exists(), "the shared job directory was created"
-    assert not [p for p in launcher.tmp_path.iterdir() if p.name.startswith("rank-")]
+    assert list((launcher.tmpdir).iterdir()) == [], "something was created in TMPDIR"
+    assert not (launcher.cache / "detlaunch").exists(), "the shared job directory was created"
+    assert not [p for p in launcher.root.iterdir() if p.name.startswith("rank-")]
 
 
 def expected_torchrun(port: int, node_rank: int) -> list[str]:
@@ -112,7 +112,7 @@ def test_two_node_plan_as_tree_and_json(launcher: Launcher, script: Path, node_r
     j = launcher.run(*args[:-3], "--format", "json", *args[-3:], timeout=30)
     assert (j.returncode, j.stderr) == (0, ""), j.output
     plan = json.loads(j.stdout)
-    run_dir = check_json(plan, port, node_rank, script, launcher.tmp_path / "tmp")
+    run_dir = check_json(plan, port, node_rank, script, launcher.tmpdir)
     t = launcher.run(*args, timeout=30)
     assert (t.returncode, t.stderr) == (0, ""), t.output
     check_text(t.stdout, plan, run_dir)

@@ -118,13 +118,13 @@ def inject(job: TwoNodes, how: str) -> None:
     elif how == "kill_wrapper":
         os.kill(parent_of(job.pid_of(FAULTY)), signal.SIGKILL)
     elif how == "kill_worker":
-        job.worker.signal(signal.SIGKILL)
+        job.worker.send_signal(signal.SIGKILL)
     elif how == "sigint_chief":
-        job.chief.signal(signal.SIGINT)
+        job.chief.send_signal(signal.SIGINT)
     elif how == "sigterm_chief":
-        job.chief.signal(signal.SIGTERM)
+        job.chief.send_signal(signal.SIGTERM)
     elif how == "kill_chief":
-        job.chief.signal(signal.SIGKILL)
+        job.chief.send_signal(signal.SIGKILL)
 
 
 @pytest.mark.parametrize("layer", ["torchrun", "horovod", "deepspeed"])

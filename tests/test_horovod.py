@@ -96,7 +96,7 @@ def test_sigint_to_the_chief_stops_everything_on_both_nodes(launcher: Launcher) 
     chief = launcher.start(*args, "--node-rank", "0", RANKS, env={"SLEEP": "200"})
     for job, rank in ((chief, 0), (chief, 1), (worker, 2), (worker, 3)):
         job.wait_for_output(f"[rank={rank}] rank {rank} sleeping", timeout=120)
-    chief.signal(signal.SIGINT)
+    chief.send_signal(signal.SIGINT)
     rc, rw = chief.wait(60), worker.wait(60)
     assert (rc.returncode, rw.returncode) == (130, 130), rc.output + rw.output
     assert "job interrupted by SIGINT" in rc.stderr

@@ -68,6 +68,6 @@ def test_ranks_filters_the_console_but_not_the_files(
     assert rank_lines(r.stdout, 0) == expected_out(0)
     assert rank_lines(r.stderr, 0) == expected_err(0)
     assert "[rank=1]" not in r.output
-    assert re.fullmatch(r"detlaunch: job finished: 2 rank\(s\) exited 0 in \d+\.\d\d s", r.lines("stderr")[-1])
+    assert re.fullmatch(r"detlaunch: job finished: 2 rank\(s\) exited 0 in \d+\.\d\d s", r.stderr.splitlines()[-1])
     for rank in (0, 1):
         assert file_lines(logs / f"rank-{rank}.log", rank) == (expected_out(rank), expected_err(rank))

@@ -75,7 +75,7 @@ def test_the_supervisor_socket_is_private_and_refuses_another_user(
     assert re.fullmatch(r"detlaunch-[0-9a-f]{16}", os.path.basename(run_dir))  # not predictable
     probe = as_user(other_user, f"import socket; s = socket.socket(socket.AF_UNIX); s.connect({path!r})")
     assert "PermissionError" in probe.stderr, probe.stderr
-    job.signal(signal.SIGTERM)
+    job.send_signal(signal.SIGTERM)
     assert job.wait(60).returncode == 143
 
 
@@ -206,5 +206,5 @@ def test_sshd_is_key_only_and_listens_only_on_its_node_address(launcher: Launche
     stranger = subprocess.run([*base, "-i", str(key), "-o", "IdentitiesOnly=yes", "127.0.0.2", "true"],
                               capture_output=True, text=True, timeout=30)
     assert stranger.returncode == 255 and "Permission denied (publickey)" in stranger.stderr
-    worker.signal(signal.SIGTERM)
+    worker.send_signal(signal.SIGTERM)
     assert worker.wait(60).returncode == 143

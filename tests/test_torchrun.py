@@ -68,7 +68,7 @@ def test_a_signal_to_detlaunch_reaches_every_rank(launcher: Launcher, sig: signa
     job = launcher.start(*torchrun("--nproc-per-node", "2", RANKS), env={"SLEEP": "120"})
     job.wait_for_output("rank 0 sleeping")
     job.wait_for_output("rank 1 sleeping")
-    job.signal(sig)
+    job.send_signal(sig)
     r = job.wait(60)
     assert r.returncode == 128 + sig, r.output
     assert f"job interrupted by {sig.name}" in r.stderr
@@ -85,9 +85,9 @@ def test_a_second_ctrl_c_kills_at_once(launcher: Launcher, tmp_path) -> None:
     job = launcher.start(*torchrun("--nproc-per-node", "2", "--grace-period", "100", str(stubborn)))
     job.wait_for_output("[rank=1] ignoring")
     job.wait_for_output("[rank=0] ignoring")
-    job.signal(signal.SIGINT)
+    job.send_signal(signal.SIGINT)
     job.wait_for_output("stopping the job")
-    job.signal(signal.SIGINT)
+    job.send_signal(signal.SIGINT)
     r = job.wait(30)  # the grace period (100 s) was not waited out
     assert r.returncode == 130, r.output
     assert "killing every process of the job now" in r.stderr
@@ -97,7 +97,7 @@ def test_sigkill_to_detlaunch_leaves_no_rank_behind(launcher: Launcher) -> None:
     job = launcher.start(*torchrun("--nproc-per-node", "2", RANKS), env={"SLEEP": "300"})
     job.wait_for_output("rank 0 sleeping")
     job.wait_for_output("rank 1 sleeping")
-    job.signal(signal.SIGKILL)
+    job.send_signal(signal.SIGKILL)
     job.proc.wait()
     assert launcher.leftovers(settle=10) == []
 

@@ -11,6 +11,7 @@ import pytest
 from detlaunch.cluster import ClusterInfo
 from detlaunch.config import Config, apply_defaults, build_parser, parse
 from detlaunch.plugins import Hooks, PluginSet
+from detlaunch.testing.runner import MARKER_VAR
 
 # Variables of the machine running the tests that would make a provider answer.
 SCHEDULER_PREFIXES = ("SLURM_", "SLURMD_", "DET_", "PET_", "MASTER_", "JOBSET_", "TORCHELASTIC_")
@@ -22,7 +23,7 @@ def clean_env(base: Mapping[str, str], **extra: str) -> dict[str, str]:
     """`base` without any scheduler variable, plus `extra`; CUDA_VISIBLE_DEVICES empty (no GPU here)."""
     env = {k: v for k, v in base.items()
            if not k.startswith(SCHEDULER_PREFIXES) and k not in SCHEDULER_NAMES
-           and (not k.startswith("DETLAUNCH_") or k == "DETLAUNCH_TEST_ID")}  # the leak check's marker stays
+           and (not k.startswith("DETLAUNCH_") or k == MARKER_VAR)}  # the leak check's marker stays
     env["CUDA_VISIBLE_DEVICES"] = ""
     env.update(extra)
     return env

@@ -53,6 +53,12 @@ def describe_processes(pids: Sequence[int]) -> str:
     return "\n".join(lines)
 
 
+def rank_lines(text: str, rank: int) -> list[str]:
+    """The lines of `rank` in `text`, ``[rank=N] `` prefix removed, in the order they arrived."""
+    prefix = f"[rank={rank}] "
+    return [line[len(prefix):] for line in text.splitlines() if line.startswith(prefix)]
+
+
 @dataclasses.dataclass(frozen=True)
 class Completed:
     """One finished ``detlaunch`` run."""
@@ -69,8 +75,7 @@ class Completed:
 
     def rank_lines(self, rank: int) -> list[str]:
         """stdout lines of `rank`, without their ``[rank=N] `` prefix."""
-        prefix = f"[rank={rank}] "
-        return [line[len(prefix):] for line in self.stdout.splitlines() if line.startswith(prefix)]
+        return rank_lines(self.stdout, rank)
 
 
 class DetlaunchRunner:
