@@ -16,6 +16,8 @@ def check_port_free(host: str, port: int, flag: str = "--master-port") -> None:
         raise ConfigError(f"cannot resolve {host}: {e.strerror}") from None
     family, _, _, _, addr = infos[0]
     with socket.socket(family, socket.SOCK_STREAM) as s:
+        # As the real listeners do: a port in TIME_WAIT from the last run is free; a listener is not.
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind(addr)
         except OSError as e:

@@ -271,6 +271,7 @@ class RankWrapper:
         self.ended_at = 0.0
         self.pending_signal: int | None = None
         self.kill_deadline: float | None = None
+        self.killed = False  # SIGKILL sent: nothing is left to escalate to
         self.tail = b""
         out, err = console if console else (None, None)
         self.outputs = {1: Output(out, log_fd), 2: Output(err, log_fd)}
@@ -293,7 +294,7 @@ class RankWrapper:
     def stop_rank(self) -> None:
         """Ask the rank's group to stop now and make sure it is gone after the grace period."""
         self.signal_rank(signal.SIGTERM)
-        if self.kill_deadline is None:
+        if self.kill_deadline is None and not self.killed:
             self.kill_deadline = time.monotonic() + self.grace
 
     # -- the loop ---------------------------------------------------------------
@@ -314,7 +315,11 @@ class RankWrapper:
         os.close(out_w)
         os.close(err_w)
         if self.supervisor:
-            self.supervisor.send({"t": "started", "pid": self.pid})
+            try:
+                self.supervisor.send({"t": "started", "pid": self.pid})
+            except OSError:  # the supervisor is gone already: the rank must not outlive it
+                self.supervisor = None
+                self.stop_rank()
         if self.pending_signal is not None:
             self.signal_rank(self.pending_signal)
         pidfd = os.pidfd_open(pid)
@@ -333,29 +338,45 @@ class RankWrapper:
             if event_fd is not None:
                 events_only.register(event_fd, select.POLLIN)
 
+        def take(fd: int, data: bytes) -> None:
+            prefixer, output, is_stderr = streams[fd]
+            if data:
+                output.write(prefixer.feed(data))
+                if is_stderr:
+                    self.tail = (self.tail + data)[-TAIL_BYTES:]
+            else:
+                output.write(prefixer.flush())
+                poller.unregister(fd)
+                os.close(fd)
+                del streams[fd]
+
         while streams or self.status is None:
+            if self.killed and self.status is not None:
+                # The rank's group is dead, yet its output is still open: a process that left the
+                # group (setsid) holds it. Take what is in the pipes and stop waiting for that
+                # process; the supervisor stops it with the rest of the job.
+                for fd in list(streams):
+                    os.set_blocking(fd, False)
+                    try:
+                        while data := os.read(fd, READ_SIZE):
+                            take(fd, data)
+                    except BlockingIOError:
+                        pass
+                    take(fd, b"")
+                break
             timeout: float | None = None
             if self.kill_deadline is not None:
                 timeout = max(0, (self.kill_deadline - time.monotonic()) * 1000)
             events = poller.poll(timeout)
             if self.kill_deadline is not None and time.monotonic() >= self.kill_deadline:
                 self.signal_rank(signal.SIGKILL)
-                self.kill_deadline = float("inf") if streams else None
+                self.killed, self.kill_deadline = True, None
             short_read = False
             for fd, _ in events:
                 if fd in streams:
-                    prefixer, output, is_stderr = streams[fd]
                     data = os.read(fd, READ_SIZE)
                     short_read = short_read or 0 < len(data) < PIPE_BUF
-                    if data:
-                        output.write(prefixer.feed(data))
-                        if is_stderr:
-                            self.tail = (self.tail + data)[-TAIL_BYTES:]
-                    else:
-                        output.write(prefixer.flush())
-                        poller.unregister(fd)
-                        os.close(fd)
-                        del streams[fd]
+                    take(fd, data)
                 elif fd == pidfd:
                     _, self.status = os.waitpid(pid, 0)
                     self.ended_at = time.time()  # wall clock: failures on different nodes are ordered by it
@@ -365,9 +386,14 @@ class RankWrapper:
                     if streams:  # something the rank started still holds its output open
                         self.stop_rank()
                 elif supervisor and fd == sup_fd:
-                    if not supervisor.sock.recv(4096):
+                    try:
+                        data = supervisor.sock.recv(4096)
+                    except OSError:  # reset: the supervisor died with our messages unread
+                        data = b""
+                    if not data:
                         poller.unregister(sup_fd)
                         events_only.unregister(sup_fd)
+                        supervisor.sock.close()
                         self.supervisor = None
                         self.stop_rank()
             # A rank that writes a line at a time (python -u, progress bars) would wake the
