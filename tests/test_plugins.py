@@ -41,6 +41,19 @@ def by_name(entries: list[dict[str, str]]) -> dict[str, dict[str, str]]:
     return {e["name"]: e for e in entries if e["status"] != "shadowed"}
 
 
+def test_json_listing_however_it_is_asked_for(detlaunch_runner: DetlaunchRunner) -> None:
+    expected = listing(detlaunch_runner, "plugins")
+    for args, env in ((["--format=json"], None), ([], {"DETLAUNCH_FORMAT": "json"})):
+        run = detlaunch_runner.run("plugins", *args, env=env, timeout=60)
+        assert (run.returncode, run.stderr) == (0, ""), run.output
+        assert json.loads(run.stdout) == expected, (args, env)
+    # the flag wins over the variable, as everywhere; a bare word "json" is no flag
+    run = detlaunch_runner.run("plugins", "--format", "text", env={"DETLAUNCH_FORMAT": "json"}, timeout=60)
+    assert run.stdout.startswith("layer "), run.output
+    run = detlaunch_runner.run("plugins", "--layer", "json", timeout=60)
+    assert run.stdout.startswith("layer "), run.output
+
+
 # -- detlaunch layers / detlaunch plugins ----------------------------------------------------------
 
 

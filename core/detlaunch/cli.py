@@ -36,13 +36,14 @@ def _pre_parser(with_command: bool) -> Parser:
     # The core parser knows which options take a value, so `--nnodes 2 --layer x` finds the layer.
     pre = build_parser(add_help=False)
     pre.add_argument("-h", "--help", action="store_true")
+    pre.set_defaults(format=None)  # given or not: DETLAUNCH_FORMAT only counts when not
     if with_command:
         pre.add_argument("command", nargs=argparse.REMAINDER)
     return pre
 
 
 def _pre_parse(argv: Sequence[str], env: Mapping[str, str]) -> argparse.Namespace:
-    """Read what is needed before the layer is loaded: --layer, --config, --debug, --help.
+    """Read what is needed before the layer is loaded: --layer, --config, --debug, --format, --help.
 
     Only detlaunch's own options count: a ``--layer`` or ``-h`` of the user's command is the command's.
     """
@@ -56,6 +57,7 @@ def _pre_parse(argv: Sequence[str], env: Mapping[str, str]) -> argparse.Namespac
         ns, _ = _pre_parser(with_command=True).parse_known_args(head)
     ns.config = ns.config or env.get("DETLAUNCH_CONFIG")
     ns.debug = ns.debug or _truthy(env.get("DETLAUNCH_DEBUG"))
+    ns.format = ns.format or env.get("DETLAUNCH_FORMAT") or "text"
     return ns
 
 
@@ -89,7 +91,7 @@ def run(argv: list[str], env: dict[str, str]) -> int:
     plugins = PluginSet(env)
     plugins.load_plugins()
     if subcommand in ("layers", "plugins"):
-        return list_plugins(plugins, subcommand, as_json="json" in argv, env=env, debug=pre.debug)
+        return list_plugins(plugins, subcommand, as_json=pre.format == "json", env=env, debug=pre.debug)
     for entry in plugins.entries:  # reported, not fatal: the job does not need this plugin
         if entry.status == "failed":
             print(f"detlaunch: warning: plugin {entry.name!r} ({entry.dist} {entry.version}) failed to load and "
