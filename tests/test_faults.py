@@ -77,20 +77,31 @@ def parent_of(pid: int) -> int:
 
 
 CELLS = {
-    # fault: (env, how to inject, chief exit, worker exit, chief root cause or None, worker root cause or None)
+    # fault: (env, how to inject, chief exit, worker exit, chief's report line, worker's report line);
+    # a node that was SIGKILLed itself reports nothing (None)
     "rank_exits_3": ({"FAIL_RANK": "3", "FAIL_CODE": "3"}, "trigger", 3, 3,
-                     f"{WORKER} exited with code 3", f"{WORKER} exited with code 3"),
-    "rank_sigkill": ({}, "kill_rank", 137, 137, f"{WORKER} killed by SIGKILL", f"{WORKER} killed by SIGKILL"),
+                     f"job failed: {WORKER} exited with code 3", f"job failed: {WORKER} exited with code 3"),
+    "rank_sigkill": ({}, "kill_rank", 137, 137,
+                     f"job failed: {WORKER} killed by SIGKILL", f"job failed: {WORKER} killed by SIGKILL"),
     "wrapper_sigkill": ({}, "kill_wrapper", 137, 137,
-                        f"{WORKER} its wrapper was killed before it could report (counted as SIGKILL)", None),
+                        f"job failed: {WORKER} its wrapper was killed before it could report (counted as SIGKILL)",
+                        f"job failed: {WORKER} its wrapper was killed before it could report (counted as SIGKILL)"),
     "worker_supervisor_sigkill": ({}, "kill_worker", 1, -9,
-                                  "lost node 1 (127.0.0.2): its detlaunch closed the connection without "
-                                  "saying goodbye", None),
-    "chief_sigint": ({}, "sigint_chief", 130, 130, None, "node 0 was interrupted by SIGINT"),
-    "chief_sigterm": ({}, "sigterm_chief", 143, 143, None, "node 0 was interrupted by SIGTERM"),
+                                  "job failed: lost node 1 (127.0.0.2): its detlaunch closed the connection "
+                                  "without saying goodbye", None),
+    "chief_sigint": ({}, "sigint_chief", 130, 130,
+                     "job interrupted by SIGINT", "job failed: node 0 was interrupted by SIGINT"),
+    "chief_sigterm": ({}, "sigterm_chief", 143, 143,
+                      "job interrupted by SIGTERM", "job failed: node 0 was interrupted by SIGTERM"),
     "chief_sigkill": ({}, "kill_chief", -9, 1, None,
-                      "lost the chief (127.0.0.1): the chief's detlaunch closed the connection"),
+                      "job failed: lost the chief (127.0.0.1): the chief's detlaunch closed the connection"),
 }
+
+
+def assert_reported(stderr: str, line: str | None) -> None:
+    """`line` is the node's report ("detlaunch: job ..."); None: the node was SIGKILLed and said nothing."""
+    reports = re.findall(r"^detlaunch: job (?:failed|interrupted|finished).*$", stderr, re.M)
+    assert reports[:1] == ([f"detlaunch: {line}"] if line else []), stderr
 
 
 @pytest.mark.parametrize("layer", ["torchrun", "horovod", "deepspeed"])
@@ -102,10 +113,8 @@ def test_fault_outside_a_collective(launcher: Launcher, tmp_path: Path, layer: s
     inject(job, how)
     rc, rw = job.chief.wait(120), job.worker.wait(120)
     assert (rc.returncode, rw.returncode) == (chief_code, worker_code), rc.output + "\n-----\n" + rw.output
-    if chief_cause:
-        assert report_line(rc.stderr) == f"detlaunch: job failed: {chief_cause}"
-    if worker_cause:
-        assert report_line(rw.stderr) == f"detlaunch: job failed: {worker_cause}"
+    assert_reported(rc.stderr, chief_cause)
+    assert_reported(rw.stderr, worker_cause)
     job.assert_last_lines_logged()
     assert launcher.leftovers(settle=15) == []
 
@@ -125,6 +134,8 @@ def inject(job: TwoNodes, how: str) -> None:
         job.chief.send_signal(signal.SIGTERM)
     elif how == "kill_chief":
         job.chief.send_signal(signal.SIGKILL)
+    else:
+        raise ValueError(f"no such fault: {how}")
 
 
 @pytest.mark.parametrize("layer", ["torchrun", "horovod", "deepspeed"])
@@ -135,6 +146,7 @@ def test_fault_while_the_survivors_are_inside_a_collective(launcher: Launcher, t
     rc, rw = job.chief.wait(120), job.worker.wait(120)
     assert (rc.returncode, rw.returncode) == (3, 3), rc.output + "\n-----\n" + rw.output
     assert report_line(rc.stderr) == f"detlaunch: job failed: {WORKER} exited with code 3"
+    assert report_line(rw.stderr) == report_line(rc.stderr)  # the worker names the same root cause
     assert "detlaunch:   | something broke in rank 3" in rc.stderr
     job.assert_last_lines_logged()
     assert launcher.leftovers(settle=15) == []
