@@ -5,9 +5,9 @@
 #   bench/run.sh --quick         2 repetitions, no 2M-line streams (about 7 minutes)
 #   bench/run.sh --only teardown launch --reps 3
 #
-# Setup: scripts/setup.sh (apt packages incl. openmpi-bin, .venv with torch, horovod,
+# Setup: scripts/setup.sh (apt packages incl. openmpi-bin and GNU time, .venv with torch, horovod,
 # deepspeed and detlaunch), Determined 0.38.1 in its own venv (.venv-determined: it pins
-# requests<2.32, so it must not share .venv), matplotlib in .venv, GNU time.
+# requests<2.32, so it must not share .venv), matplotlib in .venv.
 # Results: bench/results/results.md, results.png, results.json (not committed).
 set -euo pipefail
 
@@ -37,13 +37,6 @@ fi
 if ! "$VENV/bin/python" -c "import matplotlib" 2>/dev/null; then
     log "matplotlib into $VENV"
     "$VENV/bin/pip" install -q "matplotlib>=3.8"
-fi
-
-if [ ! -x /usr/bin/time ]; then  # GNU time: the memory cross-check (ru_maxrss from a small parent)
-    log "apt: time"
-    sudo=""; [ "$(id -u)" -eq 0 ] || sudo="sudo"
-    $sudo apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends time >/dev/null
 fi
 
 cd "$ROOT"

@@ -14,7 +14,7 @@ TORCH_VERSION=2.13.0
 HOROVOD_VERSION=0.28.1
 DEEPSPEED_VERSION=0.19.8
 APT_PACKAGES=(openssh-server openssh-client pdsh openmpi-bin libopenmpi-dev iproute2
-              munge slurmctld slurmd slurm-client python3)
+              munge slurmctld slurmd slurm-client python3 python3-venv python3-dev g++ time)
 
 log() { printf '[setup] %s\n' "$*" >&2; }
 
@@ -46,15 +46,21 @@ make_venv() {
     fi
 }
 
-pip_has() { "$VENV/bin/python" -c "import importlib.metadata as m, sys; sys.exit(0 if m.version('$1') == '$2' else 1)" 2>/dev/null; }
+# Installed at this version (a local tag such as torch's +cpu does not count).
+pip_has() { "$VENV/bin/python" -c "import importlib.metadata as m, sys; sys.exit(0 if m.version('$1').split('+')[0] == '$2' else 1)" 2>/dev/null; }
 
 install_python_deps() {
     if ! pip_has torch "$TORCH_VERSION"; then
         log "torch $TORCH_VERSION (CPU)"
         "$VENV/bin/pip" install -q "torch==$TORCH_VERSION" numpy
     fi
+    # Again only when pyproject.toml changed (its hash is kept in the venv).
+    local stamp="$VENV/.detlaunch-pyproject" want
+    want="$(sha256sum "$ROOT/pyproject.toml" | cut -d' ' -f1) $ROOT"
+    [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && return 0
     log "detlaunch (editable) and dev tools"
     "$VENV/bin/pip" install -q -e "$ROOT[dev]" wheel setuptools ninja cmake
+    echo "$want" > "$stamp"
 }
 
 install_horovod() {
