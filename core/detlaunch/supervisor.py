@@ -20,7 +20,6 @@ import heapq
 import itertools
 import json
 import os
-import select
 import selectors
 import signal
 import socket
@@ -113,7 +112,7 @@ class NodeSupervisor:
         self.conns: dict[socket.socket, RankConn] = {}
         self.ranks: dict[int, RankConn] = {}
         self.probes: list[SshdProbe] = []
-        self.phase = "starting"  # starting -> running -> stopping -> done
+        self.phase = "starting"  # starting -> running -> stopping -> sweeping -> local_done -> closing -> done
         self.failure: Failure | None = None
         self.interrupted_by: int | None = None
         self.started_at = time.monotonic()
@@ -302,6 +301,10 @@ class NodeSupervisor:
                 self.link.failed(f"node 0 was interrupted by {signal.Signals(signum).name}", 128 + signum)
             self.interrupted_by = self.interrupted_by or signum
             self.phase = "done"
+            return
+        if self.phase == "sweeping":  # the ranks are gone; only leftovers remain
+            self.say(f"{signal.Signals(signum).name} received: not waiting for what is left of the job")
+            self._sweep_deadline()
             return
         if self.phase in ("stopping", "done") or self.interrupted_by is not None:
             self.say(f"{signal.Signals(signum).name} again: killing every process of the job now")
@@ -514,6 +517,9 @@ class NodeSupervisor:
             # second) is not worth waiting for, and it has nothing left to clean up.
             self._kill_all()
         if self.phase == "stopping" and not live_children and not self.conns:
+            self.phase = "sweeping"
+            self.timers.at(time.monotonic() + max(self.plan.grace_period, 1.0), self._sweep_deadline)
+        if self.phase == "sweeping":
             self._sweep()
         if self.phase == "local_done" and (self.link is None or self.link.ready_to_finish()):
             if self.link is not None:
@@ -566,7 +572,7 @@ class NodeSupervisor:
         own SIGTERM races the SIGINT a rank was about to handle. Either way, whatever is left
         after the grace period is SIGKILLed.
         """
-        if self.phase in ("stopping", "local_done", "closing", "done"):
+        if self.phase in ("stopping", "sweeping", "local_done", "closing", "done"):
             return
         self.phase = "stopping"
         live = [c for c in self.ranks.values() if c.status is None]
@@ -589,8 +595,8 @@ class NodeSupervisor:
                     procs.signal_pid(child.pid, child.command.stop_signal)
 
     def _kill_all(self) -> None:
-        if self.phase in ("local_done", "closing", "done"):
-            return
+        if self.phase in ("sweeping", "local_done", "closing", "done"):
+            return  # sweeping: the sweep's own deadline kills what is left, and says so
         self.phase = "stopping"
         self.killed = True
         count = procs.kill_descendants()
@@ -603,26 +609,24 @@ class NodeSupervisor:
             self.trace(f"grace period over: SIGKILLed {count} process(es)")
 
     def _sweep(self) -> None:
-        """The job is over on this node: nothing it started may outlive it.
+        """The job is over on this node (phase "sweeping"): nothing it started may outlive it.
 
-        After a clean end, leftovers (an sshd session delivering its rank's exit status)
-        get the grace period to finish on their own; after a failure they are killed now.
-        Either way, anything still there at the deadline is SIGKILLed.
+        After a clean end, leftovers (an sshd session delivering its rank's exit status) get
+        the grace period to finish on their own; after a failure they are killed now. Orphans
+        are re-parented to this subreaper, so each exit wakes the loop and this runs again;
+        whatever is still there at the deadline is SIGKILLed (see _sweep_deadline).
         """
-        clean = self.failure is None and self.interrupted_by is None
-        deadline = time.monotonic() + max(self.plan.grace_period, 1.0)
-        while True:
-            procs.reap()
-            leftovers = [p for p in procs.descendants() if _alive(p)]
-            now = time.monotonic()
-            if not leftovers or now >= deadline:
-                break
-            if not clean:
-                self.trace(f"killing {len(leftovers)} leftover process(es): {[p.pid for p in leftovers]}")
-                procs.kill_descendants()
-            # Orphans are re-parented to us: their SIGCHLD wakes this up.
-            select.select([self.wake_r], [], [], deadline - now)
-            _drain(self.wake_r)
+        leftovers = [p for p in procs.descendants() if _alive(p)]
+        if not leftovers:
+            self.phase = "local_done"
+        elif self.failure is not None or self.interrupted_by is not None:
+            self.trace(f"killing {len(leftovers)} leftover process(es): {[p.pid for p in leftovers]}")
+            procs.kill_descendants()
+
+    def _sweep_deadline(self) -> None:
+        if self.phase != "sweeping":
+            return
+        leftovers = [p for p in procs.descendants() if _alive(p)]
         if leftovers:
             self.say(f"killing process(es) that outlived the job: {[p.pid for p in leftovers]}")
             procs.kill_descendants()
@@ -726,14 +730,6 @@ def _alive(p: psutil.Process) -> bool:
         return p.status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
-
-
-def _drain(sock: socket.socket) -> None:
-    try:
-        while sock.recv(4096):
-            pass
-    except BlockingIOError:
-        pass
 
 
 def _remove_empty_dirs(path: str, stop_at: str) -> None:
