@@ -4,6 +4,7 @@ other user on the machine."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pwd
@@ -12,6 +13,7 @@ import signal
 import socket
 import stat
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -148,6 +150,23 @@ def test_the_chief_refuses_a_wrong_job_secret_and_the_job_goes_on(launcher: Laun
     intruder.sendall(json.dumps({"t": "auth", "node": 1, "nonce": "n", "mac": "0" * 64}).encode() + b"\n")
     assert intruder.recv(4096) == b""  # refused: no welcome, connection closed
     intruder.close()
+    # A peer that floods the port without ever authenticating is cut off...
+    flooder = wait_until(connect, 10, "the chief's control port")
+    assert read_line(flooder)["t"] == "challenge"
+    with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+        flooder.sendall(b"x" * 100_000)
+    flooder.settimeout(10)
+    with contextlib.suppress(ConnectionResetError):
+        assert flooder.recv(4096) == b""
+    flooder.close()
+    # ...and so is one that never says anything (after the heartbeat deadline, 5 x 1 s)
+    silent = wait_until(connect, 10, "the chief's control port")
+    assert read_line(silent)["t"] == "challenge"
+    silent.settimeout(30)
+    started = time.monotonic()
+    assert silent.recv(4096) == b""
+    assert time.monotonic() - started < 25
+    silent.close()
     secret = job_dir / "secret"
     assert stat.S_IMODE(secret.stat().st_mode) == 0o600 and stat.S_IMODE(job_dir.stat().st_mode) == 0o700
     worker = launcher.start(*two_node_torchrun(port, 1, "--job-dir", str(job_dir)), RANKS)

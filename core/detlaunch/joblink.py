@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from .supervisor import NodeSupervisor
 
 HEARTBEAT_MISSES = 5
+MAX_UNAUTHENTICATED = 4096  # bytes a peer may send before it has proven it is a node of the job
 SECRET_ENV = "DETLAUNCH_JOB_SECRET"
 SECRET_FILE = "secret"
 
@@ -71,12 +72,12 @@ class Line:
     """One TCP connection carrying JSON lines, driven by the supervisor's selector."""
 
     def __init__(self, sup: NodeSupervisor, sock: socket.socket, on_message: Callable[[Line, dict[str, Any]], None],
-                 on_close: Callable[[Line], None], heartbeat: float):
+                 on_close: Callable[[Line], None]):
         self.sup, self.sock = sup, sock
         self.on_message, self.on_close = on_message, on_close
         self.buffer = b""
         self.closed = False
-        self.heartbeat = heartbeat
+        self.opened = time.monotonic()
         self.last_heard = time.monotonic()
         self.node: int | None = None
         self.authed = False
@@ -108,6 +109,9 @@ class Line:
                 return
             self.last_heard = time.monotonic()
             self.buffer += data
+            if not self.authed and len(self.buffer) > MAX_UNAUTHENTICATED:
+                self.close()  # not a node of this job: an auth message is a few hundred bytes
+                return
             while b"\n" in self.buffer and not self.closed:
                 raw, self.buffer = self.buffer.split(b"\n", 1)
                 try:
@@ -137,8 +141,6 @@ class Line:
 class ChiefLink:
     """The chief's side: accepts every worker node's supervisor, and decides for the job."""
 
-    role = "chief"
-
     def __init__(self, sup: NodeSupervisor):
         self.sup = sup
         plan = sup.plan
@@ -147,6 +149,7 @@ class ChiefLink:
         self.secret = load_or_create_secret(plan.context.env, plan.shared_dir, create=True)
         self.expected = set(range(1, plan.cluster.num_nodes))
         self.nodes: dict[int, Line] = {}
+        self.pending: set[Line] = set()  # accepted, not authenticated yet
         self.finished: set[int] = set()  # said goodbye, or were lost
         self.remote_ranks: dict[int, RankStatus] = {}
         self.stop_message: dict[str, Any] | None = None
@@ -171,7 +174,8 @@ class ChiefLink:
                 sock, _ = self.listener.accept()
             except BlockingIOError:
                 return
-            line = Line(self.sup, sock, self.on_message, self.on_close, self.heartbeat)
+            line = Line(self.sup, sock, self.on_message, self.on_close)
+            self.pending.add(line)
             line.send({"t": "challenge", "job": self.job_id, "nonce": line.nonce})
 
     def on_message(self, line: Line, m: dict[str, Any]) -> None:
@@ -192,6 +196,7 @@ class ChiefLink:
             self.finished.add(line.node)  # the line stays open for the final verdict
 
     def _authenticate(self, line: Line, m: dict[str, Any]) -> None:
+        self.pending.discard(line)
         node = m.get("node")
         ok = (m.get("t") == "auth" and isinstance(node, int) and node in self.expected and self.secret
               and hmac.compare_digest(str(m.get("mac")), mac(self.secret, "worker", self.job_id, node, line.nonce)))
@@ -209,6 +214,7 @@ class ChiefLink:
         self.sup.trace(f"node {node} joined the job")
 
     def on_close(self, line: Line) -> None:
+        self.pending.discard(line)
         node = line.node
         if node is None or node in self.finished:
             return
@@ -218,6 +224,10 @@ class ChiefLink:
     def tick(self) -> None:
         if self.sup.phase == "done":
             return
+        for line in [p for p in self.pending if time.monotonic() - p.opened > HEARTBEAT_MISSES * self.heartbeat]:
+            self.sup.trace("closed a control connection that never authenticated")
+            self.pending.discard(line)
+            line.close()
         for node, line in list(self.nodes.items()):
             if line.closed:
                 continue
@@ -264,7 +274,7 @@ class ChiefLink:
         return True
 
     def close(self) -> None:
-        for line in self.nodes.values():
+        for line in [*self.nodes.values(), *self.pending]:
             line.close()
         try:
             self.listener.close()
@@ -279,8 +289,6 @@ class ChiefLink:
 
 class WorkerLink:
     """A worker node's side: reaches the chief (retrying until the start timeout) and obeys it."""
-
-    role = "worker"
 
     def __init__(self, sup: NodeSupervisor):
         self.sup = sup
@@ -300,7 +308,7 @@ class WorkerLink:
         sup.timers.at(time.monotonic() + self.heartbeat, self.tick)
 
     def _on_connected(self, sock: socket.socket) -> None:
-        self.line = Line(self.sup, sock, self.on_message, self.on_close, self.heartbeat)
+        self.line = Line(self.sup, sock, self.on_message, self.on_close)
 
     def on_message(self, line: Line, m: dict[str, Any]) -> None:
         kind = m.get("t")
