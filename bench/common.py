@@ -9,7 +9,7 @@ SIGCHLD here), and whatever a job leaves behind can be killed by PID.
 
 from __future__ import annotations
 
-import ctypes
+import contextlib
 import dataclasses
 import json
 import os
@@ -25,6 +25,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import psutil
+from detlaunch import procs
+from detlaunch.testing.runner import processes_with_marker
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "bench"
@@ -45,9 +47,7 @@ class NotAvailable(Exception):
 # -- the process side ------------------------------------------------------------------------
 
 def become_subreaper() -> None:
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(36, 1, 0, 0, 0) != 0:  # PR_SET_CHILD_SUBREAPER
-        raise OSError(ctypes.get_errno(), "prctl(PR_SET_CHILD_SUBREAPER) failed")
+    procs.become_subreaper()
     # SIGCHLD wakes the wait loop through this pipe (no polling for the end of a job).
     global _wake_r
     _wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
@@ -225,22 +225,10 @@ def _kill_job(proc: subprocess.Popen[bytes]) -> None:
 
 def _leaked(run_id: str) -> list[int]:
     """Processes carrying this run's marker that escaped the bench's tree (none should): killed by PID."""
-    needle = f"{MARKER}={run_id}".encode()
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/environ", "rb") as f:
-                if needle not in f.read():
-                    continue
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                if f.read().rsplit(b")", 1)[1].split()[0] in (b"Z", b"X"):
-                    continue
-            os.kill(int(entry), signal.SIGKILL)
-            found.append(int(entry))
-        except OSError:
-            continue
+    found = processes_with_marker(f"{MARKER}={run_id}")
+    for pid in found:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
     return found
 
 

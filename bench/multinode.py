@@ -19,6 +19,8 @@ import subprocess
 import time
 from pathlib import Path
 
+from detlaunch import procs
+
 from .common import (
     DETLAUNCH,
     PY,
@@ -62,11 +64,11 @@ class StandaloneSshd:
         (self.bin / "ssh").chmod(0o700)
         # The bench is a child subreaper: for sshd to daemonize away from it, stop being one for a moment.
         libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(36, 0, 0, 0, 0)
+        libc.prctl(procs.PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)
         try:
             subprocess.run(["/usr/sbin/sshd", "-f", str(config)], check=True)
         finally:
-            libc.prctl(36, 1, 0, 0, 0)
+            procs.become_subreaper()
         self.pid = int((folder / "sshd.pid").read_text())
         deadline = time.monotonic() + 10
         while True:

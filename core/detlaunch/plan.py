@@ -21,6 +21,7 @@ from .cluster import ClusterInfo
 from .config import Config
 from .errors import PluginLoadError
 from .plugins import Hooks
+from .report import signal_name
 from .stage import Command, Stage, StageContext
 
 WRAPPER_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "rank_wrapper.py")
@@ -203,7 +204,7 @@ def render_text(plan: LaunchPlan) -> str:
         last = n == len(plan.stage.commands) - 1
         branch, pad = ("└── ", "    ") if last else ("├── ", "│   ")
         own, runs_ranks = _split_rank_command(cmd, plan)
-        tags = [t for t in ("daemon" if cmd.daemon else "", f"stop with {_signame(cmd.stop_signal)}") if t]
+        tags = [t for t in ("daemon" if cmd.daemon else "", f"stop with {signal_name(cmd.stop_signal)}") if t]
         lines.append(f"{branch}{_quote(own)}  [{', '.join(tags)}]")
         for key, value in sorted(cmd.env.items()):
             lines.append(f"{pad}    env {key}={_short(value)}")
@@ -224,15 +225,6 @@ def render_text(plan: LaunchPlan) -> str:
 
 def _short(value: str, limit: int = 120) -> str:
     return value if len(value) <= limit else value[: limit - 3] + "..."
-
-
-def _signame(sig: int) -> str:
-    import signal
-
-    try:
-        return signal.Signals(sig).name
-    except ValueError:
-        return str(sig)
 
 
 def render_json(plan: LaunchPlan) -> str:

@@ -36,6 +36,7 @@ from collections.abc import Callable, Mapping
 
 from ..config import Config
 from ..errors import ConfigError
+from ..plugins import disabled_names
 
 SCHEDULERS = ("determined", "slurm", "kubernetes")
 HOST_FLAGS = (("hosts", "--hosts"), ("hostfile", "--hostfile"), ("nnodes", "--nnodes"),
@@ -48,13 +49,9 @@ def _detectors() -> dict[str, Callable[[Mapping[str, str]], bool]]:
     return {"determined": determined.present, "slurm": slurm.present, "kubernetes": kubernetes.present}
 
 
-def _disabled(env: Mapping[str, str]) -> set[str]:
-    return {n.strip() for n in env.get("DETLAUNCH_DISABLE_PLUGINS", "").split(",") if n.strip()}
-
-
 def outranked_by(name: str, env: Mapping[str, str]) -> str | None:
     """The built-in scheduler before `name` whose environment is present here, if any."""
-    detectors, disabled = _detectors(), _disabled(env)
+    detectors, disabled = _detectors(), disabled_names(env)
     for earlier in SCHEDULERS[: SCHEDULERS.index(name)]:
         if earlier not in disabled and detectors[earlier](env):
             return earlier
