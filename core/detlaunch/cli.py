@@ -23,7 +23,7 @@ from .config import (
     split_argv,
 )
 from .errors import ConfigError, DetlaunchError
-from .plugins import LAYERS, PLUGINS, PluginSet, installed_layers
+from .plugins import LAYERS, PLUGINS, PluginSet
 
 SUBCOMMANDS = ("layers", "plugins", "info")
 
@@ -86,9 +86,10 @@ def run(argv: list[str], env: dict[str, str]) -> int:
     subcommand = argv.pop(0) if argv and argv[0] in SUBCOMMANDS else None
     pre = _pre_parse(argv, env)
     sections = read_config_file(pre.config)
-    if sections:
-        check_sections(sections, installed_layers(), pre.config)
     plugins = PluginSet(env)
+    layers = plugins.layer_names()
+    if sections:
+        check_sections(sections, layers, pre.config)
     plugins.load_plugins()
     if subcommand in ("layers", "plugins"):
         return list_plugins(plugins, subcommand, as_json=pre.format == "json", env=env, debug=pre.debug)
@@ -102,12 +103,11 @@ def run(argv: list[str], env: dict[str, str]) -> int:
     if layer:
         plugins.load_layer(layer)
     elif subcommand != "info" and not pre.help:
-        raise ConfigError(f"no layer chosen: add --layer NAME (installed: "
-                          f"{', '.join(installed_layers()) or 'none'})")
+        raise ConfigError(f"no layer chosen: add --layer NAME (installed: {', '.join(layers) or 'none'})")
     plugins.check_hooks()
     hooks = plugins.hooks
 
-    parser = build_parser(installed_layers())
+    parser = build_parser(layers)
     core_dests = {a.dest for a in parser._actions}
     hooks.add_options(parser)
     layer_dests = {layer: {a.dest for a in parser._actions} - core_dests} if layer else {}
@@ -166,7 +166,7 @@ def list_plugins(plugins: PluginSet, which: str, as_json: bool, env: Mapping[str
     groups = (LAYERS,) if which == "layers" else (LAYERS, PLUGINS)
     disabled_env = {"DETLAUNCH_DISABLE_PLUGINS": ",".join(sorted(plugins.disabled))}
     tracebacks = dict(plugins.tracebacks)
-    for name in installed_layers():
+    for name in plugins.layer_names():
         one = PluginSet(disabled_env if env is None else env)
         try:
             one.load_layer(name)

@@ -69,10 +69,6 @@ def _entries(group: str) -> list[PluginEntry]:
     return result
 
 
-def installed_layers() -> list[str]:
-    return [e.name for e in _entries(LAYERS) if e.status != "shadowed"]
-
-
 class _OneEntryPoint(stevedore.NamedExtensionManager):  # type: ignore[type-arg]
     """Loads the one entry point `target` of a name: another distribution's entry point of the same
     name (shadowed, or a layer not chosen) is never imported."""
@@ -111,6 +107,16 @@ class PluginSet:
         self.disabled = disabled_names(env)
         self.layer_module: Any = None
         self.tracebacks: dict[str, str] = {}
+        self._listed: dict[str, list[PluginEntry]] = {}  # listing a group scans every distribution
+
+    def listed(self, group: str) -> list[PluginEntry]:
+        """The entry points of `group`, listed once per run."""
+        if group not in self._listed:
+            self._listed[group] = _entries(group)
+        return self._listed[group]
+
+    def layer_names(self) -> list[str]:
+        return [e.name for e in self.listed(LAYERS) if e.status != "shadowed"]
 
     def _load(self, entry: PluginEntry) -> tuple[PluginEntry, Any]:
         if entry.status == "shadowed":
@@ -145,15 +151,15 @@ class PluginSet:
         return dataclasses.replace(entry, status="loaded"), module
 
     def load_plugins(self) -> None:
-        for entry in _entries(PLUGINS):
+        for entry in self.listed(PLUGINS):
             loaded, _ = self._load(entry)
             self.entries.append(loaded)
 
     def load_layer(self, name: str) -> None:
-        candidates = [e for e in _entries(LAYERS) if e.name == name and e.status != "shadowed"]
+        candidates = [e for e in self.listed(LAYERS) if e.name == name and e.status != "shadowed"]
         if not candidates:
             raise LayerNotFoundError(
-                f"unknown layer {name!r}; installed layers: {', '.join(installed_layers()) or 'none'}"
+                f"unknown layer {name!r}; installed layers: {', '.join(self.layer_names()) or 'none'}"
             )
         if name in self.disabled:
             self.entries.append(dataclasses.replace(candidates[0], status="disabled"))
@@ -179,7 +185,7 @@ class PluginSet:
         loaded = {(e.group, e.name, e.target): e for e in self.entries}
         out = []
         for group in groups:
-            for e in _entries(group):
+            for e in self.listed(group):
                 out.append(loaded.get((e.group, e.name, e.target), e))
         return out
 

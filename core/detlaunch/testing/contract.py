@@ -61,7 +61,7 @@ from ..cluster import ClusterInfo
 from ..config import Config, build_parser, parse, resolve_command
 from ..errors import DetlaunchError
 from ..plan import LaunchPlan, build_plan, render_json, render_text
-from ..plugins import LAYERS, PluginEntry, PluginSet, installed_layers
+from ..plugins import LAYERS, PluginEntry, PluginSet
 from ..stage import Command, RankWrapper, Stage
 from .runner import MARKER_VAR, Completed, DetlaunchRunner
 
@@ -212,7 +212,7 @@ class LoadedLayer:
 
     def config(self, args: Sequence[str], env: Mapping[str, str]) -> Config:
         """Options exactly as the command line gives them (the core's and the layer's)."""
-        parser = build_parser(installed_layers())
+        parser = build_parser(self.plugins.layer_names())
         self.plugins.hooks.add_options(parser)
         ns, launcher_args, command = parse(parser, ["--layer", self.name, *args], env)
         options = vars(ns)
