@@ -141,7 +141,7 @@ def run(argv: list[str], env: dict[str, str]) -> int:
     result = supervisor.run()
     for problem in hooks.job_finished(plan.context, result):
         print(f"detlaunch: warning: a job_finished observer failed: {problem}", file=sys.stderr)
-    for line in format_report(result, supervisor.stopped_ranks()):
+    for line in format_report(result):
         print(line, file=sys.stderr)
     return result.exit_code
 

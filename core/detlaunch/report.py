@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import signal
-from collections.abc import Sequence
 
 
 def signal_name(signum: int) -> str:
@@ -72,7 +71,7 @@ class JobResult:
         return self.exit_code == 0
 
 
-def format_report(result: JobResult, stopped: Sequence[int] = ()) -> list[str]:
+def format_report(result: JobResult) -> list[str]:
     """The end-of-job report: a line per rank, and for a failure the root cause with its stderr."""
     lines = []
     if result.ok:
@@ -90,7 +89,7 @@ def format_report(result: JobResult, stopped: Sequence[int] = ()) -> list[str]:
         lines.append(f"detlaunch: job interrupted by {signal_name(result.interrupted_by)}")
     for r in sorted(result.ranks, key=lambda r: r.rank):
         cause = result.failure and result.failure.rank and result.failure.rank.rank == r.rank
-        note = " (root cause)" if cause else (" (stopped by detlaunch)" if r.rank in stopped else "")
+        note = " (root cause)" if cause else (" (stopped by detlaunch)" if r.stopped else "")
         lines.append(f"detlaunch:   rank {r.rank} (node {r.node_rank}): {r.describe()}{note}")
     lines.append(f"detlaunch: exit code {result.exit_code}")
     return lines

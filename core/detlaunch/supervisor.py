@@ -701,7 +701,8 @@ class NodeSupervisor:
         _remove_empty_dirs(self.plan.shared_dir, stop_at=os.path.dirname(self.plan.shared_dir))
 
     def _result(self) -> JobResult:
-        local = {r: c.status or RankStatus(rank=r, node_rank=self.plan.cluster.node_rank, exit_code=None)
+        local = {r: c.status or RankStatus(rank=r, node_rank=self.plan.cluster.node_rank, exit_code=None,
+                                           stopped=c.stopped_by_us)
                  for r, c in self.ranks.items()}
         remote = self.link.remote_ranks if isinstance(self.link, ChiefLink) else {}
         ranks = tuple(status for _, status in sorted({**remote, **local}.items()))
@@ -713,9 +714,6 @@ class NodeSupervisor:
                          interrupted_by=self.interrupted_by,
                          duration=time.monotonic() - self.started_at,
                          node_rank=self.plan.cluster.node_rank)
-
-    def stopped_ranks(self) -> list[int]:
-        return [r for r, c in self.ranks.items() if c.stopped_by_us]
 
     def _host(self) -> str:
         return self.plan.cluster.node_addr or socket.gethostname()
