@@ -22,7 +22,7 @@ import secrets
 import selectors
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from .dial import Dialer
@@ -39,17 +39,19 @@ SECRET_ENV = "DETLAUNCH_JOB_SECRET"
 SECRET_FILE = "secret"
 
 
-def load_or_create_secret(env: dict[str, str] | Any, shared_dir: str, create: bool) -> str | None:
-    """The job secret: from the environment, else the shared job dir (the chief creates it)."""
+def create_secret(env: Mapping[str, str], shared_dir: str) -> str:
+    """Chief: the job secret from the environment, else a new one in the shared job dir (0600)."""
     if env.get(SECRET_ENV):
         return str(env[SECRET_ENV])
-    path = os.path.join(shared_dir, SECRET_FILE)
-    if create:
-        ensure_private_dir(shared_dir)
-        secret = secrets.token_hex(32)
-        write_private_file(path, secret)
-        return secret
-    return None  # a worker reads it once the chief's listener answers
+    ensure_private_dir(shared_dir)
+    secret = secrets.token_hex(32)
+    write_private_file(os.path.join(shared_dir, SECRET_FILE), secret)
+    return secret
+
+
+def read_secret(env: Mapping[str, str], shared_dir: str) -> str:
+    """Worker: the job secret from the environment, else the chief's file (once its listener answers)."""
+    return env.get(SECRET_ENV) or read_private_file(os.path.join(shared_dir, SECRET_FILE))
 
 
 def mac(secret: str, *parts: object) -> str:
@@ -146,7 +148,7 @@ class ChiefLink:
         plan = sup.plan
         self.job_id = plan.cluster.job_id
         self.heartbeat = plan.heartbeat
-        self.secret = load_or_create_secret(plan.context.env, plan.shared_dir, create=True)
+        self.secret = create_secret(plan.context.env, plan.shared_dir)
         self.expected = set(range(1, plan.cluster.num_nodes))
         self.nodes: dict[int, Line] = {}
         self.pending: set[Line] = set()  # accepted, not authenticated yet
@@ -342,7 +344,7 @@ class WorkerLink:
             line.close()
             return
         try:
-            self.secret = self.env.get(SECRET_ENV) or read_private_file(os.path.join(self.shared_dir, SECRET_FILE))
+            self.secret = read_secret(self.env, self.shared_dir)
         except OSError as e:
             self.sup.fail_to_start(f"cannot read the job secret in {self.shared_dir} ({e.strerror}): the job "
                                    f"directory must be shared by all nodes (--job-dir), or set {SECRET_ENV}")
