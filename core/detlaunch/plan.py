@@ -22,13 +22,11 @@ from .config import Config
 from .errors import PluginLoadError
 from .plugins import Hooks
 from .report import signal_name
-from .stage import Command, Stage, StageContext
+from .stage import SOCKET_NAME, SSHD_SUPERVISOR_ENV, Command, Stage, StageContext
 
 WRAPPER_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "rank_wrapper.py")
-SOCKET_NAME = "supervisor.sock"
-# Variables core sets for every process it starts, and ones it must not pass on.
+# The variable core sets for every process it starts.
 SUPERVISOR_ENV = "DETLAUNCH_SUPERVISOR"
-SSHD_SUPERVISOR_ENV = "DETLAUNCH_SSHD_SUPERVISOR"
 
 
 @dataclasses.dataclass(frozen=True)

@@ -23,9 +23,8 @@ import shutil
 import sys
 
 from .errors import ConfigError
-from .plan import SOCKET_NAME, SSHD_SUPERVISOR_ENV
 from .safefs import write_private_file
-from .stage import Command, Stage, StageContext
+from .stage import SOCKET_NAME, SSHD_SUPERVISOR_ENV, Command, Stage, StageContext
 
 DEFAULT_SSH_PORT = 12350
 SSH_PORT_ENV = "DTRAIN_SSH_PORT"

@@ -16,6 +16,11 @@ if TYPE_CHECKING:
     from .cluster import ClusterInfo
     from .config import Config
 
+# The supervisor's socket, in each node's run dir; the variable naming it for sshd sessions
+# (core removes it from what the launcher passes on).
+SOCKET_NAME = "supervisor.sock"
+SSHD_SUPERVISOR_ENV = "DETLAUNCH_SSHD_SUPERVISOR"
+
 
 @dataclasses.dataclass(frozen=True)
 class RankWrapper:
