@@ -11,6 +11,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import signal
 import stat
 import subprocess
@@ -292,9 +293,11 @@ def test_one_node_failing_rank_exits_with_its_own_code(launcher: Launcher) -> No
 
 
 @pytest.mark.timeout(400)
-def test_two_nodes_all_reduce_over_pdsh_and_the_per_job_sshd(launcher: Launcher) -> None:
+def test_two_nodes_all_reduce_over_pdsh_and_the_per_job_sshd(launcher: Launcher,
+                                                              request: pytest.FixtureRequest) -> None:
     args = hosts_args()
     short_tmp = Path(tempfile.mkdtemp())  # short enough to hold the chief's run directory (socket paths)
+    request.addfinalizer(lambda: shutil.rmtree(short_tmp, ignore_errors=True))
     home = Path(os.path.expanduser("~"))
     assert not (ROOT / ".deepspeed_env").exists() and not (home / ".deepspeed_env").exists()
     worker = launcher.start(*args, "--node-rank", "1", DS)
@@ -304,7 +307,6 @@ def test_two_nodes_all_reduce_over_pdsh_and_the_per_job_sshd(launcher: Launcher)
     rc, rw = chief.wait(330), worker.wait(60)
     # The hostfile and env file lived in the chief's run directory, gone now; none in the user's directories.
     assert list(short_tmp.iterdir()) == []
-    short_tmp.rmdir()
     assert not (ROOT / ".deepspeed_env").exists() and not (home / ".deepspeed_env").exists()
     assert not (launcher.cache / "detlaunch" / "jobs").exists() or not any(
         (launcher.cache / "detlaunch" / "jobs").iterdir())

@@ -71,16 +71,19 @@ class FakeMaster:
             self.server.socket = tls.wrap_socket(self.server.socket, server_side=True)
         self.port = int(self.server.socket.getsockname()[1])
         self.listening_at: float | None = None
+        self.listening = threading.Event()
         self.thread = threading.Thread(target=self._serve, args=(refuse_for,), daemon=True)
         self.thread.start()
         if not refuse_for:
-            while self.listening_at is None:
-                time.sleep(0.005)
+            assert self.listening.wait(10) and self.listening_at is not None, "the fake master never listened"
 
     def _serve(self, refuse_for: float) -> None:
-        time.sleep(refuse_for)
-        self.server.server_activate()  # listen()
-        self.listening_at = time.monotonic()
+        time.sleep(refuse_for)  # the outage the test asks for: connections are refused until then
+        try:
+            self.server.server_activate()  # listen()
+            self.listening_at = time.monotonic()
+        finally:
+            self.listening.set()  # also on failure: the test's assert reports it instead of hanging
         self.server.serve_forever(poll_interval=0.05)
 
     @property
