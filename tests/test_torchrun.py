@@ -58,10 +58,20 @@ def test_a_failing_rank_stops_the_job_with_its_own_exit_code(launcher: Launcher,
     assert r.duration < 60  # the survivor would sleep 120 s
 
 
-def test_a_rank_killed_by_sigkill_exits_137(launcher: Launcher) -> None:
-    r = launcher.run(*torchrun("--nproc-per-node", "2", RANKS), env={"KILL_RANK": "0", "SLEEP": "120"})
+def test_a_rank_killed_by_sigkill_exits_137(launcher: Launcher, tmp_path: Path) -> None:
+    trigger = tmp_path / "trigger"
+    os.mkfifo(trigger)
+    job = launcher.start(*torchrun("--nproc-per-node", "2", RANKS),
+                         env={"KILL_RANK": "0", "SLEEP": "120", "TRIGGER": str(trigger)})
+    job.wait_for_output("[rank=0] rank 0 waiting")
+    job.wait_for_output("[rank=1] rank 1 sleeping")
+    trigger.write_bytes(b"x")
+    r = job.wait(60)
     assert r.returncode == 137, r.output
     assert report_line(r.stderr) == "detlaunch: job failed: rank 0 on node 0 (127.0.0.1) killed by SIGKILL"
+    assert "rank 1 (node 0): killed by SIGTERM (stopped by detlaunch)" in r.stderr, r.stderr
+    assert [rank_lines(r.stdout, rank)[-1] for rank in (0, 1)] == ["rank 0 killing itself", "rank 1 sleeping"]
+    assert r.duration < 60  # the survivor would sleep 120 s
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
@@ -73,9 +83,14 @@ def test_a_signal_to_detlaunch_reaches_every_rank(launcher: Launcher, sig: signa
     r = job.wait(60)
     assert r.returncode == 128 + sig, r.output
     assert f"job interrupted by {sig.name}" in r.stderr
-    if sig == signal.SIGINT:  # the ranks saw a KeyboardInterrupt, not a kill
-        assert rank_lines(r.stdout, 0)[-1] == "rank 0 interrupted"
-        assert rank_lines(r.stdout, 1)[-1] == "rank 1 interrupted"
+    for rank in (0, 1):  # each rank got the signal itself (a SIGINT as a KeyboardInterrupt, not a kill)
+        last = "interrupted" if sig == signal.SIGINT else "sleeping"
+        assert rank_lines(r.stdout, rank)[-1] == f"rank {rank} {last}", r.output
+        stopped = rf"^detlaunch:   rank {rank} \(node 0\): .*\(stopped by detlaunch\)$"
+        assert re.search(stopped, r.stderr, re.M), r.stderr
+        if sig != signal.SIGINT:
+            assert f"rank {rank} (node 0): killed by {sig.name} (stopped by detlaunch)" in r.stderr, r.stderr
+    assert r.duration < 60  # the ranks would sleep 120 s
 
 
 def test_a_second_ctrl_c_kills_at_once(launcher: Launcher, tmp_path) -> None:
