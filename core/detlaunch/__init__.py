@@ -1,15 +1,18 @@
 """detlaunch: launch layers for distributed training.
 
-This module is the public API, and the only thing a layer or plugin may import:
-the built-in layers use nothing else, exactly as a third party would.
+This module is the public API, and the only thing a layer or plugin may import, with two
+public submodules: ``detlaunch.ssh`` (per-job sshd and ssh client parts, for layers that reach
+other nodes over ssh) and ``detlaunch.testing`` (the layer contract suite and the job runner).
+The built-in layers use nothing else, exactly as a third party would.
 
 Attributes load on first use, so that ``import detlaunch`` stays cheap.
 """
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from ._lazy import lazy_attributes
 
 __version__ = "0.1.0"
 
@@ -29,57 +32,24 @@ _EXPORTS = {
     "ClusterError": "errors",
     "LaunchError": "errors",
     "check_port_free": "netutil",
-    "SshLayout": "ssh",
-    "SshParts": "ssh",
-    "add_ssh_options": "ssh",
-    "sshd_parts": "ssh",
-    "ssh_client_parts": "ssh",
 }
+__all__ = ["__version__", *_EXPORTS]
 
-__all__ = [
-    "__version__",
-    "hookimpl",
-    "ClusterInfo",
-    "Config",
-    "StageContext",
-    "Stage",
-    "Command",
-    "RankWrapper",
-    "JobResult",
-    "RankStatus",
-    "Failure",
-    "DetlaunchError",
-    "ConfigError",
-    "ClusterError",
-    "LaunchError",
-    "check_port_free",
-    "SshLayout",
-    "SshParts",
-    "add_ssh_options",
-    "sshd_parts",
-    "ssh_client_parts",
-]
-assert set(__all__) == {"__version__", *_EXPORTS}
+if TYPE_CHECKING:  # `X as X`: an explicit re-export, for type checkers
+    from .cluster import ClusterInfo as ClusterInfo
+    from .config import Config as Config
+    from .errors import ClusterError as ClusterError
+    from .errors import ConfigError as ConfigError
+    from .errors import DetlaunchError as DetlaunchError
+    from .errors import LaunchError as LaunchError
+    from .hookspecs import hookimpl as hookimpl
+    from .netutil import check_port_free as check_port_free
+    from .report import Failure as Failure
+    from .report import JobResult as JobResult
+    from .report import RankStatus as RankStatus
+    from .stage import Command as Command
+    from .stage import RankWrapper as RankWrapper
+    from .stage import Stage as Stage
+    from .stage import StageContext as StageContext
 
-if TYPE_CHECKING:
-    from .cluster import ClusterInfo
-    from .config import Config
-    from .errors import ClusterError, ConfigError, DetlaunchError, LaunchError
-    from .hookspecs import hookimpl
-    from .netutil import check_port_free
-    from .report import Failure, JobResult, RankStatus
-    from .ssh import SshLayout, SshParts, add_ssh_options, ssh_client_parts, sshd_parts
-    from .stage import Command, RankWrapper, Stage, StageContext
-
-
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'detlaunch' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{module}", __name__), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(__all__)
+__getattr__, __dir__ = lazy_attributes(__name__, globals(), _EXPORTS)

@@ -1,44 +1,46 @@
 """Reaching a peer that may not be up yet: a non-blocking connect, retried with backoff.
 
 Whether a remote port has opened cannot be waited on, so refused attempts are retried after
-20 ms, 40 ms, ... up to 0.5 s, on the supervisor's timers; the loop itself never blocks.
+20 ms, 40 ms, ... up to 0.5 s, on the event loop's timers; the loop itself never blocks.
 """
 
 from __future__ import annotations
 
 import errno
-import selectors
 import socket
-import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from .supervisor import NodeSupervisor
+from .eventloop import EventLoop, Priority, Timer
 
 RETRY_FIRST, RETRY_MAX = 0.02, 0.5
 
 
 class Dialer:
-    """Connects to (host, port), calling `on_connected(sock)` once a connection is up."""
+    """Connects to (host, port), calling `on_connected(sock)` once a connection is up.
 
-    def __init__(self, sup: NodeSupervisor, host: str, port: int,
-                 on_connected: Callable[[socket.socket], None], *, source: str | None = None):
-        self.sup, self.host, self.port = sup, host, port
-        self.on_connected = on_connected
+    `on_error(why)` is called once, for what retrying cannot fix (the name does not resolve).
+    """
+
+    def __init__(self, loop: EventLoop, host: str, port: int, on_connected: Callable[[socket.socket], None],
+                 on_error: Callable[[str], None], *, source: str | None = None):
+        self.loop, self.host, self.port = loop, host, port
+        self.on_connected, self.on_error = on_connected, on_error
         self.source = source  # leave from this address (this node's own), when it is one of ours
         self.delay = RETRY_FIRST
         self.sock: socket.socket | None = None
+        self.timer: Timer | None = None
         self.stopped = False
         self.attempt()
 
     def attempt(self) -> None:
-        if self.stopped or self.sup.phase == "done":
+        self.timer = None
+        if self.stopped:
             return
         try:
             family, _, _, _, addr = socket.getaddrinfo(self.host, self.port, type=socket.SOCK_STREAM)[0]
         except socket.gaierror as e:
-            self.sup.fail_to_start(f"cannot resolve {self.host}: {e.strerror}")
+            self.stopped = True
+            self.on_error(f"cannot resolve {self.host}: {e.strerror}")
             return
         sock = socket.socket(family, socket.SOCK_STREAM)
         sock.setblocking(False)
@@ -52,12 +54,12 @@ class Dialer:
             self.retry()
             return
         self.sock = sock
-        self.sup.sel.register(sock, selectors.EVENT_WRITE, (1, self._on_writable))
+        self.loop.add_writer(sock, Priority.CHILD_OUTPUT, self._on_writable)
 
-    def _on_writable(self, _mask: int) -> None:
+    def _on_writable(self) -> None:
         sock, self.sock = self.sock, None
         assert sock is not None
-        self.sup.sel.unregister(sock)
+        self.loop.remove(sock)
         if sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) != 0:
             sock.close()
             self.retry()
@@ -67,34 +69,39 @@ class Dialer:
     def retry(self) -> None:
         if self.stopped:
             return
-        self.sup.timers.at(time.monotonic() + self.delay, self.attempt)
+        self.timer = self.loop.call_later(self.delay, self.attempt)
         self.delay = min(self.delay * 2, RETRY_MAX)
 
     def stop(self) -> None:
         self.stopped = True
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
         if self.sock is not None:
-            self.sup.sel.unregister(self.sock)
+            self.loop.remove(self.sock)
             self.sock.close()
             self.sock = None
 
 
 class SshdProbe:
-    """Waits for one peer's sshd to answer with its greeting (``SSH-...``)."""
+    """Waits for one peer's sshd to answer with its greeting (``SSH-...``), then calls `on_ready(probe)`."""
 
-    def __init__(self, sup: NodeSupervisor, host: str, port: int):
-        self.sup, self.host, self.port = sup, host, port
+    def __init__(self, loop: EventLoop, host: str, port: int, on_ready: Callable[[SshdProbe], None],
+                 on_error: Callable[[str], None]):
+        self.loop, self.host, self.port = loop, host, port
+        self.on_ready = on_ready
         self.ready = False
         self.sock: socket.socket | None = None
-        self.dialer = Dialer(sup, host, port, self._on_connected)
+        self.dialer = Dialer(loop, host, port, self._on_connected, on_error)
 
     def _on_connected(self, sock: socket.socket) -> None:
         self.sock = sock
-        self.sup.sel.register(sock, selectors.EVENT_READ, (2, self._on_greeting))
+        self.loop.add_reader(sock, Priority.PROBE, self._on_greeting)
 
-    def _on_greeting(self, _mask: int) -> None:
+    def _on_greeting(self) -> None:
         sock, self.sock = self.sock, None
         assert sock is not None
-        self.sup.sel.unregister(sock)
+        self.loop.remove(sock)
         try:
             greeting = sock.recv(64)
             if greeting.startswith(b"SSH-"):
@@ -105,13 +112,13 @@ class SshdProbe:
         if greeting.startswith(b"SSH-"):
             self.ready = True
             self.dialer.stop()
-            self.sup.peer_ready(self)
+            self.on_ready(self)
         else:
             self.dialer.retry()
 
     def close(self) -> None:
         self.dialer.stop()
         if self.sock is not None:
-            self.sup.sel.unregister(self.sock)
+            self.loop.remove(self.sock)
             self.sock.close()
             self.sock = None

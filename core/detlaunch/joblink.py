@@ -19,19 +19,19 @@ import hmac
 import json
 import os
 import secrets
-import selectors
 import socket
 import time
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from .dial import Dialer
 from .errors import LaunchError
-from .report import RankStatus
-from .safefs import ensure_private_dir, read_private_file, write_private_file
+from .eventloop import EventLoop, Priority, Timer
+from .report import Failure, RankStatus
 
 if TYPE_CHECKING:
-    from .supervisor import NodeSupervisor
+    from .plan import LaunchPlan
+from .safefs import ensure_private_dir, read_private_file, write_private_file
 
 HEARTBEAT_MISSES = 5
 MAX_UNAUTHENTICATED = 4096  # bytes a peer may send before it has proven it is a node of the job
@@ -58,24 +58,31 @@ def mac(secret: str, *parts: object) -> str:
     return hmac.new(secret.encode(), "\0".join(map(str, parts)).encode(), hashlib.sha256).hexdigest()
 
 
-def status_to_json(s: RankStatus) -> dict[str, Any]:
-    return {"rank": s.rank, "node": s.node_rank, "code": s.exit_code, "signal": s.signal,
-            "tail": list(s.tail), "lost": s.lost, "host": s.host, "wall": s.wall, "stopped": s.stopped}
+class ChiefEvents(Protocol):
+    """What the chief's link tells its supervisor."""
+
+    def trace(self, message: str) -> None: ...
+    def remote_rank_exit(self, status: RankStatus) -> None: ...
+    def remote_failure(self, failure: Failure) -> None: ...
+    def node_lost(self, node: int, addr: str, why: str) -> None: ...
 
 
-def status_from_json(d: dict[str, Any]) -> RankStatus:
-    return RankStatus(rank=int(d["rank"]), node_rank=int(d["node"]), exit_code=d.get("code"),
-                      signal=d.get("signal"), tail=tuple(d.get("tail") or ()), lost=bool(d.get("lost")),
-                      host=str(d.get("host") or ""), wall=float(d.get("wall") or 0.0),
-                      stopped=bool(d.get("stopped")))
+class WorkerEvents(Protocol):
+    """What a worker's link tells its supervisor."""
+
+    def trace(self, message: str) -> None: ...
+    def link_failed_to_start(self, what: str) -> None: ...
+    def chief_verdict(self, failure: Failure | None) -> None: ...
+    def chief_lost(self, why: str) -> None: ...
 
 
-class Line:
-    """One TCP connection carrying JSON lines, driven by the supervisor's selector."""
+class PeerConnection:
+    """One TCP connection to another node's supervisor, carrying JSON lines, driven by the event loop."""
 
-    def __init__(self, sup: NodeSupervisor, sock: socket.socket, on_message: Callable[[Line, dict[str, Any]], None],
-                 on_close: Callable[[Line], None]):
-        self.sup, self.sock = sup, sock
+    def __init__(self, loop: EventLoop, sock: socket.socket,
+                 on_message: Callable[[PeerConnection, dict[str, Any]], None],
+                 on_close: Callable[[PeerConnection], None]):
+        self.loop, self.sock = loop, sock
         self.on_message, self.on_close = on_message, on_close
         self.buffer = b""
         self.closed = False
@@ -85,7 +92,7 @@ class Line:
         self.authed = False
         self.nonce = secrets.token_hex(16)
         sock.setblocking(False)
-        sup.sel.register(sock, selectors.EVENT_READ, (0, self.on_readable))
+        loop.add_reader(sock, Priority.RANK_REPORT, self.on_readable)
 
     def send(self, message: dict[str, Any]) -> None:
         if self.closed:
@@ -98,7 +105,7 @@ class Line:
         except OSError:
             self.close(notify=True)
 
-    def on_readable(self, _mask: int) -> None:
+    def on_readable(self) -> None:
         while not self.closed:
             try:
                 data = self.sock.recv(65536)
@@ -128,10 +135,7 @@ class Line:
         if self.closed:
             return
         self.closed = True
-        try:
-            self.sup.sel.unregister(self.sock)
-        except (KeyError, ValueError):
-            pass
+        self.loop.remove(self.sock)
         self.sock.close()
         if notify:
             self.on_close(self)
@@ -140,18 +144,27 @@ class Line:
         return time.monotonic() - self.last_heard
 
 
+def _message_failure(m: dict[str, Any]) -> Failure | None:
+    """The failure a stop/end/failed message carries (None when it carries none, or a bad one)."""
+    try:
+        return Failure.from_json(m["failure"]) if m.get("failure") else None
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
 class ChiefLink:
     """The chief's side: accepts every worker node's supervisor, and decides for the job."""
 
-    def __init__(self, sup: NodeSupervisor):
-        self.sup = sup
-        plan = sup.plan
+    def __init__(self, loop: EventLoop, plan: LaunchPlan, events: ChiefEvents):
+        self.loop, self.events = loop, events
         self.job_id = plan.cluster.job_id
         self.heartbeat = plan.heartbeat
-        self.secret = create_secret(plan.context.env, plan.shared_dir)
+        self.shared_dir = plan.shared_dir
+        self.secret_from_env = bool(plan.environ.get(SECRET_ENV))
+        self.secret = create_secret(plan.environ, plan.shared_dir)
         self.expected = set(range(1, plan.cluster.num_nodes))
-        self.nodes: dict[int, Line] = {}
-        self.pending: set[Line] = set()  # accepted, not authenticated yet
+        self.nodes: dict[int, PeerConnection] = {}
+        self.pending: set[PeerConnection] = set()  # accepted, not authenticated yet
         self.finished: set[int] = set()  # said goodbye, or were lost
         self.remote_ranks: dict[int, RankStatus] = {}
         self.stop_message: dict[str, Any] | None = None
@@ -167,43 +180,47 @@ class ChiefLink:
                               f"({e.strerror}): choose a free port with --control-port") from None
         self.listener.listen(64)
         self.listener.setblocking(False)
-        sup.sel.register(self.listener, selectors.EVENT_READ, (1, self.on_accept))
-        sup.timers.at(time.monotonic() + self.heartbeat, self.tick)
+        loop.add_reader(self.listener, Priority.CHILD_OUTPUT, self.on_accept)
+        self.timer: Timer | None = loop.call_later(self.heartbeat, self.tick)
 
-    def on_accept(self, _mask: int) -> None:
+    def on_accept(self) -> None:
         while True:
             try:
                 sock, _ = self.listener.accept()
             except BlockingIOError:
                 return
-            line = Line(self.sup, sock, self.on_message, self.on_close)
+            except OSError:  # the listener was closed under us
+                return
+            line = PeerConnection(self.loop, sock, self.on_message, self.on_close)
             self.pending.add(line)
             line.send({"t": "challenge", "job": self.job_id, "nonce": line.nonce})
 
-    def on_message(self, line: Line, m: dict[str, Any]) -> None:
+    def on_message(self, line: PeerConnection, m: dict[str, Any]) -> None:
         kind = m.get("t")
         if not line.authed:
             self._authenticate(line, m)
         elif kind == "rank_exit":
-            status = status_from_json(m["status"])
+            status = RankStatus.from_json(m["status"])
             self.remote_ranks[status.rank] = status
-            self.sup.remote_rank_exit(status)
+            self.events.remote_rank_exit(status)
         elif kind == "failed":
-            self.sup.remote_failure(str(m.get("what")), int(m.get("code") or 1), line.node)
+            failure = _message_failure(m)
+            if failure is not None:
+                self.events.remote_failure(failure)
         elif kind == "bye":
             for d in m.get("ranks") or ():
-                status = status_from_json(d)
+                status = RankStatus.from_json(d)
                 self.remote_ranks[status.rank] = status
             assert line.node is not None
             self.finished.add(line.node)  # the line stays open for the final verdict
 
-    def _authenticate(self, line: Line, m: dict[str, Any]) -> None:
+    def _authenticate(self, line: PeerConnection, m: dict[str, Any]) -> None:
         self.pending.discard(line)
         node = m.get("node")
         ok = (m.get("t") == "auth" and isinstance(node, int) and node in self.expected and self.secret
               and hmac.compare_digest(str(m.get("mac")), mac(self.secret, "worker", self.job_id, node, line.nonce)))
         if not ok or node in self.nodes:
-            self.sup.trace(f"refused a control connection (node {node!r}): bad credentials or duplicate")
+            self.events.trace(f"refused a control connection (node {node!r}): bad credentials or duplicate")
             line.close()
             return
         assert isinstance(node, int) and self.secret
@@ -213,21 +230,23 @@ class ChiefLink:
         line.send({"t": "welcome", "mac": mac(self.secret, "chief", self.job_id, node, m.get("nonce"))})
         if self.stop_message is not None:  # joined after the job was stopped
             line.send(self.stop_message)
-        self.sup.trace(f"node {node} joined the job")
+        self.events.trace(f"node {node} joined the job")
 
-    def on_close(self, line: Line) -> None:
+    def on_close(self, line: PeerConnection) -> None:
         self.pending.discard(line)
         node = line.node
         if node is None or node in self.finished:
             return
         self.finished.add(node)
-        self.sup.node_lost(node, "its detlaunch closed the connection without saying goodbye")
+        self.events.node_lost(node, self.addr_of(node), "its detlaunch closed the connection without saying goodbye")
+
+    def addr_of(self, node: int) -> str:
+        return self.addrs.get(node, "address unknown")
 
     def tick(self) -> None:
-        if self.sup.phase == "done":
-            return
-        for line in [p for p in self.pending if time.monotonic() - p.opened > HEARTBEAT_MISSES * self.heartbeat]:
-            self.sup.trace("closed a control connection that never authenticated")
+        now = time.monotonic()
+        for line in [p for p in self.pending if now - p.opened > HEARTBEAT_MISSES * self.heartbeat]:
+            self.events.trace("closed a control connection that never authenticated")
             self.pending.discard(line)
             line.close()
         for node, line in list(self.nodes.items()):
@@ -236,10 +255,11 @@ class ChiefLink:
             if line.silent_for() > HEARTBEAT_MISSES * self.heartbeat:
                 line.close()
                 self.finished.add(node)
-                self.sup.node_lost(node, f"no heartbeat for {HEARTBEAT_MISSES * self.heartbeat:g} s")
+                self.events.node_lost(node, self.addr_of(node),
+                                      f"no heartbeat for {HEARTBEAT_MISSES * self.heartbeat:g} s")
             else:
                 line.send({"t": "hb"})
-        self.sup.timers.at(time.monotonic() + self.heartbeat, self.tick)
+        self.timer = self.loop.call_later(self.heartbeat, self.tick)
 
     def missing_nodes(self) -> list[int]:
         return sorted(self.expected - set(self.nodes))
@@ -247,14 +267,9 @@ class ChiefLink:
     def rank_exited(self, status: RankStatus) -> None:
         pass  # the chief's own ranks are in its own report
 
-    def _verdict(self, kind: str, what: str, code: int) -> dict[str, Any]:
-        f = self.sup.failure
-        rank = f.rank if f is not None and f.what == what else None
-        return {"t": kind, "what": what, "code": code, "rank": status_to_json(rank) if rank else None}
-
-    def failed(self, what: str, code: int) -> None:
+    def failed(self, failure: Failure) -> None:
         """The job failed (here or anywhere): every node stops, with this verdict (so far)."""
-        self.stop_message = self._verdict("stop", what, code)
+        self.stop_message = {"t": "stop", "failure": failure.to_json()}
         for line in self.nodes.values():
             line.send(self.stop_message)
 
@@ -262,13 +277,13 @@ class ChiefLink:
         """Every node that joined has said goodbye or was lost (one that never joined: nothing to wait for)."""
         return set(self.nodes) <= self.finished
 
-    def finish(self, code: int, ranks: list[RankStatus]) -> None:
+    def finish(self, failure: Failure | None, ranks: list[RankStatus]) -> None:
         """Every node has finished: tell each the final verdict (the earliest failure of all)."""
-        f = self.sup.failure
-        end = self._verdict("end", f.what, f.exit_code) if f is not None else {"t": "end", "code": code}
+        end = {"t": "end", "failure": failure.to_json() if failure else None}
         for line in self.nodes.values():
             line.send(end)
             line.close()
+        self.loop.remove(self.listener)
         self.listener.close()
 
     @property
@@ -276,15 +291,19 @@ class ChiefLink:
         return True
 
     def close(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
         for line in [*self.nodes.values(), *self.pending]:
             line.close()
+        self.loop.remove(self.listener)
         try:
             self.listener.close()
         except OSError:
             pass
-        if not self.sup.plan.context.env.get(SECRET_ENV):
+        if not self.secret_from_env:
             try:
-                os.unlink(os.path.join(self.sup.plan.shared_dir, SECRET_FILE))
+                os.unlink(os.path.join(self.shared_dir, SECRET_FILE))
             except OSError:
                 pass
 
@@ -292,27 +311,28 @@ class ChiefLink:
 class WorkerLink:
     """A worker node's side: reaches the chief (retrying until the start timeout) and obeys it."""
 
-    def __init__(self, sup: NodeSupervisor):
-        self.sup = sup
-        plan = sup.plan
+    def __init__(self, loop: EventLoop, plan: LaunchPlan, events: WorkerEvents):
+        self.loop, self.events = loop, events
         self.node = plan.cluster.node_rank
         self.job_id = plan.cluster.job_id
         self.heartbeat = plan.heartbeat
         self.chief = (plan.cluster.chief_addr, plan.control_port)
         self.shared_dir = plan.shared_dir
-        self.env = plan.context.env
-        self.line: Line | None = None
+        self.env = plan.environ
+        self.line: PeerConnection | None = None
         self.joined = False
         self.chief_ended = False
         self.stopped_by_chief = False
+        self.closing = False
         self.secret: str | None = None
-        self.dialer = Dialer(sup, *self.chief, self._on_connected, source=plan.cluster.node_addr)
-        sup.timers.at(time.monotonic() + self.heartbeat, self.tick)
+        self.dialer = Dialer(loop, *self.chief, self._on_connected, events.link_failed_to_start,
+                             source=plan.cluster.node_addr)
+        self.timer: Timer | None = loop.call_later(self.heartbeat, self.tick)
 
     def _on_connected(self, sock: socket.socket) -> None:
-        self.line = Line(self.sup, sock, self.on_message, self.on_close)
+        self.line = PeerConnection(self.loop, sock, self.on_message, self.on_close)
 
-    def on_message(self, line: Line, m: dict[str, Any]) -> None:
+    def on_message(self, line: PeerConnection, m: dict[str, Any]) -> None:
         kind = m.get("t")
         if kind == "challenge":
             self._answer(line, m)
@@ -320,84 +340,87 @@ class WorkerLink:
             assert self.secret is not None
             expected = mac(self.secret, "chief", self.job_id, self.node, line.nonce)
             if not hmac.compare_digest(str(m.get("mac")), expected):
-                self.sup.fail_to_start(f"the chief at {self.chief[0]}:{self.chief[1]} failed authentication")
+                self.events.link_failed_to_start(f"the chief at {self.chief[0]}:{self.chief[1]} failed authentication")
                 line.close()
                 return
             line.authed = self.joined = True
-            self.sup.trace("joined the chief")
+            self.events.trace("joined the chief")
+        elif not line.authed:
+            return  # nothing but the handshake counts before the chief has proven who it is
         elif kind == "stop":
             self.stopped_by_chief = True
-            rank = status_from_json(m["rank"]) if m.get("rank") else None
-            self.sup.stop_from_chief(str(m.get("what")), int(m.get("code") or 1), rank)
+            self.events.chief_verdict(_message_failure(m))
         elif kind == "end":
             self.chief_ended = True
-            if m.get("code") and m.get("what"):  # the final verdict, all nodes' reports considered
-                rank = status_from_json(m["rank"]) if m.get("rank") else None
-                self.sup.stop_from_chief(str(m["what"]), int(m["code"]), rank)
+            failure = _message_failure(m)
+            if failure is not None:  # the final verdict, all nodes' reports considered
+                self.events.chief_verdict(failure)
             line.close()
             self.line = None
 
-    def _answer(self, line: Line, m: dict[str, Any]) -> None:
+    def _answer(self, line: PeerConnection, m: dict[str, Any]) -> None:
         if m.get("job") != self.job_id:
-            self.sup.fail_to_start(f"the detlaunch listening on {self.chief[0]}:{self.chief[1]} runs job "
-                                   f"{m.get('job')!r}, not {self.job_id!r}: give every node the same --job-id")
+            self.events.link_failed_to_start(
+                f"the detlaunch listening on {self.chief[0]}:{self.chief[1]} runs job "
+                f"{m.get('job')!r}, not {self.job_id!r}: give every node the same --job-id")
             line.close()
             return
         try:
             self.secret = read_secret(self.env, self.shared_dir)
         except OSError as e:
-            self.sup.fail_to_start(f"cannot read the job secret in {self.shared_dir} ({e.strerror}): the job "
-                                   f"directory must be shared by all nodes (--job-dir), or set {SECRET_ENV}")
+            self.events.link_failed_to_start(
+                f"cannot read the job secret in {self.shared_dir} ({e.strerror}): the job "
+                f"directory must be shared by all nodes (--job-dir), or set {SECRET_ENV}")
             line.close()
             return
         line.send({"t": "auth", "node": self.node, "nonce": line.nonce, "addr": self.dialer.source,
                    "mac": mac(self.secret, "worker", self.job_id, self.node, m.get("nonce"))})
 
-    def on_close(self, line: Line) -> None:
+    def on_close(self, line: PeerConnection) -> None:
         self.line = None
-        if self.chief_ended or self.sup.phase == "done":
+        if self.chief_ended or self.closing:
             return
         if not line.authed:
-            self.sup.fail_to_start(f"the chief at {self.chief[0]}:{self.chief[1]} refused this node "
-                                   "(wrong job secret?)")
+            self.events.link_failed_to_start(f"the chief at {self.chief[0]}:{self.chief[1]} refused this node "
+                                             "(wrong job secret?)")
             return
-        self.sup.chief_lost("the chief's detlaunch closed the connection")
+        self.events.chief_lost("the chief's detlaunch closed the connection")
 
     def tick(self) -> None:
-        if self.sup.phase == "done":
-            return
+        self.timer = None
         line = self.line
         if line is not None and line.authed:
             if line.silent_for() > HEARTBEAT_MISSES * self.heartbeat:
                 line.close()
                 self.line = None
-                self.sup.chief_lost(f"no heartbeat from the chief for {HEARTBEAT_MISSES * self.heartbeat:g} s")
+                self.events.chief_lost(f"no heartbeat from the chief for {HEARTBEAT_MISSES * self.heartbeat:g} s")
                 return
             line.send({"t": "hb"})
-        self.sup.timers.at(time.monotonic() + self.heartbeat, self.tick)
+        self.timer = self.loop.call_later(self.heartbeat, self.tick)
 
     def missing_nodes(self) -> list[int]:
         return [] if self.joined else [0]
 
     def rank_exited(self, status: RankStatus) -> None:
         if self.line is not None:
-            self.line.send({"t": "rank_exit", "status": status_to_json(status)})
+            self.line.send({"t": "rank_exit", "status": status.to_json()})
 
-    def failed(self, what: str, code: int) -> None:
+    def failed(self, failure: Failure) -> None:
         if self.line is not None and not self.stopped_by_chief:
-            self.line.send({"t": "failed", "what": what, "code": code})
+            self.line.send({"t": "failed", "failure": failure.to_json()})
 
     def ready_to_finish(self) -> bool:
         return True
 
-    def finish(self, code: int, ranks: list[RankStatus]) -> None:
+    def finish(self, failure: Failure | None, ranks: list[RankStatus]) -> None:
         """Say goodbye with this node's ranks, then wait (a few heartbeats at most) for the verdict."""
         if self.line is not None:
-            self.line.send({"t": "bye", "code": code, "ranks": [status_to_json(r) for r in ranks]})
-            self.sup.timers.at(time.monotonic() + HEARTBEAT_MISSES * self.heartbeat, self._give_up_waiting)
+            self.line.send({"t": "bye", "ranks": [r.to_json() for r in ranks]})
+            self.loop.call_later(HEARTBEAT_MISSES * self.heartbeat, self._give_up_waiting)
 
     def _give_up_waiting(self) -> None:
         if self.line is not None:
+            self.closing = True
             self.line.close()
             self.line = None
 
@@ -406,6 +429,10 @@ class WorkerLink:
         return self.line is None
 
     def close(self) -> None:
+        self.closing = True
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
         self.dialer.stop()
         if self.line is not None:
             self.line.close()

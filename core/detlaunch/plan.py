@@ -31,25 +31,56 @@ SUPERVISOR_ENV = "DETLAUNCH_SUPERVISOR"
 
 @dataclasses.dataclass(frozen=True)
 class LaunchPlan:
-    """Everything this node's supervisor needs to run its part of the job."""
+    """Everything this node's supervisor needs to run its part of the job: its only input.
+
+    What the stage hooks were given (cluster, run dir, shared dir, commands, environment) is
+    stored once, in `context`, and read through the properties below.
+    """
 
     layer: str
     role: str  # "chief" or "worker"
-    cluster: ClusterInfo
     stage: Stage
-    env: Mapping[str, str]
-    unset_env: tuple[str, ...]
-    run_dir: str
-    shared_dir: str
+    env: Mapping[str, str]  # added for every process of the job on this node
+    unset_env: tuple[str, ...]  # removed from every process of the job on this node
     wrapper_argv: tuple[str, ...]
-    user_command: tuple[str, ...]
-    rank_command: tuple[str, ...]
     grace_period: float
     start_timeout: float
     log_dir: str | None
+    console_ranks: tuple[int, ...] | None  # the ranks whose output reaches the console (None: all)
     context: StageContext
     control_port: int = 0
     heartbeat: float = 1.0
+
+    @property
+    def cluster(self) -> ClusterInfo:
+        return self.context.cluster
+
+    @property
+    def run_dir(self) -> str:
+        return self.context.run_dir
+
+    @property
+    def shared_dir(self) -> str:
+        return self.context.shared_dir
+
+    @property
+    def user_command(self) -> tuple[str, ...]:
+        return self.context.user_command
+
+    @property
+    def rank_command(self) -> tuple[str, ...]:
+        return self.context.rank_command
+
+    @property
+    def environ(self) -> Mapping[str, str]:
+        """detlaunch's own environment (where the scheduler's variables, and a job secret, come from)."""
+        return self.context.env
+
+    def process_env(self) -> dict[str, str]:
+        """The environment every process of the job on this node starts with."""
+        env = {k: v for k, v in self.environ.items() if k not in self.unset_env}
+        env.update(self.env)
+        return env
 
     @property
     def socket_path(self) -> str:
@@ -148,12 +179,11 @@ def build_plan(hooks: Hooks, config: Config, cluster: ClusterInfo) -> LaunchPlan
         raise PluginLoadError(f"layer {config.layer!r}: detlaunch_{role}_stage returned "
                               f"{type(stage).__name__}, not a detlaunch.Stage")
     return LaunchPlan(
-        layer=config.layer, role=role, cluster=cluster, stage=stage, env=env,
-        unset_env=(SSHD_SUPERVISOR_ENV, *stage.unset_env), run_dir=run_dir,
-        shared_dir=ctx.shared_dir, wrapper_argv=wrapper, user_command=config.command,
-        rank_command=ctx.rank_command, grace_period=config.options.get("grace_period", 5.0),
+        layer=config.layer, role=role, stage=stage, env=env,
+        unset_env=(SSHD_SUPERVISOR_ENV, *stage.unset_env), wrapper_argv=wrapper,
+        grace_period=config.options.get("grace_period", 5.0),
         start_timeout=config.options.get("start_timeout", 300.0),
-        log_dir=config.options.get("log_dir"), context=ctx,
+        log_dir=config.options.get("log_dir"), console_ranks=config.options.get("ranks") or None, context=ctx,
         control_port=config.options.get("control_port") or (config.options.get("master_port", 29500) + 1),
         heartbeat=config.options.get("heartbeat", 1.0),
     )

@@ -33,6 +33,11 @@ import select
 import sys
 import time
 
+try:
+    from . import rank_protocol  # imported as detlaunch.rank_wrapper
+except ImportError:  # run as a script (python -S rank_wrapper.py): its folder is sys.path[0]
+    import rank_protocol  # type: ignore[no-redef]
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # never at run time: the typing module alone costs about 1 MB
     from collections.abc import Iterator, Mapping
@@ -43,8 +48,6 @@ PIPE_BUF = 4096
 READ_SIZE = 1 << 16
 PIPE_SIZE = 1 << 18  # the rank's stdout pipe holds this much while the wrapper lets output gather
 GATHER = 0.002  # after a read of less than PIPE_BUF bytes, let output gather this long (seconds)
-TAIL_BYTES = 8192
-TAIL_LINES = 20
 DEFAULT_RANK_ENV = ("RANK", "HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "DETLAUNCH_RANK")
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT,
                      signal.SIGUSR1, signal.SIGUSR2)
@@ -198,11 +201,12 @@ class Output:
                 self.fds.remove(fd)
 
 
-class Supervisor:
+class SupervisorConnection:
     """The connection to this node's supervisor (the pid_server role), or None when running alone."""
 
     @staticmethod
-    def connect(path: str | None, job: str, rank: int) -> tuple[Supervisor | None, tuple[int, int], dict[str, Any]]:
+    def connect(path: str | None, job: str, rank: int
+                ) -> tuple[SupervisorConnection | None, tuple[int, int], dict[str, Any]]:
         """Register; return the link and the console fds the supervisor hands over.
 
         Rank output goes straight to the node's console (the supervisor's stdout and
@@ -217,12 +221,12 @@ class Supervisor:
             sock.connect(path)
         except OSError as e:
             raise UsageError(f"cannot reach this node's detlaunch supervisor at {path}: {e.strerror}") from None
-        link = Supervisor(sock)
-        link.send({"t": "hello", "job": job, "rank": rank, "pid": os.getpid()})
+        link = SupervisorConnection(sock)
+        link.send({"t": rank_protocol.HELLO, "job": job, "rank": rank, "pid": os.getpid()})
         data, fds = recv_fds(sock, 4096, 2)
         link.buffer = data
         reply = link.receive()
-        if reply.get("t") != "ok" or len(fds) != 2:
+        if reply.get("t") != rank_protocol.OK or len(fds) != 2:
             raise UsageError(f"the supervisor refused rank {rank}: {reply.get('why', 'no reason given')}")
         sock.settimeout(None)
         return link, (fds[0], fds[1]), reply
@@ -232,19 +236,16 @@ class Supervisor:
         self.buffer = b""
 
     def send(self, message: dict[str, Any]) -> None:
-        import json
-        self.sock.sendall(json.dumps(message).encode() + b"\n")
+        self.sock.sendall(rank_protocol.encode(message))
 
     def receive(self) -> dict[str, Any]:
-        import json
         while b"\n" not in self.buffer:
             data = self.sock.recv(4096)
             if not data:
                 return {}
             self.buffer += data
         line, self.buffer = self.buffer.split(b"\n", 1)
-        reply: dict[str, Any] = json.loads(line)
-        return reply
+        return rank_protocol.decode(line)
 
 
 def recv_fds(sock: socket.socket, size: int, count: int) -> tuple[bytes, list[int]]:
@@ -257,8 +258,10 @@ def recv_fds(sock: socket.socket, size: int, count: int) -> tuple[bytes, list[in
     return data, fds
 
 
-class RankWrapper:
-    def __init__(self, rank: int, command: list[str], supervisor: Supervisor | None,
+class WrappedRank:
+    """The rank's process, its output streams, and its report: the wrapper's whole job."""
+
+    def __init__(self, rank: int, command: list[str], supervisor: SupervisorConnection | None,
                  console: tuple[int, int] | None, log_fd: int | None, grace: float) -> None:
         """console: the (stdout, stderr) fds to write to, or None to keep this rank off the console."""
         self.rank = rank
@@ -316,7 +319,7 @@ class RankWrapper:
         os.close(err_w)
         if self.supervisor:
             try:
-                self.supervisor.send({"t": "started", "pid": self.pid})
+                self.supervisor.send({"t": rank_protocol.STARTED, "pid": self.pid})
             except OSError:  # the supervisor is gone already: the rank must not outlive it
                 self.supervisor = None
                 self.stop_rank()
@@ -343,7 +346,7 @@ class RankWrapper:
             if data:
                 output.write(prefixer.feed(data))
                 if is_stderr:
-                    self.tail = (self.tail + data)[-TAIL_BYTES:]
+                    self.tail = (self.tail + data)[-rank_protocol.TAIL_BYTES:]
             else:
                 output.write(prefixer.flush())
                 poller.unregister(fd)
@@ -409,13 +412,11 @@ class RankWrapper:
         assert self.status is not None
         code = os.waitstatus_to_exitcode(self.status)
         signum = -code if code < 0 else None
-        exit_code = 128 + signum if signum else code
+        exit_code = rank_protocol.exit_code_of(code)
         if self.supervisor:
-            lines = self.tail.replace(b"\r", b"\n").decode("utf-8", "replace").splitlines()
-            tail = [line for line in lines if line.strip()][-TAIL_LINES:]
+            tail = rank_protocol.last_lines(self.tail)
             try:
-                self.supervisor.send({"t": "exit", "code": exit_code, "signal": signum,
-                                      "tail": tail, "wall": self.ended_at})
+                self.supervisor.send(rank_protocol.exit_message(exit_code, signum, tail, self.ended_at))
             except OSError:
                 pass
         return exit_code
@@ -434,13 +435,13 @@ def main(argv: list[str] | None = None) -> int:
         opts, command = parse_args(sys.argv[1:] if argv is None else argv)
         rank = find_rank(opts["rank"], opts["rank_env"], os.environ)
         path = os.environ.get("DETLAUNCH_SSHD_SUPERVISOR") or os.environ.get("DETLAUNCH_SUPERVISOR")
-        supervisor, console_fds, node = Supervisor.connect(path, opts["job"], rank)
+        supervisor, console_fds, node = SupervisorConnection.connect(path, opts["job"], rank)
         # Where logs go and which ranks reach the console are this node's settings: a rank that
         # arrived over ssh carries the chief's argv, its node's supervisor knows better.
         console_ranks = node.get("console_ranks", opts["console"])
         console = None if console_ranks is not None and rank not in console_ranks else console_fds
         log_dir = node.get("log_dir", opts["log_dir"])
-        wrapper = RankWrapper(rank, command, supervisor, console, open_log(log_dir, rank), opts["grace"])
+        wrapper = WrappedRank(rank, command, supervisor, console, open_log(log_dir, rank), opts["grace"])
         return wrapper.run()
     except (UsageError, ValueError) as e:
         os.write(2, f"detlaunch rank wrapper: error: {e}\n".encode())

@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
+import enum
 import signal
+from typing import Any
+
+from . import rank_protocol
 
 
 def signal_name(signum: int) -> str:
@@ -34,15 +38,37 @@ class RankStatus:
     wall: float = 0.0  # wall-clock time of the exit: orders failures across nodes
     host: str = ""
     stopped: bool = False  # detlaunch had asked it to stop: its end is a consequence, not a cause
+    killed: bool = False  # detlaunch SIGKILLed it (and its wrapper), so no report could come
 
     @property
     def failed(self) -> bool:
         return self.exit_code != 0
 
     def describe(self) -> str:
+        if self.killed:
+            return "SIGKILLed by detlaunch (it had not stopped when asked)"
         if self.lost:
             return "its wrapper was killed before it could report (counted as SIGKILL)"
         return describe_exit(self.exit_code, self.signal)
+
+    def to_json(self) -> dict[str, Any]:
+        return rank_protocol.status_to_json(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> RankStatus:
+        return cls(**rank_protocol.status_fields(data))
+
+
+class FailureKind(enum.StrEnum):
+    """What failed: the verdict's, the report's and (later) the restart policy's vocabulary."""
+
+    RANK = "rank"  # a rank exited non-zero or by a signal
+    LAUNCHER = "launcher"  # a launcher exited non-zero with no rank failure reported first
+    DAEMON = "daemon"  # a daemon (sshd) ended before the job did
+    NODE_LOST = "node_lost"  # chief: a worker node's supervisor vanished
+    CHIEF_LOST = "chief_lost"  # worker: the chief's supervisor vanished
+    INTERRUPTED = "interrupted"  # a node's detlaunch got SIGINT/SIGTERM/SIGHUP
+    START = "start"  # the job could not start (setup, peers, timeouts)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,6 +81,19 @@ class Failure:
     tail: tuple[str, ...] = ()  # the last output lines of whatever failed
     tail_of: str = ""  # whose lines they are: "rank 1", "torchrun"
     at: float = 0.0  # wall-clock time it happened: the earliest failure is the root cause
+    kind: FailureKind = FailureKind.START
+
+    def to_json(self) -> dict[str, Any]:
+        return {"what": self.what, "code": self.exit_code, "rank": self.rank.to_json() if self.rank else None,
+                "tail": list(self.tail), "tail_of": self.tail_of, "at": self.at, "kind": self.kind.value}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> Failure:
+        """Raises ValueError (or KeyError/TypeError) on a malformed message."""
+        return cls(what=str(d["what"]), exit_code=int(d["code"]),
+                   rank=RankStatus.from_json(d["rank"]) if d.get("rank") else None,
+                   tail=tuple(str(t) for t in d.get("tail") or ()), tail_of=str(d.get("tail_of") or ""),
+                   at=float(d.get("at") or 0.0), kind=FailureKind(d.get("kind") or FailureKind.START.value))
 
 
 @dataclasses.dataclass(frozen=True)

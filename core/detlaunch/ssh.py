@@ -1,5 +1,7 @@
 """Per-job ssh for launchers that reach other nodes over ssh (horovodrun, deepspeed's pdsh).
 
+A public submodule of the plugin API: ``from detlaunch.ssh import sshd_parts, ...``.
+
 Every node the launcher reaches runs its own sshd under its supervisor: key-only, listening
 only on that node's address, with a host key and an authorized client key made for this job
 (ssh-keygen, at start). The keys live in the job directory the nodes share (``--ssh-dir``, by
@@ -25,6 +27,9 @@ import sys
 from .errors import ConfigError
 from .safefs import write_private_file
 from .stage import SOCKET_NAME, SSHD_SUPERVISOR_ENV, Command, Stage, StageContext
+
+__all__ = ["SshLayout", "SshParts", "add_ssh_options", "sshd_parts", "ssh_client_parts",
+           "DEFAULT_SSH_PORT", "SSH_PORT_ENV"]
 
 DEFAULT_SSH_PORT = 12350
 SSH_PORT_ENV = "DTRAIN_SSH_PORT"

@@ -17,8 +17,9 @@ use: importing this package (pytest does, for every run) costs almost nothing.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from .._lazy import lazy_attributes
 
 _EXPORTS = {
     "LayerContract": "contract",
@@ -30,31 +31,17 @@ _EXPORTS = {
     "Running": "runner",
     "processes_with_marker": "runner",
 }
-__all__ = [
-    "LayerContract",
-    "Capabilities",
-    "DEFAULT_HEAVY_MODULES",
-    "SHAPES",
-    "DetlaunchRunner",
-    "Completed",
-    "Running",
-    "processes_with_marker",
-]
-assert set(__all__) == set(_EXPORTS)
+__all__ = list(_EXPORTS)
 
-if TYPE_CHECKING:
-    from .contract import DEFAULT_HEAVY_MODULES, SHAPES, Capabilities, LayerContract
-    from .runner import Completed, DetlaunchRunner, Running, processes_with_marker
+if TYPE_CHECKING:  # `X as X`: an explicit re-export, for type checkers
+    from .contract import DEFAULT_HEAVY_MODULES as DEFAULT_HEAVY_MODULES
+    from .contract import SHAPES as SHAPES
+    from .contract import Capabilities as Capabilities
+    from .contract import LayerContract as LayerContract
+    from .runner import Completed as Completed
+    from .runner import DetlaunchRunner as DetlaunchRunner
+    from .runner import Running as Running
+    from .runner import processes_with_marker as processes_with_marker
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'detlaunch.testing' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{module}", __name__), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(__all__)
+__getattr__, __dir__ = lazy_attributes(__name__, globals(), _EXPORTS)

@@ -45,16 +45,12 @@ from detlaunch import (
     Command,
     ConfigError,
     RankWrapper,
-    SshLayout,
-    SshParts,
     Stage,
     StageContext,
-    add_ssh_options,
     check_port_free,
     hookimpl,
-    ssh_client_parts,
-    sshd_parts,
 )
+from detlaunch.ssh import SshLayout, SshParts, add_ssh_options, ssh_client_parts, sshd_parts
 
 from . import envfile
 from .envfile import DENY, parse_version, quoting_for

@@ -21,14 +21,11 @@ from collections.abc import Sequence
 from detlaunch import (
     Command,
     RankWrapper,
-    SshLayout,
     Stage,
     StageContext,
-    add_ssh_options,
     hookimpl,
-    ssh_client_parts,
-    sshd_parts,
 )
+from detlaunch.ssh import SshLayout, add_ssh_options, ssh_client_parts, sshd_parts
 
 NAME = "horovod"
 # The seed's constants (determined/constants.py), as documented defaults.

@@ -1,0 +1,155 @@
+"""The processes a node's supervisor started (launchers and daemons): start, output, reap, stop, kill.
+
+It owns processes and knows nothing of ranks or verdicts (torch elastic's PContext role). Each
+child's output (its own chatter, not its ranks', which reach the console directly) comes through
+a pipe on the event loop: kept in ``--log-dir``, passed to `on_output` (shown with ``--debug``),
+and its tail kept for the report when that child is the root cause.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import subprocess
+from collections.abc import Callable, Mapping
+
+import psutil
+
+from . import procs
+from .errors import LaunchError
+from .eventloop import EventLoop, Priority
+from .rank_protocol import TAIL_BYTES
+from .stage import Command
+
+
+@dataclasses.dataclass
+class Child:
+    """A process the supervisor started, and what it has said so far."""
+
+    command: Command
+    pid: int
+    output_fd: int | None
+    exit: int | None = None  # exit code, or -signal
+    tail: bytes = b""
+    log_fd: int | None = None
+
+    @property
+    def running(self) -> bool:
+        return self.exit is None
+
+
+class ProcessTable:
+    """Every child of this supervisor, and every process below them (it is their subreaper)."""
+
+    def __init__(self, loop: EventLoop, *, log_dir: str | None, node_rank: int,
+                 on_output: Callable[[Child, bytes], None], on_exit: Callable[[Child], None]) -> None:
+        self.loop = loop
+        self.log_dir = log_dir
+        self.node_rank = node_rank
+        self.on_output, self.on_exit = on_output, on_exit
+        self.children: dict[int, Child] = {}
+
+    def adopt_orphans(self) -> None:
+        """Become the child subreaper: whatever a child orphans is re-parented here, found, and stopped."""
+        procs.become_subreaper()
+
+    # -- starting -----------------------------------------------------------------------------
+    def run_step(self, argv: tuple[str, ...], env: Mapping[str, str], timeout: float) -> None:
+        """Run a setup command to completion; LaunchError (one line) when it fails."""
+        try:
+            done = subprocess.run(argv, env=dict(env), stdin=subprocess.DEVNULL, capture_output=True,
+                                  timeout=timeout, check=False)
+        except FileNotFoundError:
+            raise LaunchError(f"setup command not found: {argv[0]}") from None
+        except subprocess.TimeoutExpired:
+            raise LaunchError(f"setup command timed out: {' '.join(argv)}") from None
+        if done.returncode != 0:
+            why = (done.stderr or done.stdout).decode(errors="replace").strip().splitlines()
+            raise LaunchError(f"{os.path.basename(argv[0])} failed ({' '.join(argv)}): "
+                              f"{why[-1] if why else f'exit {done.returncode}'}")
+
+    def start(self, command: Command, env: Mapping[str, str]) -> Child:
+        out_r, out_w = os.pipe()
+        try:
+            pid = procs.spawn(command.argv, {**env, **command.env}, output_fd=out_w)
+        except BaseException:
+            os.close(out_r)
+            raise
+        finally:
+            os.close(out_w)
+        child = Child(command, pid, out_r)
+        if self.log_dir:
+            os.makedirs(self.log_dir, exist_ok=True)
+            name = f"{command.name}-node{self.node_rank}.log"
+            child.log_fd = os.open(os.path.join(self.log_dir, name),
+                                   os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
+        os.set_blocking(out_r, False)
+        self.loop.add_reader(out_r, Priority.CHILD_OUTPUT, lambda: self._read_output(child))
+        self.children[pid] = child
+        return child
+
+    def _read_output(self, child: Child) -> None:
+        assert child.output_fd is not None
+        try:
+            data = os.read(child.output_fd, 65536)
+        except BlockingIOError:
+            return
+        if not data:
+            self._close_output(child)
+            return
+        child.tail = (child.tail + data)[-TAIL_BYTES:]
+        if child.log_fd is not None:
+            os.write(child.log_fd, data)
+        self.on_output(child, data)
+
+    def _close_output(self, child: Child) -> None:
+        if child.output_fd is not None:
+            self.loop.remove(child.output_fd)
+            os.close(child.output_fd)
+            child.output_fd = None
+        if child.log_fd is not None:
+            os.close(child.log_fd)
+            child.log_fd = None
+
+    # -- ending -------------------------------------------------------------------------------
+    def reap(self) -> None:
+        """Collect every exited process; `on_exit` for ours (orphans are reaped silently)."""
+        for pid, code in procs.reap():
+            child = self.children.get(pid)
+            if child is not None:
+                child.exit = code
+                self.on_exit(child)
+
+    def live(self) -> list[Child]:
+        return [c for c in self.children.values() if c.running]
+
+    def launchers(self) -> list[Child]:
+        return [c for c in self.children.values() if not c.command.daemon]
+
+    def stop(self, child: Child, *, with_sessions: bool) -> None:
+        """Ask `child` to stop with its own stop signal (a daemon: its sessions too, when asked)."""
+        if not child.running:
+            return
+        if with_sessions:
+            procs.signal_tree(child.pid, child.command.stop_signal)
+        else:
+            procs.signal_pid(child.pid, child.command.stop_signal)
+
+    def kill_all(self) -> int:
+        """SIGKILL every process below the supervisor; how many there were."""
+        return procs.kill_descendants()
+
+    def leftovers(self) -> list[int]:
+        """Live (not zombie) processes still below the supervisor."""
+        return [p.pid for p in procs.descendants() if _alive(p)]
+
+    def close(self) -> None:
+        for child in self.children.values():
+            self._close_output(child)
+
+
+def _alive(p: psutil.Process) -> bool:
+    try:
+        return bool(p.status() != psutil.STATUS_ZOMBIE)
+    except psutil.NoSuchProcess:
+        return False

@@ -1,0 +1,74 @@
+"""What a rank wrapper and its node's supervisor say to each other, and how a rank's end is written.
+
+One JSON object per line over the supervisor's Unix socket:
+
+    wrapper -> supervisor   {"t": "hello", "job": ID, "rank": N, "pid": P}
+    supervisor -> wrapper   {"t": "ok", "log_dir": DIR|null, "console_ranks": [..]|null}  + 2 fds (SCM_RIGHTS)
+                            {"t": "reject", "why": "..."}
+    wrapper -> supervisor   {"t": "started", "pid": RANK_PID}
+    wrapper -> supervisor   {"t": "exit", "code": C, "signal": S|null, "tail": [...], "wall": T}
+
+The same module writes and reads a rank's status as JSON for the job link between nodes.
+
+Stdlib only and cheap to import: the rank wrapper (``python -S``, once per rank) imports it, so
+``json`` is imported only when a message is actually encoded or decoded.
+"""
+
+from __future__ import annotations
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # never at run time: typing alone costs the wrapper about 1 MB
+    from typing import Any
+
+TAIL_LINES = 20  # stderr lines a rank's report carries, and a launcher's failure shows
+TAIL_BYTES = 16384  # how much of a stream is kept to find those lines in
+
+HELLO, OK, REJECT, STARTED, EXIT = "hello", "ok", "reject", "started", "exit"
+
+
+def encode(message: dict[str, Any]) -> bytes:
+    import json
+
+    return json.dumps(message).encode() + b"\n"
+
+
+def decode(line: bytes) -> dict[str, Any]:
+    """One message; ValueError when the line is not a JSON object."""
+    import json
+
+    message = json.loads(line)
+    if not isinstance(message, dict):
+        raise ValueError("not a JSON object")
+    return message
+
+
+def exit_code_of(code: int) -> int:
+    """os.waitstatus_to_exitcode gives -N for a signal; a shell (and detlaunch) reports 128+N."""
+    return 128 - code if code < 0 else code
+
+
+def last_lines(data: bytes, count: int = TAIL_LINES) -> list[str]:
+    """The last `count` non-blank lines of `data` (``\\r`` ends a line too: progress bars)."""
+    lines = data.replace(b"\r", b"\n").decode("utf-8", "replace").splitlines()
+    return [line for line in lines if line.strip()][-count:]
+
+
+def exit_message(code: int, signal: int | None, tail: list[str], wall: float) -> dict[str, Any]:
+    return {"t": EXIT, "code": code, "signal": signal, "tail": tail, "wall": wall}
+
+
+def status_to_json(s: Any) -> dict[str, Any]:
+    """A RankStatus (report.py) as the job link carries it."""
+    return {"rank": s.rank, "node": s.node_rank, "code": s.exit_code, "signal": s.signal,
+            "tail": list(s.tail), "lost": s.lost, "host": s.host, "wall": s.wall, "stopped": s.stopped,
+            "killed": s.killed}
+
+
+def status_fields(d: dict[str, Any]) -> dict[str, Any]:
+    """The keyword arguments of RankStatus, from its JSON form (values checked and converted)."""
+    return {"rank": int(d["rank"]), "node_rank": int(d["node"]),
+            "exit_code": None if d.get("code") is None else int(d["code"]),
+            "signal": None if d.get("signal") is None else int(d["signal"]),
+            "tail": tuple(str(t) for t in d.get("tail") or ()), "lost": bool(d.get("lost")),
+            "host": str(d.get("host") or ""), "wall": float(d.get("wall") or 0.0),
+            "stopped": bool(d.get("stopped")), "killed": bool(d.get("killed"))}
