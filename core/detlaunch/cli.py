@@ -133,17 +133,23 @@ def run(argv: list[str], env: dict[str, str]) -> int:
     if options.get("log_dir"):
         _prepare_log_dir(options["log_dir"])
 
-    from .report import format_report
+    from .isolation import run_isolated
+    from .report import format_report, format_warnings
     from .supervisor import NodeSupervisor
 
     hooks.job_started(plan.context, plan.stage)  # scheduler side effects; a failure is one error line
-    supervisor = NodeSupervisor(plan, debug=bool(options.get("debug")))
-    result = supervisor.run()
-    for problem in hooks.job_finished(plan.context, result):
-        print(f"detlaunch: warning: a job_finished observer failed: {problem}", file=sys.stderr)
-    for line in format_report(result):
-        print(line, file=sys.stderr)
-    return result.exit_code
+
+    def supervise() -> int:
+        result = NodeSupervisor(plan, debug=bool(options.get("debug"))).run()
+        for problem in hooks.job_finished(plan.context, result):
+            print(f"detlaunch: warning: a job_finished observer failed: {problem}", file=sys.stderr)
+        for line in [*format_warnings(result), *format_report(result)]:
+            print(line, file=sys.stderr)
+        return result.exit_code
+
+    if options.get("no_pid_namespace"):
+        return supervise()
+    return run_isolated(supervise, warn=lambda line: print(f"detlaunch: warning: {line}", file=sys.stderr))
 
 
 def _prepare_log_dir(path: str) -> None:

@@ -134,6 +134,9 @@ def build_parser(layer_names: Sequence[str] = (), add_help: bool = True) -> Pars
                    help="after asking processes to stop, SIGKILL them this many seconds later (default 5)")
     g.add_argument("--start-timeout", type=seconds, default=300.0, metavar="S",
                    help="give up when the ranks (or peers) have not started after this long (default 300)")
+    g.add_argument("--no-pid-namespace", action="store_true",
+                   help="do not run the job in a PID namespace of its own (by default every process of the job "
+                   "is in one, so nothing it starts can outlive detlaunch, even a SIGKILLed one)")
     g.add_argument("--control-port", type=port, metavar="PORT",
                    help="multi-node: the chief's port for the other nodes' supervisors (default: master port + 1)")
     g.add_argument("--heartbeat", type=seconds, default=1.0, metavar="S",

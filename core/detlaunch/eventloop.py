@@ -116,8 +116,10 @@ class EventLoop:
 
         self.add_reader(wake_r, Priority.SIGNAL, on_wakeup)
         self._old_wakeup = signal.set_wakeup_fd(self._wake_w.fileno(), warn_on_full_buffer=False)
+        signals = tuple(signals)
         for s in signals:
             self._old_handlers[s] = signal.signal(s, lambda *_: None)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, signals)  # a caller may have held them until now
 
     def restore_signals(self) -> None:
         if self._old_wakeup is not None:

@@ -35,6 +35,10 @@ from .safefs import ensure_private_dir, read_private_file, write_private_file
 
 HEARTBEAT_MISSES = 5
 MAX_UNAUTHENTICATED = 4096  # bytes a peer may send before it has proven it is a node of the job
+# Work the chief takes on for connections that have not authenticated yet: a flood on the control
+# port must not slow the verdict path (rank reports and the nodes' links come first).
+ACCEPTS_PER_SECOND = 200
+MAX_PENDING, MAX_PENDING_PER_PEER = 64, 8
 SECRET_ENV = "DETLAUNCH_JOB_SECRET"
 SECRET_FILE = "secret"
 
@@ -89,10 +93,17 @@ class PeerConnection:
         self.opened = time.monotonic()
         self.last_heard = time.monotonic()
         self.node: int | None = None
+        self.peer = ""  # the remote address
         self.authed = False
         self.nonce = secrets.token_hex(16)
         sock.setblocking(False)
-        loop.add_reader(sock, Priority.RANK_REPORT, self.on_readable)
+        # Unproven peers are served after everything else; a node of the job is raised on joining.
+        loop.add_reader(sock, Priority.PROBE, self.on_readable)
+
+    def trusted(self) -> None:
+        self.authed = True
+        self.loop.remove(self.sock)
+        self.loop.add_reader(self.sock, Priority.RANK_REPORT, self.on_readable)
 
     def send(self, message: dict[str, Any]) -> None:
         if self.closed:
@@ -152,6 +163,28 @@ def _message_failure(m: dict[str, Any]) -> Failure | None:
         return None
 
 
+class Admission:
+    """How many unauthenticated connections the chief takes on: at most `max_pending` at once
+    (`max_per_peer` from one address), and `per_second` new ones a second (a token bucket)."""
+
+    def __init__(self, per_second: float, max_pending: int, max_per_peer: int) -> None:
+        self.per_second, self.max_pending, self.max_per_peer = per_second, max_pending, max_per_peer
+        self.tokens = float(max_pending)
+        self.updated: float | None = None
+
+    def wait(self, pending: int, now: float) -> float:
+        """0 when one more connection may be accepted now (and take its token), else how long to wait."""
+        if self.updated is not None:
+            self.tokens = min(float(self.max_pending), self.tokens + (now - self.updated) * self.per_second)
+        self.updated = now
+        if pending >= self.max_pending:
+            return 0.1  # until a pending connection authenticates, is refused, or times out
+        if self.tokens < 1:
+            return (1 - self.tokens) / self.per_second
+        self.tokens -= 1
+        return 0.0
+
+
 class ChiefLink:
     """The chief's side: accepts every worker node's supervisor, and decides for the job."""
 
@@ -180,18 +213,44 @@ class ChiefLink:
                               f"({e.strerror}): choose a free port with --control-port") from None
         self.listener.listen(64)
         self.listener.setblocking(False)
-        loop.add_reader(self.listener, Priority.CHILD_OUTPUT, self.on_accept)
+        self.admission = Admission(ACCEPTS_PER_SECOND, MAX_PENDING, MAX_PENDING_PER_PEER)
+        self.listening = False
+        self.paused: Timer | None = None
+        self._listen()
         self.timer: Timer | None = loop.call_later(self.heartbeat, self.tick)
+
+    def _listen(self) -> None:
+        self.paused = None
+        if not self.listening and self.expected - set(self.nodes) and self.listener.fileno() >= 0:
+            self.loop.add_reader(self.listener, Priority.CHILD_OUTPUT, self.on_accept)
+            self.listening = True
+
+    def _stop_listening(self, for_seconds: float | None) -> None:
+        """Leave new connections in the kernel's backlog (none at all once every node has joined)."""
+        if self.listening:
+            self.loop.remove(self.listener)
+            self.listening = False
+        if for_seconds is not None and self.paused is None:
+            self.paused = self.loop.call_later(for_seconds, self._listen)
 
     def on_accept(self) -> None:
         while True:
+            wait = self.admission.wait(len(self.pending), self.loop.clock())
+            if wait:
+                self._stop_listening(for_seconds=wait)
+                return
             try:
-                sock, _ = self.listener.accept()
+                sock, addr = self.listener.accept()
             except BlockingIOError:
                 return
             except OSError:  # the listener was closed under us
                 return
+            peer = str(addr[0])
+            if sum(1 for p in self.pending if p.peer == peer) >= self.admission.max_per_peer:
+                sock.close()  # one address cannot hold every pending slot
+                continue
             line = PeerConnection(self.loop, sock, self.on_message, self.on_close)
+            line.peer = peer
             self.pending.add(line)
             line.send({"t": "challenge", "job": self.job_id, "nonce": line.nonce})
 
@@ -224,8 +283,11 @@ class ChiefLink:
             line.close()
             return
         assert isinstance(node, int) and self.secret
-        line.authed, line.node = True, node
+        line.trusted()
+        line.node = node
         self.nodes[node] = line
+        if not self.expected - set(self.nodes):
+            self._stop_listening(for_seconds=None)  # every node is here: nobody else has a reason to connect
         self.addrs[node] = str(m.get("addr") or line.sock.getpeername()[0])
         line.send({"t": "welcome", "mac": mac(self.secret, "chief", self.job_id, node, m.get("nonce"))})
         if self.stop_message is not None:  # joined after the job was stopped
@@ -234,6 +296,8 @@ class ChiefLink:
 
     def on_close(self, line: PeerConnection) -> None:
         self.pending.discard(line)
+        if self.paused is None:
+            self._listen()  # a pending slot is free again
         node = line.node
         if node is None or node in self.finished:
             return
@@ -343,7 +407,8 @@ class WorkerLink:
                 self.events.link_failed_to_start(f"the chief at {self.chief[0]}:{self.chief[1]} failed authentication")
                 line.close()
                 return
-            line.authed = self.joined = True
+            line.trusted()
+            self.joined = True
             self.events.trace("joined the chief")
         elif not line.authed:
             return  # nothing but the handshake counts before the chief has proven who it is

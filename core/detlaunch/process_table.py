@@ -42,12 +42,14 @@ class ProcessTable:
     """Every child of this supervisor, and every process below them (it is their subreaper)."""
 
     def __init__(self, loop: EventLoop, *, log_dir: str | None, node_rank: int,
-                 on_output: Callable[[Child, bytes], None], on_exit: Callable[[Child], None]) -> None:
+                 on_output: Callable[[Child, bytes], None], on_exit: Callable[[Child], None],
+                 on_log_error: Callable[[str], None] = lambda _why: None) -> None:
         self.loop = loop
         self.log_dir = log_dir
         self.node_rank = node_rank
-        self.on_output, self.on_exit = on_output, on_exit
+        self.on_output, self.on_exit, self.on_log_error = on_output, on_exit, on_log_error
         self.children: dict[int, Child] = {}
+        self.log_errors: list[str] = []  # a launcher's log that could not be written: never fatal
 
     def adopt_orphans(self) -> None:
         """Become the child subreaper: whatever a child orphans is re-parented here, found, and stopped."""
@@ -79,10 +81,12 @@ class ProcessTable:
             os.close(out_w)
         child = Child(command, pid, out_r)
         if self.log_dir:
-            os.makedirs(self.log_dir, exist_ok=True)
-            name = f"{command.name}-node{self.node_rank}.log"
-            child.log_fd = os.open(os.path.join(self.log_dir, name),
-                                   os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
+            path = self.log_path(child)
+            try:
+                os.makedirs(self.log_dir, exist_ok=True)
+                child.log_fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
+            except OSError as e:
+                self._log_failed(f"{path} could not be created: {os.strerror(e.errno or 0).lower()}")
         os.set_blocking(out_r, False)
         self.loop.add_reader(out_r, Priority.CHILD_OUTPUT, lambda: self._read_output(child))
         self.children[pid] = child
@@ -99,8 +103,23 @@ class ProcessTable:
             return
         child.tail = (child.tail + data)[-TAIL_BYTES:]
         if child.log_fd is not None:
-            os.write(child.log_fd, data)
+            try:
+                os.write(child.log_fd, data)
+            except OSError as e:
+                size = os.fstat(child.log_fd).st_size
+                os.close(child.log_fd)
+                child.log_fd = None
+                self._log_failed(f"{self.log_path(child)} is incomplete: {os.strerror(e.errno or 0).lower()} "
+                                 f"after {size} bytes")
         self.on_output(child, data)
+
+    def log_path(self, child: Child) -> str:
+        assert self.log_dir
+        return os.path.join(self.log_dir, f"{child.command.name}-node{self.node_rank}.log")
+
+    def _log_failed(self, why: str) -> None:
+        self.log_errors.append(why)
+        self.on_log_error(why)
 
     def _close_output(self, child: Child) -> None:
         if child.output_fd is not None:

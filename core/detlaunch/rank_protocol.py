@@ -6,7 +6,11 @@ One JSON object per line over the supervisor's Unix socket:
     supervisor -> wrapper   {"t": "ok", "log_dir": DIR|null, "console_ranks": [..]|null}  + 2 fds (SCM_RIGHTS)
                             {"t": "reject", "why": "..."}
     wrapper -> supervisor   {"t": "started", "pid": RANK_PID}
-    wrapper -> supervisor   {"t": "exit", "code": C, "signal": S|null, "tail": [...], "wall": T}
+    wrapper -> supervisor   {"t": "exit", "code": C, "signal": S|null, "tail": [...], "wall": T,
+                             "log_error": "rank-1.log is incomplete: ..." (only when the log failed)}
+
+The exit is reported as soon as the rank has ended, before the wrapper waits for whatever the rank
+left behind to close its output.
 
 The same module writes and reads a rank's status as JSON for the job link between nodes.
 
@@ -61,7 +65,7 @@ def status_to_json(s: Any) -> dict[str, Any]:
     """A RankStatus (report.py) as the job link carries it."""
     return {"rank": s.rank, "node": s.node_rank, "code": s.exit_code, "signal": s.signal,
             "tail": list(s.tail), "lost": s.lost, "host": s.host, "wall": s.wall, "stopped": s.stopped,
-            "killed": s.killed}
+            "killed": s.killed, "log_error": s.log_error}
 
 
 def status_fields(d: dict[str, Any]) -> dict[str, Any]:
@@ -71,4 +75,5 @@ def status_fields(d: dict[str, Any]) -> dict[str, Any]:
             "signal": None if d.get("signal") is None else int(d["signal"]),
             "tail": tuple(str(t) for t in d.get("tail") or ()), "lost": bool(d.get("lost")),
             "host": str(d.get("host") or ""), "wall": float(d.get("wall") or 0.0),
-            "stopped": bool(d.get("stopped")), "killed": bool(d.get("killed"))}
+            "stopped": bool(d.get("stopped")), "killed": bool(d.get("killed")),
+            "log_error": str(d.get("log_error") or "")}

@@ -165,7 +165,8 @@ class RankRegistry:
             entry.status = RankStatus(
                 rank=entry.rank, node_rank=self.rules.node_rank, exit_code=int(message["code"]),
                 signal=message.get("signal"), tail=tuple(message.get("tail") or ()),
-                wall=float(message.get("wall") or time.time()), host=self.host, stopped=entry.stopped)
+                wall=float(message.get("wall") or time.time()), host=self.host, stopped=entry.stopped,
+                log_error=str(message.get("log_error") or ""))
             self.on_exit(entry.status)
 
     def _on_hello(self, entry: RankEntry, message: dict[str, Any]) -> None:

@@ -185,20 +185,62 @@ def write_all(fd: int, data: bytes) -> None:
             start += os.write(fd, view[start:end])
 
 
+class RankLog:
+    """The rank's log file (--log-dir). A write that fails (a full disk) never stops the rank: the
+    file is closed, the problem said at once on the console, and again in the end report."""
+
+    def __init__(self, log_dir: str | None, rank: int, warn_fd: int) -> None:
+        self.path = os.path.join(log_dir, f"rank-{rank}.log") if log_dir else ""
+        self.warn_fd = warn_fd
+        self.error = ""  # one line for the report, once something went wrong
+        self.fd: int | None = None
+        if not log_dir:
+            return
+        try:
+            os.makedirs(log_dir, exist_ok=True)
+            self.fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
+        except OSError as e:
+            self.fail(f"{self.path} could not be created: {os.strerror(e.errno or 0).lower()}")
+
+    def write(self, data: bytes) -> None:
+        if self.fd is None:
+            return
+        try:
+            write_all(self.fd, data)
+        except OSError as e:
+            try:
+                size = os.fstat(self.fd).st_size
+            except OSError:
+                size = 0
+            os.close(self.fd)
+            self.fd = None
+            self.fail(f"{self.path} is incomplete: {os.strerror(e.errno or 0).lower()} after {size} bytes")
+
+    def fail(self, why: str) -> None:
+        self.error = why
+        try:
+            os.write(self.warn_fd, f"detlaunch: warning: {why}; the console has every line\n".encode())
+        except OSError:
+            pass
+
+
 class Output:
     """Where one of the rank's streams goes: the console (maybe) and the rank's log file (maybe)."""
 
-    def __init__(self, console_fd: int | None, log_fd: int | None) -> None:
-        self.fds = [fd for fd in (console_fd, log_fd) if fd is not None]
+    def __init__(self, console_fd: int | None, log: RankLog | None) -> None:
+        self.console_fd = console_fd
+        self.log = log
 
     def write(self, data: bytes) -> None:
         if not data:
             return
-        for fd in list(self.fds):
+        if self.console_fd is not None:
             try:
-                write_all(fd, data)
-            except OSError:  # console or file gone: keep the rank running, drop this copy
-                self.fds.remove(fd)
+                write_all(self.console_fd, data)
+            except OSError:  # the console is gone: keep the rank running, drop this copy
+                self.console_fd = None
+        if self.log is not None:
+            self.log.write(data)
 
 
 class SupervisorConnection:
@@ -262,7 +304,7 @@ class WrappedRank:
     """The rank's process, its output streams, and its report: the wrapper's whole job."""
 
     def __init__(self, rank: int, command: list[str], supervisor: SupervisorConnection | None,
-                 console: tuple[int, int] | None, log_fd: int | None, grace: float) -> None:
+                 console: tuple[int, int] | None, log: RankLog | None, grace: float) -> None:
         """console: the (stdout, stderr) fds to write to, or None to keep this rank off the console."""
         self.rank = rank
         self.command = command
@@ -276,8 +318,10 @@ class WrappedRank:
         self.kill_deadline: float | None = None
         self.killed = False  # SIGKILL sent: nothing is left to escalate to
         self.tail = b""
+        self.log = log
+        self.reported = False
         out, err = console if console else (None, None)
-        self.outputs = {1: Output(out, log_fd), 2: Output(err, log_fd)}
+        self.outputs = {1: Output(out, log), 2: Output(err, log)}
 
     # -- signals --------------------------------------------------------------
     def on_signal(self, signum: int, frame: FrameType | None) -> None:
@@ -353,19 +397,24 @@ class WrappedRank:
                 os.close(fd)
                 del streams[fd]
 
+        def drain(fd: int) -> None:
+            """Take everything in the pipe now, without waiting for more."""
+            os.set_blocking(fd, False)
+            try:
+                while fd in streams:
+                    take(fd, os.read(fd, READ_SIZE))
+            except BlockingIOError:
+                pass
+
         while streams or self.status is None:
             if self.killed and self.status is not None:
                 # The rank's group is dead, yet its output is still open: a process that left the
                 # group (setsid) holds it. Take what is in the pipes and stop waiting for that
                 # process; the supervisor stops it with the rest of the job.
                 for fd in list(streams):
-                    os.set_blocking(fd, False)
-                    try:
-                        while data := os.read(fd, READ_SIZE):
-                            take(fd, data)
-                    except BlockingIOError:
-                        pass
-                    take(fd, b"")
+                    drain(fd)
+                    if fd in streams:
+                        take(fd, b"")
                 break
             timeout: float | None = None
             if self.kill_deadline is not None:
@@ -377,7 +426,10 @@ class WrappedRank:
             short_read = False
             for fd, _ in events:
                 if fd in streams:
-                    data = os.read(fd, READ_SIZE)
+                    try:
+                        data = os.read(fd, READ_SIZE)
+                    except BlockingIOError:  # drained already (see drain)
+                        continue
                     short_read = short_read or 0 < len(data) < PIPE_BUF
                     take(fd, data)
                 elif fd == pidfd:
@@ -386,6 +438,11 @@ class WrappedRank:
                     poller.unregister(pidfd)
                     events_only.unregister(pidfd)
                     os.close(pidfd)
+                    for stream_fd in list(streams):  # what the rank wrote before it ended, for its report
+                        drain(stream_fd)
+                    # Report now: a process the rank left behind may hold its output open for long,
+                    # and the job must not wait for that to learn how the rank ended.
+                    self.report()
                     if streams:  # something the rank started still holds its output open
                         self.stop_rank()
                 elif supervisor and fd == sup_fd:
@@ -408,26 +465,28 @@ class WrappedRank:
                 events_only.poll(gather * 1000)
         return self.finish()
 
-    def finish(self) -> int:
+    def exit_code(self) -> tuple[int, int | None]:
         assert self.status is not None
         code = os.waitstatus_to_exitcode(self.status)
-        signum = -code if code < 0 else None
-        exit_code = rank_protocol.exit_code_of(code)
-        if self.supervisor:
-            tail = rank_protocol.last_lines(self.tail)
-            try:
-                self.supervisor.send(rank_protocol.exit_message(exit_code, signum, tail, self.ended_at))
-            except OSError:
-                pass
-        return exit_code
+        return rank_protocol.exit_code_of(code), (-code if code < 0 else None)
 
+    def report(self) -> None:
+        """Tell the supervisor how the rank ended (once; a log problem known by then goes with it)."""
+        if self.reported or not self.supervisor:
+            return
+        self.reported = True
+        code, signum = self.exit_code()
+        message = rank_protocol.exit_message(code, signum, rank_protocol.last_lines(self.tail), self.ended_at)
+        if self.log is not None and self.log.error:
+            message["log_error"] = self.log.error
+        try:
+            self.supervisor.send(message)
+        except OSError:
+            pass
 
-def open_log(log_dir: str | None, rank: int) -> int | None:
-    if not log_dir:
-        return None
-    os.makedirs(log_dir, exist_ok=True)
-    return os.open(os.path.join(log_dir, f"rank-{rank}.log"),
-                   os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
+    def finish(self) -> int:
+        self.report()
+        return self.exit_code()[0]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -441,7 +500,8 @@ def main(argv: list[str] | None = None) -> int:
         console_ranks = node.get("console_ranks", opts["console"])
         console = None if console_ranks is not None and rank not in console_ranks else console_fds
         log_dir = node.get("log_dir", opts["log_dir"])
-        wrapper = WrappedRank(rank, command, supervisor, console, open_log(log_dir, rank), opts["grace"])
+        log = RankLog(log_dir, rank, warn_fd=console_fds[1])
+        wrapper = WrappedRank(rank, command, supervisor, console, log, opts["grace"])
         return wrapper.run()
     except (UsageError, ValueError) as e:
         os.write(2, f"detlaunch rank wrapper: error: {e}\n".encode())

@@ -39,6 +39,7 @@ class RankStatus:
     host: str = ""
     stopped: bool = False  # detlaunch had asked it to stop: its end is a consequence, not a cause
     killed: bool = False  # detlaunch SIGKILLed it (and its wrapper), so no report could come
+    log_error: str = ""  # its --log-dir file is incomplete, and why
 
     @property
     def failed(self) -> bool:
@@ -104,6 +105,7 @@ class JobResult:
     interrupted_by: int | None = None
     duration: float = 0.0
     node_rank: int = 0
+    warnings: tuple[str, ...] = ()  # problems that did not stop the job (a log file that could not be written)
 
     @property
     def ok(self) -> bool:
@@ -132,3 +134,9 @@ def format_report(result: JobResult) -> list[str]:
         lines.append(f"detlaunch:   rank {r.rank} (node {r.node_rank}): {r.describe()}{note}")
     lines.append(f"detlaunch: exit code {result.exit_code}")
     return lines
+
+
+def format_warnings(result: JobResult) -> list[str]:
+    """What went wrong without stopping the job: every rank's incomplete log, the launchers' too."""
+    problems = [*result.warnings, *(r.log_error for r in sorted(result.ranks, key=lambda r: r.rank) if r.log_error)]
+    return [f"detlaunch: warning: {p}" for p in problems]

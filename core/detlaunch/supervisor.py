@@ -108,7 +108,8 @@ class NodeSupervisor:
         self.loop = EventLoop()
         self.verdict = Verdict()
         self.processes = ProcessTable(self.loop, log_dir=plan.log_dir, node_rank=self.node,
-                                      on_output=self._on_child_output, on_exit=self._on_child_exit)
+                                      on_output=self._on_child_output, on_exit=self._on_child_exit,
+                                      on_log_error=lambda why: self.say(f"warning: {why}; the job goes on"))
         c = plan.cluster
         rules = RankRules(job_id=c.job_id, node_rank=self.node, first_rank=c.first_rank,
                           local_slots=c.local_slots, check_range=plan.stage.expected_ranks is None)
@@ -490,7 +491,8 @@ class NodeSupervisor:
                               tail_of=child.command.name, at=failure.at, kind=failure.kind)
         return JobResult(exit_code=self.verdict.exit_code, ranks=ranks, failure=failure,
                          interrupted_by=self.verdict.interrupted_by,
-                         duration=time.monotonic() - self.started_at, node_rank=self.node)
+                         duration=time.monotonic() - self.started_at, node_rank=self.node,
+                         warnings=tuple(self.processes.log_errors))
 
 
 def _split(code: int) -> tuple[int | None, int | None]:

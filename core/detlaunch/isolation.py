@@ -1,0 +1,131 @@
+"""Nothing escapes: the job's processes live in a PID namespace whose init is this node's supervisor.
+
+The supervisor is started as pid 1 of a new PID namespace (with its own /proc), and dies with the
+``detlaunch`` that started it (PR_SET_PDEATHSIG). When the init of a PID namespace dies, the
+kernel SIGKILLs every process in it: a rank's daemon that double-forked, called setsid() and
+ignores SIGTERM cannot outlive the job, even when ``detlaunch`` itself is SIGKILLed. What a
+node's sshd starts for a rank is inside too, since sshd runs under the supervisor.
+
+As root, a PID and a mount namespace are enough; an ordinary user also gets a user namespace
+that maps only their own uid and gid (so every process keeps its real uid). Where the kernel
+allows neither, the job runs as before, and one line says what is not guaranteed.
+
+    detlaunch (outer: relays SIGINT/SIGTERM/SIGHUP, exits with the inner's code)
+      └── detlaunch (pid 1 of the namespace: the node supervisor, its own session)
+            └── launchers, daemons, rank wrappers, ranks, whatever they start
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import select
+import signal
+import sys
+from collections.abc import Callable
+
+CLONE_NEWNS, CLONE_NEWPID, CLONE_NEWUSER = 0x00020000, 0x20000000, 0x10000000
+MS_REC, MS_PRIVATE = 1 << 14, 1 << 18
+PR_SET_PDEATHSIG = 1
+RELAYED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+class Unavailable(OSError):
+    """The kernel (or its policy) does not let this user make the namespaces."""
+
+
+def enter_new_pid_namespace() -> None:
+    """Make the next child the init of a new PID namespace (with a user namespace when not root).
+
+    Raises Unavailable with the reason.
+    """
+    uid, gid = os.getuid(), os.getgid()
+    flags = CLONE_NEWPID | (CLONE_NEWUSER if uid != 0 else 0)
+    if _libc.unshare(flags) != 0:
+        raise Unavailable(ctypes.get_errno(), f"unshare: {os.strerror(ctypes.get_errno())}")
+    if uid != 0:  # only our own ids, mapped to themselves: nothing changes for the processes
+        try:
+            for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1")):
+                with open(f"/proc/self/{name}", "w") as f:
+                    f.write(text)
+        except OSError as e:
+            raise Unavailable(e.errno or 0, f"user namespace id maps: {e.strerror}") from None
+
+
+def _become_init(parent_alive: int) -> None:
+    """In the child, pid 1 of the new namespace: die with the parent, and see only our own processes."""
+    _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if select.select([parent_alive], [], [], 0)[0]:  # EOF: the parent died before prctl took effect
+        os._exit(128 + signal.SIGKILL)
+    os.setsid()  # the terminal's signals reach the outer detlaunch, which relays each exactly once
+    if _libc.unshare(CLONE_NEWNS) == 0 and _libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None) == 0:
+        _libc.mount(b"proc", b"/proc", b"proc", 0, None)  # our /proc: psutil sees the job's processes only
+
+
+def run_isolated(body: Callable[[], int], *, warn: Callable[[str], None]) -> int:
+    """Run `body` as the init of a new PID namespace; return its exit code.
+
+    Signals that reach this process (a user's kill, the terminal's Ctrl-C) are relayed to it. When
+    the namespace cannot be made, `warn` says so in one line and `body` runs here.
+    """
+    try:
+        enter_new_pid_namespace()
+    except Unavailable as e:
+        warn(f"cannot isolate the job in a PID namespace ({e.strerror}): a process that escapes its "
+             f"rank (setsid) can outlive a SIGKILL of detlaunch; see detlaunch doctor")
+        return body()
+    # Blocked until the supervisor catches them: as pid 1, an unhandled signal would be ignored.
+    signal.pthread_sigmask(signal.SIG_BLOCK, RELAYED)
+    alive_r, alive_w = os.pipe()
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            os.close(alive_w)
+            _become_init(alive_r)
+            code = body()
+        finally:
+            for stream in (sys.stdout, sys.stderr):
+                try:
+                    stream.flush()
+                except OSError:
+                    pass
+            os._exit(code)
+    os.close(alive_r)
+    for s in RELAYED:
+        signal.signal(s, lambda signum, _frame: _relay(pid, signum))
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, RELAYED)
+    _, status = os.waitpid(pid, 0)
+    os.close(alive_w)
+    code = os.waitstatus_to_exitcode(status)
+    return 128 - code if code < 0 else code
+
+
+def _relay(pid: int, signum: int) -> None:
+    try:
+        os.kill(pid, signum)
+    except ProcessLookupError:
+        pass
+
+
+def probe() -> str | None:
+    """Whether this user can make the namespaces here: None if so, else why not (for detlaunch doctor)."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # try in a throwaway child: unshare changes the process that calls it
+        os.close(r)
+        try:
+            enter_new_pid_namespace()
+            os._exit(0)
+        except Unavailable as e:
+            os.write(w, str(e.strerror).encode())
+            os._exit(1)
+    os.close(w)
+    with os.fdopen(r, "rb") as f:
+        why = f.read().decode(errors="replace")
+    _, status = os.waitpid(pid, 0)
+    return None if os.waitstatus_to_exitcode(status) == 0 else (why or "unknown reason")

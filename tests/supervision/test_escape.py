@@ -1,0 +1,100 @@
+"""Nothing escapes: a rank's daemon that double-forks, calls setsid() and ignores SIGTERM is gone when
+the job ends, however it ends -- a rank's failure, Ctrl-C, SIGTERM, or a SIGKILL of every detlaunch --
+on every layer, on one node and two. The leftover check is the `launcher` fixture's (by marker)."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import pytest
+from conftest import Job, Launcher
+from helpers import free_port
+
+pytestmark = pytest.mark.timeout(240)
+
+ESCAPES = """
+import os, signal, sys, time
+rank = int(os.environ.get("HOROVOD_RANK") or os.environ["RANK"])
+if os.fork() == 0:  # the daemon: its own session, deaf to SIGTERM, out of every process group
+    os.setsid()
+    if os.fork() == 0:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        os.closerange(0, 3)
+        time.sleep(600)
+    os._exit(0)
+print(f"rank {rank} ready", flush=True)
+if str(rank) == os.environ.get("FAIL_RANK"):
+    with open(os.environ["TRIGGER"], "rb") as fifo:  # fail once the test has seen every rank ready
+        fifo.read(1)
+    sys.exit(3)
+time.sleep(600)
+"""
+
+ENDINGS = ("rank_fails", "sigint", "sigterm", "sigkill")
+
+
+def start(launcher: Launcher, tmp_path: Path, layer: str, nodes: int, env: dict[str, str]) -> list[Job]:
+    script = tmp_path / "escapes.py"
+    script.write_text(ESCAPES)
+    port = str(free_port())
+    if layer == "torchrun":
+        common = ["--layer", "torchrun", "--nnodes", str(nodes), "--nproc-per-node", "2", "--master-addr",
+                  "127.0.0.1", "--master-port", port]
+        per_node = [["--node-rank", str(n), "--node-addr", f"127.0.0.{n + 1}"] for n in range(nodes)]
+    else:
+        hosts = ",".join(f"127.0.0.{n + 1}:2" for n in range(nodes))
+        common = ["--layer", layer, "--hosts", hosts, "--master-port", port,
+                  "--ssh-port", str(free_port("127.0.0.2"))]
+        per_node = [["--node-rank", str(n)] for n in range(nodes)]
+    workers = [launcher.start(*common, *per_node[n], str(script), env=env) for n in range(1, nodes)]
+    return [launcher.start(*common, *per_node[0], str(script), env=env), *workers]
+
+
+@pytest.mark.parametrize("ending", ENDINGS)
+@pytest.mark.parametrize("nodes", [1, 2])
+@pytest.mark.parametrize("layer", ["torchrun", "horovod", "deepspeed"])
+def test_nothing_outlives_the_job(launcher: Launcher, tmp_path: Path, layer: str, nodes: int, ending: str) -> None:
+    last = 2 * nodes - 1
+    trigger = tmp_path / "trigger"
+    os.mkfifo(trigger)
+    env = {"FAIL_RANK": str(last), "TRIGGER": str(trigger)} if ending == "rank_fails" else {}
+    jobs = start(launcher, tmp_path, layer, nodes, env)
+    for rank in range(2 * nodes):
+        job = jobs[rank // 2]
+        job.wait_for_output(f"[rank={rank}] rank {rank} ready", timeout=180)
+    if ending == "rank_fails":
+        with open(trigger, "wb") as fifo:
+            fifo.write(b"x")
+    elif ending == "sigint":
+        jobs[0].send_signal(signal.SIGINT)
+    elif ending == "sigterm":
+        jobs[0].send_signal(signal.SIGTERM)
+    elif ending == "sigkill":
+        for job in jobs:
+            os.kill(job.proc.pid, signal.SIGKILL)  # nobody is left to clean up: the kernel must
+    codes = [job.wait(timeout=60).returncode for job in jobs]
+    expected = {"rank_fails": 3, "sigint": 130, "sigterm": 143, "sigkill": -9}[ending]
+    assert codes[0] == expected, jobs[0].read()
+    # the fixture: no process of the job, daemons included, is alive on any node
+
+
+def test_this_machine_can_isolate_jobs_as_root_and_as_an_ordinary_user(tmp_path: Path) -> None:
+    """The kernel mechanism the matrix above relies on, checked for both kinds of user."""
+    import subprocess
+    import uuid
+
+    from detlaunch import isolation
+
+    assert isolation.probe() is None
+    user = f"dl{uuid.uuid4().hex[:8]}"
+    subprocess.run(["useradd", "-M", "-s", "/bin/sh", user], check=True)
+    try:
+        code = Path(isolation.__file__).read_text() + "\nprint(probe())\n"  # stdlib only: runs as it is
+        # Debian's python3: the venv's interpreter lives under /root, which the user cannot read.
+        out = subprocess.run(["runuser", "-u", user, "--", "/usr/bin/python3", "-S", "-c", code],
+                             capture_output=True, text=True, timeout=30, cwd="/")
+        assert out.stdout.strip() == "None", out
+    finally:
+        subprocess.run(["userdel", user], check=True)
