@@ -17,6 +17,7 @@ _EXPORTS = {
     "hookimpl": "hookspecs",
     "ClusterInfo": "cluster",
     "Config": "config",
+    "Number": "config",
     "StageContext": "stage",
     "Stage": "stage",
     "Command": "stage",
@@ -41,6 +42,7 @@ __all__ = [
     "hookimpl",
     "ClusterInfo",
     "Config",
+    "Number",
     "StageContext",
     "Stage",
     "Command",
@@ -63,7 +65,7 @@ assert set(__all__) == {"__version__", *_EXPORTS}
 
 if TYPE_CHECKING:
     from .cluster import ClusterInfo
-    from .config import Config
+    from .config import Config, Number
     from .errors import ClusterError, ConfigError, DetlaunchError, LaunchError
     from .hookspecs import hookimpl
     from .netutil import check_port_free

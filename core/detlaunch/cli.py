@@ -7,6 +7,7 @@ import dataclasses
 import json
 import os
 import sys
+import tempfile
 import traceback
 from collections.abc import Mapping, Sequence
 
@@ -133,12 +134,23 @@ def run(argv: list[str], env: dict[str, str]) -> int:
     if options.get("log_dir"):
         _prepare_log_dir(options["log_dir"])
 
+    from .jobdir import lock_job_dir
     from .report import format_report
+    from .rundirs import remove_stale_run_dirs
     from .supervisor import NodeSupervisor
 
-    hooks.job_started(plan.context, plan.stage)  # scheduler side effects; a failure is one error line
-    supervisor = NodeSupervisor(plan, debug=bool(options.get("debug")))
-    result = supervisor.run()
+    for tmpdir in {os.path.dirname(plan.run_dir), tempfile.gettempdir()}:
+        remove_stale_run_dirs(tmpdir)  # left by a detlaunch of ours that was SIGKILLed
+    job_lock = None
+    if cluster.num_nodes > 1 or options.get("job_dir"):  # held by this process until it exits
+        job_lock = lock_job_dir(plan.shared_dir, cluster.node_rank, cluster.job_id, bool(options.get("job_dir")))
+    try:
+        hooks.job_started(plan.context, plan.stage)  # scheduler side effects; a failure is one error line
+        supervisor = NodeSupervisor(plan, debug=bool(options.get("debug")))
+        result = supervisor.run()
+    finally:
+        if job_lock is not None:
+            job_lock.release()
     for problem in hooks.job_finished(plan.context, result):
         print(f"detlaunch: warning: a job_finished observer failed: {problem}", file=sys.stderr)
     for line in format_report(result):
