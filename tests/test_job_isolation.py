@@ -133,3 +133,24 @@ def test_the_next_start_removes_a_sigkilled_jobs_run_dir_and_never_a_live_ones(l
     live.send_signal(signal.SIGTERM)
     assert live.wait(60).returncode == 143
     assert run_dirs(short_tmpdir) == []
+
+
+def test_no_horovod_rank_sees_the_job_secret_not_even_over_ssh(launcher: Launcher, tmp_path: Path) -> None:
+    # horovodrun exports its whole environment on the ssh command line of every remote rank: had the
+    # secret been in it, the worker's rank (and `ps` there) would show it.
+    secret = secrets.token_hex(16)
+    dump = tmp_path / "env.py"
+    dump.write_text("import os\nimport horovod.torch as hvd\nhvd.init()\n"
+                    "for k, v in sorted(os.environ.items()):\n    print(f'env {k}={v}')\nhvd.shutdown()\n")
+    args = ["--layer", "horovod", "--hosts", "127.0.0.1:1,127.0.0.2:1", "--ssh-port", str(free_port("127.0.0.2")),
+            "--master-port", str(free_port())]
+    env = {"DETLAUNCH_JOB_SECRET": secret}
+    worker = launcher.start(*args, "--node-rank", "1", str(dump), env=env)
+    chief = launcher.start(*args, "--node-rank", "0", str(dump), env=env)
+    rc, rw = chief.wait(180), worker.wait(60)
+    assert (rc.returncode, rw.returncode) == (0, 0), rc.output + rw.output
+    for r, rank in ((rc, 0), (rw, 1)):
+        seen = rank_lines(r.stdout, rank)
+        assert f"env HOROVOD_RANK={rank}" in seen, r.output  # it did print its environment
+        assert not [line for line in seen if "DETLAUNCH_JOB_SECRET" in line], seen
+        assert secret not in r.output
