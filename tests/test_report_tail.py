@@ -1,15 +1,19 @@
-"""The report's "last stderr lines": the lines that explain a rank's exit (milliseconds, no processes).
+"""The report's "last stderr lines": the lines that explain a rank's exit.
 
-The tracebacks are real: raised here and formatted by Python's own traceback module, as a rank prints them.
+The tracebacks are real: raised here and formatted by Python's own traceback module, as a rank prints them
+(milliseconds, no processes); one real torchrun job checks what the user sees end to end.
 """
 
 from __future__ import annotations
 
 import traceback
 import warnings
+from pathlib import Path
 
 import pytest
+from conftest import Launcher
 from detlaunch.report import NO_STDERR, Failure, JobResult, RankStatus, explaining_lines, format_report
+from helpers import free_port
 
 pytestmark = pytest.mark.timeout(10)
 
@@ -113,3 +117,22 @@ def test_the_report_shows_the_explaining_lines_of_the_root_cause() -> None:
     result = JobResult(exit_code=3, ranks=(silent,),
                        failure=Failure(what="rank 1 exited with code 3", exit_code=3, rank=silent, tail_of="rank 1"))
     assert format_report(result)[1:3] == ["detlaunch: last stderr lines of rank 1:", f"detlaunch:   | {NO_STDERR}"]
+
+
+@pytest.mark.timeout(120)
+def test_a_real_rank_that_raises_then_warns_shows_its_traceback(launcher: Launcher, tmp_path: Path) -> None:
+    script = tmp_path / "fail.py"
+    script.write_text(
+        "import atexit, os, sys, warnings\n"
+        "atexit.register(lambda: print('UserWarning: super().__init__(loader)', file=sys.stderr))\n"
+        "warnings.warn('before the failure')\n"
+        "if os.environ['RANK'] == '1':\n"
+        "    def load(): raise ValueError('bad batch 7')\n"
+        "    load()\n")
+    r = launcher.run("--layer", "torchrun", "--nproc-per-node", "2", "--master-port", str(free_port()), str(script))
+    assert r.returncode == 1, r.output
+    report = r.stderr[r.stderr.index("detlaunch: last stderr lines of rank 1:"):].splitlines()
+    shown = [line.removeprefix("detlaunch:   | ") for line in report[1:] if line.startswith("detlaunch:   | ")]
+    assert shown[0] == "Traceback (most recent call last):", r.stderr
+    assert shown[-1] == "ValueError: bad batch 7", r.stderr
+    assert not [line for line in shown if "Warning" in line], r.stderr

@@ -43,8 +43,8 @@ PIPE_BUF = 4096
 READ_SIZE = 1 << 16
 PIPE_SIZE = 1 << 18  # the rank's stdout pipe holds this much while the wrapper lets output gather
 GATHER = 0.002  # after a read of less than PIPE_BUF bytes, let output gather this long (seconds)
-TAIL_BYTES = 8192
-TAIL_LINES = 20
+TAIL_BYTES = 16384  # room for a deep traceback with warnings after it (the report picks from it)
+TAIL_LINES = 40
 DEFAULT_RANK_ENV = ("RANK", "HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "DETLAUNCH_RANK")
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT,
                      signal.SIGUSR1, signal.SIGUSR2)
