@@ -63,6 +63,15 @@ def test_a_bad_ssh_port_is_refused_before_sshd_sees_it(capsys: pytest.CaptureFix
     assert (code, err) == (2, f"detlaunch: error: DTRAIN_SSH_PORT='{port}': '{port}' {what}; valid: 1..65535\n")
 
 
+def test_the_highest_master_port_leaves_none_for_the_link(capsys: pytest.CaptureFixture[str], script: str) -> None:
+    two = ["--layer", "torchrun", "--dry-run", "--nnodes", "2", "--master-addr", "127.0.0.1", "--master-port", "65535"]
+    assert run(capsys, *two, script) == (
+        2, "detlaunch: error: --master-port 65535 leaves no port for the link between nodes (master port + 1): "
+           "give --control-port PORT or a lower --master-port\n")
+    assert run(capsys, *two, "--control-port", "65534", script)[0] == 0
+    assert run(capsys, "--layer", "torchrun", "--dry-run", "--master-port", "65535", script)[0] == 0  # one node
+
+
 def test_a_layers_number_is_checked_too(capsys: pytest.CaptureFixture[str], script: str) -> None:
     assert run(capsys, "--layer", "horovod", "--dry-run", "--cycle-time-ms", "nan", script) == (
         2, "detlaunch: error: argument --cycle-time-ms: 'nan' is not a finite number; valid: 0..60000 ms "

@@ -126,6 +126,9 @@ def run(argv: list[str], env: dict[str, str]) -> int:
     from .plan import build_plan, render_json, render_text
 
     cluster = hooks.discover_cluster(config)
+    if cluster.num_nodes > 1 and not options.get("control_port") and options["master_port"] >= 65535:
+        raise ConfigError(f"--master-port {options['master_port']} leaves no port for the link between nodes "
+                          "(master port + 1): give --control-port PORT or a lower --master-port")
     plan = build_plan(hooks, config, cluster)
     if options.get("dry_run"):
         print(render_json(plan) if options.get("format") == "json" else render_text(plan))
