@@ -79,9 +79,10 @@ class Number:
         return "integer" if self.kind is int else "number"
 
     def describe(self) -> str:
-        unit = f" {self.unit}" if self.unit else ""
-        low, high = (int(self.low), int(self.high)) if self.kind is int else (self.low, self.high)
-        return f"{low:g}..{high:g}{unit}" if self.kind is float else f"{low}..{high}{unit}"
+        """The valid range as the error lines show it: ``1..65535``, ``0..3600 s``."""
+        low, high = (f"{int(self.low)}", f"{int(self.high)}") if self.kind is int else (f"{self.low:g}",
+                                                                                        f"{self.high:g}")
+        return f"{low}..{high}" + (f" {self.unit}" if self.unit else "")
 
     def __call__(self, text: str) -> int | float:
         try:
@@ -123,9 +124,6 @@ def number(dest: str) -> dict[str, Any]:
 
 def rank_list(text: str) -> tuple[int, ...]:
     return tuple(int(RANK(r)) for r in text.split(",") if r.strip())
-
-
-rank_list.__name__ = "comma-separated list of ranks"
 
 
 def build_parser(layer_names: Sequence[str] = (), add_help: bool = True) -> Parser:
