@@ -60,6 +60,15 @@ def test_a_chained_exception_shows_the_last_traceback(chained: str) -> None:
     assert got[-1] == "RuntimeError: could not load the batch"
 
 
+def test_an_exception_group_is_shown_whole_and_what_follows_it_is_not() -> None:
+    try:
+        raise ExceptionGroup("two ranks' loaders failed", [ValueError("a"), KeyError("b")])
+    except ExceptionGroup as e:
+        tb = "".join(traceback.format_exception(e)).splitlines()
+    assert tb[0] == "  + Exception Group Traceback (most recent call last):"
+    assert explaining_lines([WARNING, *tb, WARNING]) == tuple(tb)
+
+
 def test_without_a_traceback_the_last_lines_are_shown() -> None:
     tail = [f"step {i}" for i in range(30)] + ["fatal: loss is nan, giving up"]
     assert explaining_lines(tail, limit=5) == ("step 26", "step 27", "step 28", "step 29",

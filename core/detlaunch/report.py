@@ -96,7 +96,10 @@ def explaining_lines(tail: Sequence[str], limit: int = 20) -> tuple[str, ...]:
         header = ["Traceback (most recent call last): (its first lines are cut)"]
     if start is None:
         return tuple(lines[-limit:])
-    end = next((i for i in range(start + 1, len(lines)) if not lines[i][:1].isspace()
+    # The exception line is the first one not indented after the frames; an exception group's
+    # traceback is indented throughout, so it ends before the first line that is not.
+    group = not header and lines[start][:1].isspace()
+    end = next((i - group for i in range(start + 1, len(lines)) if not lines[i][:1].isspace()
                 and not lines[i].startswith("+")), len(lines) - 1)
     if header and end == len(lines) - 1 and lines[end][:1].isspace():
         return tuple(lines[-limit:])  # frames without an exception line: not a traceback after all
