@@ -29,6 +29,8 @@ def prepare_job_dir(path: str, given: bool) -> None:
     except OSError as e:
         raise ConfigError(f"cannot use {flag} {path}: {e.strerror}; {fix}") from None
     else:
+        if stat.S_ISLNK(st.st_mode):
+            raise ConfigError(f"{flag} {path} is a symlink: refusing to follow it for the job's keys; {fix}")
         if not stat.S_ISDIR(st.st_mode):
             raise ConfigError(f"{flag} {path} exists and is not a directory; {fix}")
         if st.st_uid != os.getuid():
