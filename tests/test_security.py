@@ -19,7 +19,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import SCRIPTS, Launcher
+from conftest import SCRIPTS, Job, Launcher
 from helpers import free_port, rank_lines, wait_until
 
 pytestmark = pytest.mark.timeout(240)
@@ -43,9 +43,9 @@ def other_user() -> Iterator[pwd.struct_passwd]:
         subprocess.run(["userdel", USER], check=True)
 
 
-def supervisor_socket(job_text: str) -> str:
+def supervisor_socket(job: Job) -> str:
     """The supervisor socket of a running job, read from its rank's environment."""
-    pid = int(re.search(r"started pid=(\d+)", job_text).group(1))  # type: ignore[union-attr]
+    pid = job.host_pid(int(re.search(r"started pid=(\d+)", job.read()).group(1)))  # type: ignore[union-attr]
     env = dict(kv.split("=", 1) for kv in Path(f"/proc/{pid}/environ").read_text().split("\0") if "=" in kv)
     return env["DETLAUNCH_SUPERVISOR"]
 
@@ -70,7 +70,7 @@ def test_the_supervisor_socket_is_private_and_refuses_another_user(
 ) -> None:
     job = launcher.start("--layer", "torchrun", "--master-port", str(free_port()), RANKS, env={"SLEEP": "60"})
     job.wait_for_output("rank 0 sleeping")
-    path = supervisor_socket(job.read())
+    path = supervisor_socket(job)
     run_dir = os.path.dirname(path)
     assert stat.S_IMODE(os.stat(run_dir).st_mode) == 0o700
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
@@ -112,9 +112,11 @@ def test_the_supervisor_checks_peer_credentials(launcher: Launcher, other_user: 
 
 
 def supervisor_socket_of_job(detlaunch_pid: int) -> str:
-    """The socket of a running detlaunch, from the environment of the launcher it started."""
-    child = psutil.Process(detlaunch_pid).children()[0]
-    return str(child.environ()["DETLAUNCH_SUPERVISOR"])
+    """The socket of a running detlaunch, from the environment of the launcher it started
+    (below the supervisor, which runs as detlaunch's child in a PID namespace of its own)."""
+    launcher = next(p for p in psutil.Process(detlaunch_pid).children(recursive=True)
+                    if "DETLAUNCH_SUPERVISOR" in p.environ())
+    return str(launcher.environ()["DETLAUNCH_SUPERVISOR"])
 
 
 def two_node_torchrun(port: int, node: int, *extra: str) -> list[str]:
@@ -206,7 +208,8 @@ def test_sshd_is_key_only_and_listens_only_on_its_node_address(launcher: Launche
 
     def listening_sshd() -> psutil.Process | None:
         assert worker.proc.poll() is None, worker.read()
-        sshd = next((p for p in psutil.Process(worker.proc.pid).children() if p.name() == "sshd"), None)
+        sshd = next((p for p in psutil.Process(worker.proc.pid).children(recursive=True) if p.name() == "sshd"),
+                    None)
         if sshd and any(c.status == psutil.CONN_LISTEN for c in sshd.net_connections()):
             return sshd
         return None

@@ -60,7 +60,7 @@ class TwoNodes:
     def pid_of(self, rank: int) -> int:
         m = re.search(rf"\[rank={rank}\] rank {rank} started pid=(\d+)", self.node_of(rank).read())
         assert m, self.node_of(rank).read()
-        return int(m.group(1))
+        return self.node_of(rank).host_pid(int(m.group(1)))  # the rank printed its PID namespace's
 
     def trigger(self) -> None:
         with open(self.fifo, "wb") as f:

@@ -177,6 +177,32 @@ class Running:
                 raise AssertionError(f"never saw {text!r}; output so far:\n{self.read()}")
             time.sleep(0.02)
 
+    def supervisor_pid(self) -> int:
+        """The pid of this node's supervisor: detlaunch's child when the job runs in a PID namespace
+        of its own (detlaunch.isolation), else detlaunch itself."""
+        try:
+            with open(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children") as f:
+                children = [int(c) for c in f.read().split()]
+        except OSError:
+            children = []
+        for child in children:
+            try:
+                if os.readlink(f"/proc/{child}/ns/pid") != os.readlink(f"/proc/{self.proc.pid}/ns/pid"):
+                    return child
+            except OSError:
+                continue
+        return self.proc.pid
+
+    def host_pid(self, pid: int) -> int:
+        """A pid that a process of this job printed about itself, as this test sees it.
+
+        The job's processes live in a PID namespace of their own, so the pid a rank prints
+        (os.getpid()) is that namespace's; signals and /proc here need this machine's.
+        """
+        from detlaunch.control import host_pids
+
+        return host_pids(self.supervisor_pid()).get(pid, pid)
+
     def send_signal(self, signum: int) -> None:
         """Signal ``detlaunch`` itself (as a user's kill would; a terminal's Ctrl-C also reaches only it,
         since everything it starts runs in sessions of its own)."""
