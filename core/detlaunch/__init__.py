@@ -34,6 +34,14 @@ _EXPORTS = {
     "add_ssh_options": "ssh",
     "sshd_parts": "ssh",
     "ssh_client_parts": "ssh",
+    "LauncherFlag": "launcher_flags",
+    "maps": "launcher_flags",
+    "passes": "launcher_flags",
+    "refuses": "launcher_flags",
+    "same_as_detlaunch": "launcher_flags",
+    "add_launcher_flags": "launcher_flags",
+    "check_launcher_args": "launcher_flags",
+    "Check": "doctor",
 }
 
 __all__ = [
@@ -58,14 +66,32 @@ __all__ = [
     "add_ssh_options",
     "sshd_parts",
     "ssh_client_parts",
+    "LauncherFlag",
+    "maps",
+    "passes",
+    "refuses",
+    "same_as_detlaunch",
+    "add_launcher_flags",
+    "check_launcher_args",
+    "Check",
 ]
 assert set(__all__) == {"__version__", *_EXPORTS}
 
 if TYPE_CHECKING:
     from .cluster import ClusterInfo
     from .config import Config
+    from .doctor import Check
     from .errors import ClusterError, ConfigError, DetlaunchError, LaunchError
     from .hookspecs import hookimpl
+    from .launcher_flags import (
+        LauncherFlag,
+        add_launcher_flags,
+        check_launcher_args,
+        maps,
+        passes,
+        refuses,
+        same_as_detlaunch,
+    )
     from .netutil import check_port_free
     from .report import Failure, JobResult, RankStatus
     from .ssh import SshLayout, SshParts, add_ssh_options, ssh_client_parts, sshd_parts
