@@ -42,7 +42,8 @@ class Check:
         """`program` on the PATH of `env` (or in one of the `also` directories, as detlaunch looks for it)."""
         path = os.pathsep.join([env.get("PATH", ""), *also])
         found = shutil.which(program, path=path)
-        return cls(f"{program} on PATH", found is not None, found or "not found", fix, required)
+        where = "PATH" if not also else f"PATH or {', '.join(also)}"
+        return cls(f"{program} found", found is not None, found or f"not on {where}", fix, required)
 
     @classmethod
     def importable(cls, module: str, fix: str) -> Check:

@@ -102,7 +102,8 @@ def refuses(*names: str, why: str, value: bool = True) -> LauncherFlag:
     return LauncherFlag(tuple(names), value, "refuse", why=why, doc="refused: " + why)
 
 
-def same_as_detlaunch(*names: str, value: bool = True, doc: str = "detlaunch's own option of the same name") -> LauncherFlag:
+def same_as_detlaunch(*names: str, value: bool = True,
+                      doc: str = "detlaunch's own option of the same name") -> LauncherFlag:
     return LauncherFlag(tuple(names), value, "own", doc=doc)
 
 

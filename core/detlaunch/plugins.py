@@ -238,7 +238,8 @@ class Hooks:
         for impl in reversed(self._hook.detlaunch_doctor_checks.get_hookimpls()):
             name = impl.plugin_name.rpartition(":")[2]
             try:
-                checks.extend(impl.function(config=config) or [])
+                result: list[Check] | None = impl.function(config=config)
+                checks.extend(result or [])
             except Exception as e:
                 checks.append(Check(f"{name}: its checks", False, f"raised {_error_line(e)}",
                                     f"report this to the {name} plugin's authors"))

@@ -194,8 +194,8 @@ def detlaunch_doctor_checks(config: Config) -> list[Check]:
         *build_checks(str(config.options.get("controller") or "gloo")),
         Check("horovodrun", os.path.exists(_horovodrun()) or shutil.which("horovodrun") is not None, _horovodrun(),
               "pip install horovod into this Python environment"),
-        Check.on_path("sshd", "apt-get install openssh-server (or add its folder to PATH)" + where, config.env,
-                      required=multi),
+        Check.on_path("sshd", "apt-get install openssh-server" + where, config.env, required=multi,
+                      also=("/usr/sbin", "/sbin")),
         Check.on_path("ssh", "apt-get install openssh-client" + where, config.env, required=multi),
     ]
 
