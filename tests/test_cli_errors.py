@@ -85,8 +85,9 @@ def test_command_not_on_path(launcher: Launcher) -> None:
 
 def test_unknown_option_before_the_script(launcher: Launcher, script: str) -> None:
     check_one_line_error(launcher, ["--layer", "torchrun", "--bogus", script],
-                         "unknown option --bogus: detlaunch options go before the command; arguments for "
-                         "the launcher itself go before `--` (detlaunch --layer L [LAUNCHER_ARGS] -- COMMAND)")
+                         "unknown option --bogus: if it is for the launcher, add -- before the script "
+                         "(detlaunch --layer torchrun --bogus ... -- train.py); detlaunch --layer torchrun --help "
+                         "lists its options")
 
 
 def test_option_without_its_value(launcher: Launcher) -> None:

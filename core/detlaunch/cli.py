@@ -6,6 +6,7 @@ import argparse
 import dataclasses
 import json
 import os
+import re
 import sys
 import traceback
 from collections.abc import Mapping, Sequence
@@ -50,6 +51,8 @@ def _pre_parse(argv: Sequence[str], env: Mapping[str, str]) -> argparse.Namespac
     Only detlaunch's own options count: a ``--layer`` or ``-h`` of the user's command is the command's.
     """
     head, command = split_argv(argv)
+    # A launcher's single-dash word (horovodrun's -hostfile, -np) is not detlaunch's -h: unknown here.
+    head = ["-" + a if re.match(r"-[^-]{2,}", a) else a for a in head]
     ns = None
     if command is not None:  # launcher args before `--`, unless the command started before it
         ns, extras = _pre_parser(with_command=False).parse_known_args(head)

@@ -17,7 +17,7 @@ import dataclasses
 import importlib.metadata
 import traceback
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import pluggy
 import stevedore
@@ -238,8 +238,8 @@ class Hooks:
         for impl in reversed(self._hook.detlaunch_doctor_checks.get_hookimpls()):
             name = impl.plugin_name.rpartition(":")[2]
             try:
-                result: list[Check] | None = impl.function(config=config)
-                checks.extend(result or [])
+                result = impl.function(**{arg: config for arg in impl.argnames})  # its only parameter
+                checks.extend(cast("list[Check]", result or []))
             except Exception as e:
                 checks.append(Check(f"{name}: its checks", False, f"raised {_error_line(e)}",
                                     f"report this to the {name} plugin's authors"))

@@ -52,6 +52,7 @@ REBUILD = ("HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_GLOO=1 pip install --no-build-is
            "--force-reinstall horovod (with torch installed first; see scripts/setup.sh)")
 # Symbols of horovod's controllers in its torch extension: how a build shows what it was built with.
 CONTROLLER_SYMBOLS = {"gloo": b"GlooController", "mpi": b"MPIController"}
+SHOWN = {"gloo": "Gloo", "mpi": "MPI"}
 
 
 def create_hostlist_arg(host_slot_counts: Sequence[int], ip_addresses: Sequence[str]) -> str:
@@ -135,7 +136,7 @@ def check_build(controller: str) -> None:
                           f"reinstall it: {REBUILD}")
     if controller not in built_controllers(extension):
         other = "mpi" if controller == "gloo" else "gloo"
-        raise ConfigError(f"horovod was built without {controller.capitalize()} support: reinstall it with "
+        raise ConfigError(f"horovod was built without {SHOWN[controller]} support: reinstall it with "
                           f"HOROVOD_WITH_{controller.upper()}=1 ({REBUILD}), or use --controller {other}")
 
 
@@ -181,7 +182,7 @@ def build_checks(controller: str) -> list[Check]:
     built = {"gloo": bool(hvd.gloo_built()), "mpi": bool(hvd.mpi_built())}
     shown = ", ".join(name for name, ok in built.items() if ok) or "none"
     return [Check("horovod's PyTorch extension", True, getattr(hvd, "__file__", "") or "imported"),
-            Check(f"horovod built with {controller.capitalize()} (--controller {controller})", built[controller],
+            Check(f"horovod built with {SHOWN[controller]} (--controller {controller})", built[controller],
                   f"controllers built: {shown}", f"reinstall: HOROVOD_WITH_{controller.upper()}=1 {REBUILD}")]
 
 
