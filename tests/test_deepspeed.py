@@ -226,7 +226,7 @@ def test_dry_run_shows_the_chief_and_worker_chains(launcher: Launcher) -> None:
     client = next(f for f in plan["files"] if f.endswith("/client/ssh_config"))
     assert ds["argv"][: len(ds["argv"]) - len(plan["rank_wrapper"]) - len(plan["command"])] == [
         DEEPSPEED, "-H", f"{folder}/hostfile", "--master_addr", "127.0.0.1", "--master_port", str(master),
-        "--no_ssh_check", "--launcher", "pdsh", SHIM, str(len(plan["rank_wrapper"]) + 3), ""]
+        "--no_ssh_check", "--launcher", "pdsh", SHIM, str(len(plan["rank_wrapper"]) + 3), "-"]
     assert (ds["name"], ds["daemon"], ds["stop_signal"]) == ("deepspeed", False, int(signal.SIGKILL))
     assert ds["env"]["DS_ENV_FILE"] == f"{folder}/env"
     assert ds["env"]["PDSH_SSH_ARGS_APPEND"] == f"-o LogLevel=QUIET -F {client} -p {ssh_port}"
@@ -261,7 +261,7 @@ def test_dry_run_one_node(launcher: Launcher) -> None:
     # deepspeed runs rank_shim.py, which puts --local_rank=N right after the script (index `at` of the rank command).
     at = len(plan["rank_wrapper"]) + 3  # the wrapper, then python -u SCRIPT
     assert ds["argv"][:11] == [DEEPSPEED, "--num_gpus", "2", "--master_addr", "localhost", "--master_port", "29555",
-                               SHIM, str(at), "", *plan["rank_wrapper"][:1]]
+                               SHIM, str(at), "-", *plan["rank_wrapper"][:1]]
     assert ds["stop_signal"] == int(signal.SIGKILL) and ds["env"] == {}
     assert plan["prelaunch"] == [] and plan["files"] == [] and "DS_ACCELERATOR" not in plan["env"]
 

@@ -222,11 +222,11 @@ def _deepspeed() -> str:
 def shim_args(ctx: StageContext, master_addr: str) -> tuple[str, ...]:
     """What deepspeed runs under Python in front of the rank command (see rank_shim.py): the shim,
     where the user's script ends in the rank command (python -u train.py: after train.py), and the
-    MASTER_ADDR to put back ("" for deepspeed's own)."""
+    MASTER_ADDR to put back ("-" for deepspeed's own)."""
     cmd = ctx.user_command
     script_end = 3 if cmd[:2] == (sys.executable, "-u") else 1
     at = len(ctx.rank_command) - len(cmd) + script_end
-    return (os.path.abspath(rank_shim.__file__), str(at), master_addr)
+    return (os.path.abspath(rank_shim.__file__), str(at), master_addr or "-")
 
 
 def _launch_command(ctx: StageContext, argv: Sequence[str], master_addr: str = "",
@@ -269,8 +269,8 @@ def detlaunch_doctor_checks(config: Config) -> list[Check]:
         return checks
     checks.append(accelerator_check(env))
     note = ops.adam_note(env)
-    checks.append(Check("deepspeed's CPU Adam op ready", note is None, "prebuilt or cached" if note is None
-                        else "not built", note or "", required=False))
+    checks.append(Check("deepspeed's CPU Adam op ready", note is None, note or "prebuilt or cached", ops.PREBUILD,
+                        required=False))
     locks = ops.build_locks(env)
     checks.append(Check("no stale torch build lock", not locks, ", ".join(locks) or "none",
                         "remove the lock file if no build is running" if locks else "", required=False))

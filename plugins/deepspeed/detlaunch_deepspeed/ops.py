@@ -64,9 +64,9 @@ def lock_warning(path: str) -> str:
 
 
 def adam_note(env: Mapping[str, str]) -> str | None:
-    """None when the CPU Adam op is ready; else what happens at the first ZeRO step, and the fix."""
+    """None when the CPU Adam op is ready; else what happens at the first ZeRO step (the fix: PREBUILD)."""
     ready = (prebuilt_ops() | cached_ops(env)) & set(ADAM_OPS)
     if ready:
         return None
-    return (f"deepspeed's CPU Adam op is neither prebuilt nor cached in {torch_extensions_dir(env)}: the first "
-            "deepspeed.initialize with an Adam optimizer compiles it, silently, for a minute or more; " + PREBUILD)
+    return (f"neither prebuilt nor cached in {torch_extensions_dir(env)}: the first deepspeed.initialize with an "
+            "Adam optimizer compiles it, silently, for a minute or more")
