@@ -201,10 +201,6 @@ def test_the_max_restarts_row_follows_detlaunchs_own_option() -> None:
     assert isinstance(mapped, _FlagAction) and not mapped.refuse_why
 
 
-def plan_check(check: Callable[[Any], bool]) -> Callable[[Any], bool]:
-    return check
-
-
 def _wrapper(plan: Any) -> list[str]:
     return list(plan["rank_wrapper"])
 
@@ -233,12 +229,14 @@ MAPPED: dict[tuple[str, str], list[tuple[list[str], Callable[[Any], bool] | str]
         (["--redirects", "0"], lambda p: "--console-ranks" not in _wrapper(p))],
     ("torchrun", "-t"): [
         (["-t", "3", "--log-dir", "logs"],
-         lambda p: contains(_wrapper(p), ["--log-dir", os.path.abspath("logs")]) and "--console-ranks" not in _wrapper(p)),
+         lambda p: contains(_wrapper(p), ["--log-dir", os.path.abspath("logs")])
+         and "--console-ranks" not in _wrapper(p)),
         (["--tee", "1", "--log-dir", "logs"], "--tee 1: detlaunch writes each rank's output to DIR/rank-N.log")],
     ("torchrun", "--local-ranks-filter"): [
         (["--local_ranks_filter=0", "--nnodes", "2", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
           "--node-rank", "0"], lambda p: contains(_wrapper(p), ["--console-ranks", "0,2"])),
-        (["--local-ranks-filter", "1", "--nproc-per-node", "2"], lambda p: contains(_wrapper(p), ["--console-ranks", "1"])),
+        (["--local-ranks-filter", "1", "--nproc-per-node", "2"],
+         lambda p: contains(_wrapper(p), ["--console-ranks", "1"])),
         (["--local-ranks-filter", "0", "--nnodes", "2", "--master-addr", "127.0.0.1", "--node-rank", "0"],
          "--local-ranks-filter 0 on 2 nodes needs --nproc-per-node N")],
     ("torchrun", "--node-rank"): [
@@ -360,7 +358,8 @@ def test_an_unknown_option_says_to_add_the_separator(dry: Any) -> None:
     rc, _, err = dry("torchrun", "--not-a-flag", "3")
     assert one_error_line(rc, err) == (
         "unknown option --not-a-flag: if it is for the launcher, add -- before the script "
-        "(detlaunch --layer torchrun --not-a-flag ... -- train.py); detlaunch --layer torchrun --help lists its options")
+        "(detlaunch --layer torchrun --not-a-flag ... -- train.py); "
+        "detlaunch --layer torchrun --help lists its options")
 
 
 def test_a_near_miss_names_detlaunchs_spelling(dry: Any) -> None:

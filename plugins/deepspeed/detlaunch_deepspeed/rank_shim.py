@@ -2,11 +2,12 @@
 
 deepspeed's launcher runs ``python -u THIS [--local_rank=N] AT MASTER_ADDR RANK_COMMAND...``:
 RANK_COMMAND is detlaunch's rank wrapper followed by the user's command, AT the index in
-RANK_COMMAND right after the user's script, MASTER_ADDR the address the user asked for ("-" for
-deepspeed's own: an empty word would not survive pdsh's remote shell). This execs RANK_COMMAND with ``--local_rank=N`` inserted at AT, so the script sees
-``train.py --local_rank=N ARGS`` exactly as under deepspeed alone, while the rank wrapper (which
-would take ``--local_rank`` for one of its own options) stays in front. On one node deepspeed's
-runner always exports MASTER_ADDR=127.0.0.1; a ``--master-addr`` the user gave is put back here.
+RANK_COMMAND right after the user's script, MASTER_ADDR the address the user asked for ("-"
+for deepspeed's own: an empty word would not survive pdsh's remote shell). This execs
+RANK_COMMAND with ``--local_rank=N`` inserted at AT, so the script sees ``train.py
+--local_rank=N ARGS`` exactly as under deepspeed alone, while the rank wrapper (which would take
+``--local_rank`` for one of its own options) stays in front. On one node deepspeed's runner
+always exports MASTER_ADDR=127.0.0.1; a ``--master-addr`` the user gave is put back here.
 Stdlib only; it replaces itself, so no process is left between the launcher and the wrapper.
 """
 
