@@ -13,7 +13,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from conftest import SCRIPTS, Launcher
+from conftest import EXAMPLES, SCRIPTS, Launcher
 from helpers import free_port, rank_lines
 
 LOCAL_RANK = str(SCRIPTS / "local_rank_args.py")
@@ -75,3 +75,14 @@ def test_a_zero2_training_over_two_nodes(launcher: Launcher, request: pytest.Fix
     assert (rc.returncode, rw.returncode) == (0, 0), rc.output + rw.output
     check_zero2(rc.stdout + rw.stdout, range(2))
     assert "job finished: 2 rank(s) exited 0" in rc.stderr
+
+
+@pytest.mark.timeout(300)
+def test_horovodrun_flags_in_horovodruns_spelling(launcher: Launcher) -> None:
+    """`-np 2 -H localhost:2` as a horovodrun user types it: the plan's ranks, no extra rank, no false root cause."""
+    r = launcher.run("--layer", "horovod", "-np", "2", "-H", "localhost:2", "-p", str(free_port()),
+                     str(EXAMPLES / "hvd_allreduce.py"), timeout=240)
+    assert r.returncode == 0, r.output
+    assert [rank_lines(r.stdout, rank)[-1:] for rank in (0, 1)] == [
+        [f"rank {rank} of 2: hvd.allreduce sum = 1 (chief localhost)"] for rank in (0, 1)], r.output
+    assert "job finished: 2 rank(s) exited 0" in r.stderr
