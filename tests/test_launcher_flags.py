@@ -367,3 +367,12 @@ def test_a_near_miss_names_detlaunchs_spelling(dry: Any) -> None:
     assert one_error_line(rc, err) == "unknown option --fusion_threshold_mbb: did you mean --fusion-threshold-mb?"
     rc, _, err = dry("torchrun", "--grace_period=3x")
     assert one_error_line(rc, err) == "unknown option --grace_period=3x: did you mean --grace-period?"
+
+
+def test_a_launcher_flag_after_the_separator_is_not_taken_for_the_command(tmp_path: Path, script: Path,
+                                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    rc = main(["--layer", "torchrun", "--dry-run", "--", "--nproc_per_node=2", str(script)], env)
+    assert one_error_line(rc, capsys.readouterr().err) == (
+        "--nproc_per_node=2 is not a command: give detlaunch's and the launcher's flags before `--` and the command "
+        "after it (detlaunch --layer NAME [FLAGS] -- train.py [ARGS])")

@@ -291,6 +291,9 @@ def resolve_command(command: Sequence[str], env: Mapping[str, str]) -> tuple[str
     if not command:
         raise ConfigError("no command given: detlaunch --layer NAME [OPTIONS] train.py [ARGS...]")
     first = command[0]
+    if first.startswith("-"):
+        raise ConfigError(f"{first} is not a command: give detlaunch's and the launcher's flags before `--` "
+                          "and the command after it (detlaunch --layer NAME [FLAGS] -- train.py [ARGS])")
     if first.endswith(".py"):
         if not os.path.isfile(first):
             raise ConfigError(f"script not found: {first} (relative to {os.getcwd()})")
