@@ -180,3 +180,23 @@ def test_a_job_dir_that_cannot_be_written(tmp_path: Path) -> None:
     good = writable_dir_check("job dir writable", str(tmp_path / "a" / "b"), "x")
     assert good.ok and good.detail == f"{tmp_path / 'a' / 'b'} (can be created in {tmp_path})"
     assert list(tmp_path.iterdir()) == [tmp_path / "file"]  # the probe file is gone
+
+
+def test_a_stale_torch_build_lock_is_named_by_doctor_and_while_planning(launcher: Launcher, tmp_path: Path) -> None:
+    """A killed JIT build leaves its lock: every rank would wait for it forever (docs/LAUNCHER_FLAGS.md)."""
+    lock = tmp_path / "ext" / "py311_cpu" / "fused_adam" / "lock"
+    lock.parent.mkdir(parents=True)
+    lock.write_text("")
+    env = {"TORCH_EXTENSIONS_DIR": str(tmp_path / "ext")}
+    r = launcher.run("doctor", "--layer", "deepspeed", "--master-port", str(free_port()), env=env, timeout=100)
+    assert r.returncode == 0, r.output  # a warning: the build may be running
+    assert lines(r.stdout)["no stale torch build lock"] == (
+        f"warn  no stale torch build lock: {lock} -- fix: remove the lock file if no build is running")
+    assert lines(r.stdout)["deepspeed's CPU Adam op ready"].startswith(
+        f"warn  deepspeed's CPU Adam op ready: neither prebuilt nor cached in {tmp_path / 'ext'}: ")
+    plan = launcher.run("--layer", "deepspeed", "--master-port", str(free_port()), "--dry-run", sys.executable,
+                        env=env)
+    assert plan.returncode == 0, plan.output
+    assert plan.stderr.splitlines()[-1] == (
+        f"detlaunch: warning: deepspeed: torch's build lock {lock} exists: an op is being built, or a killed build "
+        "left it, and then every rank waits for it forever: remove it if no build is running")
