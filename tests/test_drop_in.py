@@ -86,3 +86,17 @@ def test_horovodrun_flags_in_horovodruns_spelling(launcher: Launcher) -> None:
     assert [rank_lines(r.stdout, rank)[-1:] for rank in (0, 1)] == [
         [f"rank {rank} of 2: hvd.allreduce sum = 1 (chief localhost)"] for rank in (0, 1)], r.output
     assert "job finished: 2 rank(s) exited 0" in r.stderr
+
+
+@pytest.mark.timeout(200)
+def test_torchruns_redirects_and_tee_write_per_rank_files(launcher: Launcher, tmp_path: Path) -> None:
+    """`--redirects 3`: each rank's output in its file only; `--tee 3`: in its file and on the console."""
+    for flag, on_console in (("--redirects", False), ("--tee", True)):
+        logs = tmp_path / flag.strip("-")
+        r = launcher.run("--layer", "torchrun", "--nproc_per_node=2", f"--master_port={free_port()}", flag, "3",
+                         "--log_dir", str(logs), MASTER_ADDR, timeout=150)
+        assert r.returncode == 0, r.output
+        for rank in (0, 1):
+            line = f"rank {rank}: all_reduce sum = 2 MASTER_ADDR=localhost"
+            assert rank_lines(r.stdout, rank) == ([line] if on_console else []), r.output
+            assert line in (logs / f"rank-{rank}.log").read_text()
