@@ -44,11 +44,12 @@ class LauncherFlag:
     of each long name is accepted too.
     value: whether the flag takes a value (checked against the launcher's own parser by the tests).
     does: "map", "pass", "refuse" or "own" (see the module's docstring).
-    convert: for "map", the options the flag sets.
+    to: for "map", the detlaunch dest it sets, or a conversion to the options it sets.
     dest: for "map" rows that exist only when detlaunch has that option (``max_restarts``): the row
     refuses with ``why`` when the parser has no such dest.
     why: for "refuse" (and a "map" whose dest is missing): the line the user sees after the flag.
     doc: what detlaunch does with it, in a few words (docs/LAUNCHER_FLAGS.md).
+    check: for "map", refuses a value detlaunch cannot honour (see :func:`maps`).
     """
 
     names: tuple[str, ...]
