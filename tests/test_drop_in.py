@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import tempfile
@@ -55,9 +56,14 @@ def check_zero2(stdout: str, ranks: range) -> None:
 
 
 @pytest.mark.timeout(400)
-def test_a_zero2_training_over_two_ranks(launcher: Launcher) -> None:
-    r = launcher.run("--layer", "deepspeed", "--nproc-per-node", "2", "--master-port", str(free_port()), ZERO2,
-                     timeout=330)
+def test_a_zero2_training_over_two_ranks(launcher: Launcher, tmp_path: Path) -> None:
+    """As DeepSpeed's own test model runs: --deepspeed_config, and initialize(args=...) checks --local_rank."""
+    config = tmp_path / "ds.json"
+    config.write_text(json.dumps({"train_micro_batch_size_per_gpu": 16, "train_batch_size": 32,
+                                  "optimizer": {"type": "Adam", "params": {"lr": 0.01, "torch_adam": True}},
+                                  "zero_optimization": {"stage": 2}}))
+    r = launcher.run("--layer", "deepspeed", "--num_gpus", "2", "--master_port", str(free_port()), ZERO2,
+                     "--deepspeed_config", str(config), timeout=330)
     assert r.returncode == 0, r.output
     check_zero2(r.stdout, range(2))
     assert "job finished: 2 rank(s) exited 0" in r.stderr
