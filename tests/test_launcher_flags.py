@@ -376,3 +376,11 @@ def test_a_launcher_flag_after_the_separator_is_not_taken_for_the_command(tmp_pa
     assert one_error_line(rc, capsys.readouterr().err) == (
         "--nproc_per_node=2 is not a command: give detlaunch's and the launcher's flags before `--` and the command "
         "after it (detlaunch --layer NAME [FLAGS] -- train.py [ARGS])")
+
+
+def test_a_layer_given_after_a_launcher_flag_with_a_value_is_one_line_saying_where_it_goes(
+        tmp_path: Path, script: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """detlaunch reads --layer before it knows the layer's flags: `-np 2` hides what follows it."""
+    rc = main(["-np", "2", "--layer", "horovod", "--dry-run", str(script)], {**os.environ, "TMPDIR": str(tmp_path)})
+    assert one_error_line(rc, capsys.readouterr().err).startswith(
+        "no layer chosen: add --layer NAME, before the launcher's own flags (installed: ")

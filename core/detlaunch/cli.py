@@ -108,7 +108,8 @@ def run(argv: list[str], env: dict[str, str]) -> int:
     if layer:
         plugins.load_layer(layer)
     elif subcommand not in ("info", "doctor") and not pre.help:
-        raise ConfigError(f"no layer chosen: add --layer NAME (installed: {', '.join(layers) or 'none'})")
+        raise ConfigError(f"no layer chosen: add --layer NAME, before the launcher's own flags "
+                          f"(installed: {', '.join(layers) or 'none'})")
     plugins.check_hooks()
     hooks = plugins.hooks
 
