@@ -377,7 +377,7 @@ def test_ctrl_c_stops_both_nodes_and_spares_another_deepspeed_job(launcher: Laun
                                  env=other_env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                  cwd=tmp_path, start_new_session=True)
     try:
-        args = hosts_args()
+        args = hosts_args("--no-local-rank")  # the script takes its seconds as argv[1], as the bare job above
         env = {"DS_TRICKY": TRICKY, "DS_MULTI": "one\ntwo"}
         worker = launcher.start(*args, "--node-rank", "1", str(script), "600", env=env)
         chief = launcher.start(*args, "--debug", "--node-rank", "0", str(script), "600", env=env)
