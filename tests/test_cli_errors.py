@@ -51,13 +51,15 @@ def test_unknown_layer_names_the_installed_layers(launcher: Launcher, script: st
 
 def test_no_layer(launcher: Launcher, script: str) -> None:
     check_one_line_error(launcher, [script],
-                         f"no layer chosen: add --layer NAME (installed: {', '.join(installed())})")
+                         "no layer chosen: add --layer NAME, before the launcher's own flags "
+                         f"(installed: {', '.join(installed())})")
 
 
 def test_no_layer_when_the_scripts_own_args_ask_for_help(launcher: Launcher, script: str) -> None:
     # `-h` after the script is the script's; it must not hide that no layer was chosen.
     check_one_line_error(launcher, [script, "-h"],
-                         f"no layer chosen: add --layer NAME (installed: {', '.join(installed())})")
+                         "no layer chosen: add --layer NAME, before the launcher's own flags "
+                         f"(installed: {', '.join(installed())})")
 
 
 def test_layer_found_after_an_option_that_takes_a_value(launcher: Launcher, script: str) -> None:
@@ -85,8 +87,9 @@ def test_command_not_on_path(launcher: Launcher) -> None:
 
 def test_unknown_option_before_the_script(launcher: Launcher, script: str) -> None:
     check_one_line_error(launcher, ["--layer", "torchrun", "--bogus", script],
-                         "unknown option --bogus: detlaunch options go before the command; arguments for "
-                         "the launcher itself go before `--` (detlaunch --layer L [LAUNCHER_ARGS] -- COMMAND)")
+                         "unknown option --bogus: if it is for the launcher, add -- before the script "
+                         "(detlaunch --layer torchrun --bogus ... -- train.py); detlaunch --layer torchrun --help "
+                         "lists its options")
 
 
 def test_option_without_its_value(launcher: Launcher) -> None:

@@ -179,7 +179,7 @@ def test_a_separator_after_the_command_started_belongs_to_the_command() -> None:
 
 
 def test_an_unknown_option_without_separator_is_an_error() -> None:
-    with pytest.raises(ConfigError, match=r"^unknown option --rdzv-backend: detlaunch options go before the command"):
+    with pytest.raises(ConfigError, match=r"^unknown option --rdzv-backend: if it is for the launcher, add -- before "):
         parse_options(["--rdzv-backend", "c10d", "train.py"])
 
 
@@ -206,10 +206,10 @@ def split_torchrun(plan: Any) -> tuple[list[str], list[str]]:
 def test_launcher_overrides_reach_torchruns_argv(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     script = tmp_path / "train.py"
     script.write_text("")
-    plan = dry_run_json(["--rdzv-backend", "c10d", "--max-restarts", "3", "--", str(script),
+    plan = dry_run_json(["--rdzv-backend", "c10d", "--monitor-interval", "3", "--", str(script),
                          "--epochs", "3", "--nproc-per-node", "9"], capsys)
     own, ranks = split_torchrun(plan)
-    assert own[-4:] == ["--rdzv-backend", "c10d", "--max-restarts", "3"]  # after ours: torchrun takes the last
+    assert own[-4:] == ["--rdzv-backend", "c10d", "--monitor-interval", "3"]  # after ours: torchrun takes the last
     assert own[own.index("--nproc-per-node") + 1] == "1"  # the script's --nproc-per-node is the script's
     assert ranks == plan["rank_wrapper"] + [sys.executable, "-u", str(script), "--epochs", "3",
                                              "--nproc-per-node", "9"]

@@ -25,7 +25,7 @@ import psutil
 import pytest
 from conftest import EXAMPLES, ROOT, SCRIPTS, Launcher
 from detlaunch import ConfigError
-from detlaunch_deepspeed import envfile
+from detlaunch_deepspeed import envfile, rank_shim
 from detlaunch_deepspeed.envfile import DENY, env_file_lines, parse_version, quote_value, quoting_for
 from detlaunch_deepspeed.layer import (
     accelerator_env,
@@ -41,6 +41,7 @@ from helpers import free_port, rank_lines, report_line
 DS = str(EXAMPLES / "ds_allreduce.py")
 RANKS = str(SCRIPTS / "ranks.py")
 DEEPSPEED = os.path.join(os.path.dirname(sys.executable), "deepspeed")
+SHIM = str(Path(rank_shim.__file__).resolve())
 TRICKY = "a  b 'c' \"d\" $HOME `id` \\n \\ ; e(f) & | * ~ !x"
 
 
@@ -225,7 +226,7 @@ def test_dry_run_shows_the_chief_and_worker_chains(launcher: Launcher) -> None:
     client = next(f for f in plan["files"] if f.endswith("/client/ssh_config"))
     assert ds["argv"][: len(ds["argv"]) - len(plan["rank_wrapper"]) - len(plan["command"])] == [
         DEEPSPEED, "-H", f"{folder}/hostfile", "--master_addr", "127.0.0.1", "--master_port", str(master),
-        "--no_python", "--no_local_rank", "--no_ssh_check", "--launcher", "pdsh"]
+        "--no_ssh_check", "--launcher", "pdsh", SHIM, str(len(plan["rank_wrapper"]) + 3), "-"]
     assert (ds["name"], ds["daemon"], ds["stop_signal"]) == ("deepspeed", False, int(signal.SIGKILL))
     assert ds["env"]["DS_ENV_FILE"] == f"{folder}/env"
     assert ds["env"]["PDSH_SSH_ARGS_APPEND"] == f"-o LogLevel=QUIET -F {client} -p {ssh_port}"
@@ -257,8 +258,10 @@ def test_dry_run_one_node(launcher: Launcher) -> None:
                      "--format", "json", DS, env={"DS_ACCELERATOR": "cpu"})
     plan = json.loads(r.stdout)
     [ds] = plan["commands"]
-    assert ds["argv"][:10] == [DEEPSPEED, "--num_gpus", "2", "--master_addr", "localhost", "--master_port", "29555",
-                               "--no_python", "--no_local_rank", *plan["rank_wrapper"][:1]]
+    # deepspeed runs rank_shim.py, which puts --local_rank=N right after the script (index `at` of the rank command).
+    at = len(plan["rank_wrapper"]) + 3  # the wrapper, then python -u SCRIPT
+    assert ds["argv"][:11] == [DEEPSPEED, "--num_gpus", "2", "--master_addr", "localhost", "--master_port", "29555",
+                               SHIM, str(at), "-", *plan["rank_wrapper"][:1]]
     assert ds["stop_signal"] == int(signal.SIGKILL) and ds["env"] == {}
     assert plan["prelaunch"] == [] and plan["files"] == [] and "DS_ACCELERATOR" not in plan["env"]
 
@@ -374,7 +377,7 @@ def test_ctrl_c_stops_both_nodes_and_spares_another_deepspeed_job(launcher: Laun
                                  env=other_env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                  cwd=tmp_path, start_new_session=True)
     try:
-        args = hosts_args()
+        args = hosts_args("--no-local-rank")  # the script takes its seconds as argv[1], as the bare job above
         env = {"DS_TRICKY": TRICKY, "DS_MULTI": "one\ntwo"}
         worker = launcher.start(*args, "--node-rank", "1", str(script), "600", env=env)
         chief = launcher.start(*args, "--debug", "--node-rank", "0", str(script), "600", env=env)

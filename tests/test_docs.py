@@ -48,6 +48,9 @@ HOOK_TESTS: dict[str, list[str]] = {
     "detlaunch_worker_stage": [
         CONTRACT + "test_hooks_are_well_formed_and_deterministic",
     ],
+    "detlaunch_doctor_checks": [
+        "tests/test_doctor.py::test_a_third_party_layer_gets_doctor_through_the_doctor_checks_hook",
+    ],
     "detlaunch_job_started": [
         "tests/test_plugins.py::test_observers_see_the_job_and_cannot_change_its_exit_code",
         "tests/discovery/test_discovery_determined.py::test_any_job_started_failure_is_one_line_naming_its_plugin",
@@ -81,7 +84,7 @@ def yes_no(flag: object) -> str:
 
 
 def test_the_spec_has_the_hooks_we_expect_to_document() -> None:
-    assert len(SPECS) == 8 and "detlaunch_chief_stage" in SPECS  # the parsing above works
+    assert len(SPECS) == 9 and "detlaunch_chief_stage" in SPECS  # the parsing above works
 
 
 @pytest.mark.parametrize("hook", sorted(SPECS))

@@ -33,6 +33,7 @@ _EXPORTS = {
     "ClusterError": "errors",
     "LaunchError": "errors",
     "check_port_free": "netutil",
+    "Check": "doctor",
 }
 __all__ = ["__version__", *_EXPORTS]
 
@@ -40,6 +41,7 @@ if TYPE_CHECKING:  # `X as X`: an explicit re-export, for type checkers
     from .cluster import ClusterInfo as ClusterInfo
     from .config import Config as Config
     from .config import Number as Number
+    from .doctor import Check as Check
     from .errors import ClusterError as ClusterError
     from .errors import ConfigError as ConfigError
     from .errors import DetlaunchError as DetlaunchError

@@ -6,6 +6,7 @@ import argparse
 import dataclasses
 import json
 import os
+import re
 import sys
 import tempfile
 import traceback
@@ -24,9 +25,9 @@ from .config import (
     split_argv,
 )
 from .errors import ConfigError, DetlaunchError
-from .plugins import LAYERS, PLUGINS, PluginSet
+from .plugins import LAYERS, PLUGINS, Hooks, PluginSet
 
-SUBCOMMANDS = ("layers", "plugins", "info")
+SUBCOMMANDS = ("layers", "plugins", "info", "doctor")
 CONTROL_COMMANDS = ("status",)  # questions to a running job (control.py): no plugin is loaded for them
 
 
@@ -39,6 +40,8 @@ def _pre_parser(with_command: bool) -> Parser:
     pre = build_parser(add_help=False)
     pre.add_argument("-h", "--help", action="store_true")
     pre.set_defaults(format=None)  # given or not: DETLAUNCH_FORMAT only counts when not
+    for action in pre._actions:  # values are checked by the real parse, where a layer may guard them
+        action.type = None
     if with_command:
         pre.add_argument("command", nargs=argparse.REMAINDER)
     return pre
@@ -50,6 +53,8 @@ def _pre_parse(argv: Sequence[str], env: Mapping[str, str]) -> argparse.Namespac
     Only detlaunch's own options count: a ``--layer`` or ``-h`` of the user's command is the command's.
     """
     head, command = split_argv(argv)
+    # A launcher's single-dash word (horovodrun's -hostfile, -np) is not detlaunch's -h: unknown here.
+    head = ["-" + a if re.match(r"-[^-]{2,}", a) else a for a in head]
     ns = None
     if command is not None:  # launcher args before `--`, unless the command started before it
         ns, extras = _pre_parser(with_command=False).parse_known_args(head)
@@ -106,8 +111,9 @@ def run(argv: list[str], env: dict[str, str]) -> int:
     layer = pre.layer or env.get("DETLAUNCH_LAYER") or sections.get(CORE_SECTION, {}).get("layer")
     if layer:
         plugins.load_layer(layer)
-    elif subcommand != "info" and not pre.help:
-        raise ConfigError(f"no layer chosen: add --layer NAME (installed: {', '.join(layers) or 'none'})")
+    elif subcommand not in ("info", "doctor") and not pre.help:
+        raise ConfigError(f"no layer chosen: add --layer NAME, before the launcher's own flags "
+                          f"(installed: {', '.join(layers) or 'none'})")
     plugins.check_hooks()
     hooks = plugins.hooks
 
@@ -123,6 +129,10 @@ def run(argv: list[str], env: dict[str, str]) -> int:
     if subcommand == "info":
         config = Config(layer=layer or "", command=(), launcher_args=(), options=options, env=env)
         return print_info(hooks.discover_cluster(config), options.get("format", "text"))
+
+    if subcommand == "doctor":
+        return doctor(hooks, Config(layer=layer or "", command=(), launcher_args=tuple(launcher_args),
+                                    options=options, env=env))
 
     config = Config(layer=layer or "", command=resolve_command(command, env),
                     launcher_args=tuple(launcher_args), options=options, env=env)
@@ -255,6 +265,18 @@ def list_plugins(plugins: PluginSet, which: str, as_json: bool, env: Mapping[str
         if debug and e.status == "failed" and tracebacks.get(e.name):
             print("    " + tracebacks[e.name].rstrip().replace("\n", "\n    "))
     return 0
+
+
+def doctor(hooks: Hooks, config: Config) -> int:
+    """``detlaunch doctor [--layer NAME]``: core's checks, then every plugin's; 1 if a required one failed."""
+    from .doctor import core_checks, exit_code
+
+    checks = [*core_checks(config), *hooks.doctor_checks(config)]
+    for check in checks:
+        print(check.line())
+    if not config.layer:
+        print("(add --layer NAME to check what a layer needs)")
+    return exit_code(checks)
 
 
 def print_info(cluster: object, fmt: str) -> int:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import difflib
 import math
 import os
 import shutil
@@ -28,6 +29,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, NoReturn
 
 from .errors import ConfigError
+from .launcher_flags import finish_launcher_flags
 from .safefs import read_regular_file
 
 ENV_PREFIX = "DETLAUNCH_"
@@ -130,7 +132,7 @@ def build_parser(layer_names: Sequence[str] = (), add_help: bool = True) -> Pars
     p = Parser(
         prog="detlaunch",
         usage="detlaunch --layer NAME [OPTIONS] [LAUNCHER_ARGS... --] COMMAND [ARGS...]\n"
-        "       detlaunch {layers,plugins,info} [OPTIONS]",
+        "       detlaunch {layers,plugins,info,doctor} [OPTIONS]",
         description="Start a distributed training job on this node, supervised: any rank's "
         "failure stops the whole job with that rank's exit code; every output line carries its "
         "rank; signals reach every process; nothing is left running.",
@@ -277,7 +279,18 @@ def split_argv(argv: Sequence[str]) -> tuple[list[str], list[str] | None]:
 def parse(
     parser: argparse.ArgumentParser, argv: Sequence[str], env: Mapping[str, str]
 ) -> tuple[argparse.Namespace, list[str], list[str]]:
-    """Parse options; return (options, launcher_args, command)."""
+    """Parse options; return (options, launcher_args, command).
+
+    A layer's launcher flags (launcher_flags.py) are applied once everything is parsed; those that
+    only the launcher knows join the launcher args.
+    """
+    ns, launcher_args, command = _split_options(parser, argv)
+    return ns, [*finish_launcher_flags(parser, ns), *launcher_args], command
+
+
+def _split_options(
+    parser: argparse.ArgumentParser, argv: Sequence[str]
+) -> tuple[argparse.Namespace, list[str], list[str]]:
     head, command = split_argv(argv)
     if command is None:
         return _parse_without_separator(parser, head)
@@ -297,13 +310,20 @@ def _parse_without_separator(
     ns, unknown = parser.parse_known_args(argv)
     command = ns.command
     if unknown:
-        raise ConfigError(
-            f"unknown option {unknown[0]}: detlaunch options go before the command; "
-            "arguments for the launcher itself go before `--` (detlaunch --layer L "
-            "[LAUNCHER_ARGS] -- COMMAND)"
-        )
+        raise ConfigError(unknown_option_message(parser, unknown[0], getattr(ns, "layer", None) or "NAME"))
     del ns.command
     return ns, [], command
+
+
+def unknown_option_message(parser: argparse.ArgumentParser, arg: str, layer: str = "NAME") -> str:
+    """Name the fix: detlaunch's spelling of a near miss, else the `--` that hands it to the launcher."""
+    name = arg.split("=", 1)[0]
+    known = [s for s in parser._option_string_actions if s.startswith("--")]
+    close = difflib.get_close_matches(name.replace("_", "-"), known, n=1, cutoff=0.8)
+    if close:
+        return f"unknown option {arg}: did you mean {close[0]}?"
+    return (f"unknown option {arg}: if it is for the launcher, add -- before the script "
+            f"(detlaunch --layer {layer} {arg} ... -- train.py); detlaunch --layer {layer} --help lists its options")
 
 
 def resolve_command(command: Sequence[str], env: Mapping[str, str]) -> tuple[str, ...]:
@@ -311,6 +331,9 @@ def resolve_command(command: Sequence[str], env: Mapping[str, str]) -> tuple[str
     if not command:
         raise ConfigError("no command given: detlaunch --layer NAME [OPTIONS] train.py [ARGS...]")
     first = command[0]
+    if first.startswith("-"):
+        raise ConfigError(f"{first} is not a command: give detlaunch's and the launcher's flags before `--` "
+                          "and the command after it (detlaunch --layer NAME [FLAGS] -- train.py [ARGS])")
     if first.endswith(".py"):
         if not os.path.isfile(first):
             raise ConfigError(f"script not found: {first} (relative to {os.getcwd()})")

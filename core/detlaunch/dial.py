@@ -38,9 +38,9 @@ class Dialer:
             return
         try:
             family, _, _, _, addr = socket.getaddrinfo(self.host, self.port, type=socket.SOCK_STREAM)[0]
-        except socket.gaierror as e:
+        except (socket.gaierror, UnicodeError) as e:  # UnicodeError: a name IDNA cannot encode
             self.stopped = True
-            self.on_error(f"cannot resolve {self.host}: {e.strerror}")
+            self.on_error(f"cannot resolve {self.host!r}: {getattr(e, 'strerror', None) or e}")
             return
         sock = socket.socket(family, socket.SOCK_STREAM)
         sock.setblocking(False)

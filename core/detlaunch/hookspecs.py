@@ -26,6 +26,7 @@ import pluggy
 if TYPE_CHECKING:
     from .cluster import ClusterInfo
     from .config import Config
+    from .doctor import Check
     from .report import JobResult
     from .stage import RankWrapper, Stage, StageContext
 
@@ -127,6 +128,25 @@ def detlaunch_worker_stage(ctx: StageContext) -> Stage | None:
         daemon the chief's launcher reaches (sshd); None to let another answer.
 
     firstresult. Runs on worker nodes only. Must not start processes.
+    """
+
+
+# -- preflight ---------------------------------------------------------------------------------
+
+
+@hookspec
+def detlaunch_doctor_checks(config: Config) -> list[Check] | None:
+    """Check what this node needs for your layer or plugin, for ``detlaunch doctor``.
+
+    :param config: the parsed options (``detlaunch doctor --layer NAME [OPTIONS]``): a check may
+        depend on them (sshd is required only when ``config.nnodes``/``hosts`` say several nodes).
+    :return: a list of :class:`detlaunch.Check` (name, ok, what was found, the fix, whether it is
+        required), or None.
+
+    All results are shown, one line each, after core's own checks; doctor exits 1 when a required
+    check failed. Runs on the node where ``detlaunch doctor`` runs, never during a launch (a layer
+    runs its own cheap checks while planning). It may import heavy packages (torch) to check them;
+    it must not start a job. An exception is shown as a failed check naming the plugin.
     """
 
 

@@ -212,6 +212,8 @@ class ChiefLink:
             self.listener = socket.socket(family, socket.SOCK_STREAM)
             self.listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             self.listener.bind(addr)
+        except UnicodeError as e:  # a name IDNA cannot encode
+            raise LaunchError(f"cannot resolve {host!r}: {e}") from None
         except OSError as e:
             raise LaunchError(f"cannot listen on {host}:{plan.control_port} for the other nodes "
                               f"({e.strerror}): choose a free port with --control-port") from None

@@ -12,8 +12,8 @@ def check_port_free(host: str, port: int, flag: str = "--master-port") -> None:
     """Raise ConfigError when `port` is already taken on `host` (a local address)."""
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    except socket.gaierror as e:
-        raise ConfigError(f"cannot resolve {host}: {e.strerror}") from None
+    except (socket.gaierror, UnicodeError) as e:  # UnicodeError: a name IDNA cannot encode
+        raise ConfigError(f"cannot resolve {host!r}: {getattr(e, 'strerror', None) or e}") from None
     family, _, _, _, addr = infos[0]
     with socket.socket(family, socket.SOCK_STREAM) as s:
         # As the real listeners do: a port in TIME_WAIT from the last run is free; a listener is not.
@@ -26,4 +26,4 @@ def check_port_free(host: str, port: int, flag: str = "--master-port") -> None:
                                   f"pick a free port with {flag} PORT") from None
             if e.errno == errno.EADDRNOTAVAIL:
                 return  # not an address of this machine: the chief checks its own
-            raise
+            raise ConfigError(f"cannot use {flag} {port} on {host}: {e.strerror}; pick another with {flag} PORT") from None

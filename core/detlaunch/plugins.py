@@ -17,7 +17,7 @@ import dataclasses
 import importlib.metadata
 import traceback
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import pluggy
 import stevedore
@@ -25,6 +25,7 @@ import stevedore
 from . import hookspecs
 from .cluster import ClusterInfo
 from .config import Config
+from .doctor import Check
 from .errors import ClusterError, DetlaunchError, LaunchError, LayerNotFoundError, PluginLoadError
 from .report import JobResult
 from .stage import RankWrapper, Stage, StageContext
@@ -230,6 +231,19 @@ class Hooks:
     def worker_stage(self, ctx: StageContext) -> Stage | None:
         stage: Stage | None = self._hook.detlaunch_worker_stage(ctx=ctx)
         return stage
+
+    def doctor_checks(self, config: Config) -> list[Check]:
+        """Every plugin's checks; one that raises is a failed check naming it (the others still run)."""
+        checks: list[Check] = []
+        for impl in reversed(self._hook.detlaunch_doctor_checks.get_hookimpls()):
+            name = impl.plugin_name.rpartition(":")[2]
+            try:
+                result = impl.function(**{arg: config for arg in impl.argnames})  # its only parameter
+                checks.extend(cast("list[Check]", result or []))
+            except Exception as e:
+                checks.append(Check(f"{name}: its checks", False, f"raised {_error_line(e)}",
+                                    f"report this to the {name} plugin's authors"))
+        return checks
 
     def job_started(self, ctx: StageContext, stage: Stage) -> None:
         """Call every job_started hook; the first failure stops the launch as one DetlaunchError line."""

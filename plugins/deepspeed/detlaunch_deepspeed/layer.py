@@ -1,13 +1,21 @@
 """deepspeed layer: the seed's chain (harness/determined/launch/deepspeed.py) on detlaunch's public API.
 
-- one node: supervisor -> ``deepspeed --num_gpus N --master_addr localhost --master_port P
-  --no_python --no_local_rank`` -> rank wrapper (rank from RANK) -> script.
+- one node: supervisor -> ``deepspeed --num_gpus N --master_addr localhost --master_port P``
+  -> rank_shim.py (puts ``--local_rank=N`` after the script, as deepspeed does) -> rank wrapper
+  (rank from RANK) -> script.
 - several nodes: every node's supervisor runs the per-job sshd. The chief waits for each of them
   (its own too: pdsh reaches the chief over ssh like any node), writes the hostfile and the env
   file into its private run directory, and runs ``deepspeed -H HOSTFILE --master_addr CHIEF
-  --master_port P --no_python --no_local_rank --no_ssh_check --launcher pdsh`` -> pdsh -> ssh ->
-  each node's sshd -> deepspeed.launcher.launch -> rank wrapper -> script. The ranks register
+  --master_port P --no_ssh_check --launcher pdsh`` -> pdsh -> ssh -> each node's sshd ->
+  deepspeed.launcher.launch -> rank_shim.py -> rank wrapper -> script. The ranks register
   with their own node's supervisor (DETLAUNCH_SSHD_SUPERVISOR, set by that node's sshd).
+
+``--local_rank``: deepspeed's launcher passes ``--local_rank=N`` to the script, and many scripts
+parse it (``deepspeed.initialize`` checks it against LOCAL_RANK). It puts it right after the
+program it runs, which here is rank_shim.py: that moves it to right after the user's script and
+execs the rank wrapper. ``--no-local-rank`` (deepspeed's ``--no_local_rank``) leaves it out. On
+one node, deepspeed's runner exports MASTER_ADDR=127.0.0.1 whatever it is told; the shim puts
+back the user's ``--master-addr``.
 
 The env file. An ssh session starts with a bare environment, so every rank (the chief's too) gets
 only what deepspeed exports from its env file (see envfile.py). deepspeed reads that file from a
@@ -42,7 +50,9 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 
 from detlaunch import (
+    Check,
     Command,
+    Config,
     ConfigError,
     RankWrapper,
     Stage,
@@ -50,10 +60,12 @@ from detlaunch import (
     check_port_free,
     hookimpl,
 )
+from detlaunch.launcher_flags import add_launcher_flags, check_launcher_args
 from detlaunch.ssh import SshLayout, SshParts, add_ssh_options, ssh_client_parts, sshd_parts
 
-from . import envfile
+from . import envfile, ops, rank_shim
 from .envfile import DENY, parse_version, quoting_for
+from .flags import TABLE
 
 NAME = "deepspeed"
 DEFAULT_MASTER_PORT = 29500
@@ -98,19 +110,27 @@ def create_run_command(
     hostfile_path: str | None = None,
     num_gpus: int | None = None,
     optional_args: Sequence[str] = (),
+    shim: bool = False,
+    local_rank: bool = True,
 ) -> list[str]:
     """The deepspeed command, as the seed builds it (``deepspeed`` first; the rank command follows).
 
     With a hostfile, pdsh starts the ranks on every node; without, deepspeed starts them here.
     The seed's final ``--`` is left out: the rank command starts with an absolute path, so
-    deepspeed cannot take it for one of its options.
+    deepspeed cannot take it for one of its options. shim: the command runs rank_shim.py under
+    Python (with ``--local_rank=N`` unless local_rank is False); without, as the seed does, it runs
+    the rank command as it is, without ``--local_rank``.
     """
     cmd = ["deepspeed"]
     if hostfile_path is not None:
         cmd += ["-H", hostfile_path]
     elif num_gpus is not None:
         cmd += ["--num_gpus", str(num_gpus)]
-    cmd += ["--master_addr", master_address, "--master_port", str(master_port), "--no_python", "--no_local_rank"]
+    cmd += ["--master_addr", master_address, "--master_port", str(master_port)]
+    if not shim:
+        cmd += ["--no_python", "--no_local_rank"]
+    elif not local_rank:
+        cmd.append("--no_local_rank")
     if hostfile_path is not None:
         cmd += ["--no_ssh_check", "--launcher", "pdsh"]
     return cmd + list(optional_args)
@@ -194,9 +214,65 @@ def _deepspeed() -> str:
 # -- hooks -----------------------------------------------------------------------------------------
 
 
+def shim_args(ctx: StageContext, master_addr: str) -> tuple[str, ...]:
+    """What deepspeed runs under Python in front of the rank command (see rank_shim.py): the shim,
+    where the user's script ends in the rank command (python -u train.py: after train.py), and the
+    MASTER_ADDR to put back ("-" for deepspeed's own)."""
+    cmd = ctx.user_command
+    script_end = 3 if cmd[:2] == (sys.executable, "-u") else 1
+    at = len(ctx.rank_command) - len(cmd) + script_end
+    return (os.path.abspath(rank_shim.__file__), str(at), master_addr or "-")
+
+
+def _launch_command(ctx: StageContext, argv: Sequence[str], master_addr: str = "",
+                    env: Mapping[str, str] | None = None) -> Command:
+    return Command((_deepspeed(), *argv[1:], *shim_args(ctx, master_addr), *ctx.rank_command), name=NAME,
+                   stop_signal=signal.SIGKILL, env=dict(env or {}))
+
+
 @hookimpl
 def detlaunch_add_options(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("deepspeed layer")
+    g.add_argument("--no-local-rank", action="store_true",
+                   help="do not pass --local_rank=N to the script (deepspeed's --no_local_rank)")
     add_ssh_options(parser, NAME)
+    add_launcher_flags(parser, TABLE, NAME)
+
+
+def accelerator_check(env: Mapping[str, str]) -> Check:
+    """deepspeed's accelerator as the ranks will get it (DS_ACCELERATOR=cpu where there is no GPU)."""
+    for key, value in accelerator_env(env, accelerator_devices()).items():
+        os.environ.setdefault(key, value)
+    try:
+        from deepspeed.accelerator import get_accelerator
+
+        accelerator = get_accelerator()
+        detail = f"{accelerator.device_name()}, backend {accelerator.communication_backend_name()}"
+    except Exception as e:  # whatever deepspeed raises is what the ranks would get
+        return Check("deepspeed's accelerator", False, f"{type(e).__name__}: {e}", "set DS_ACCELERATOR (cpu, cuda...)")
+    return Check("deepspeed's accelerator", True, detail)
+
+
+@hookimpl
+def detlaunch_doctor_checks(config: Config) -> list[Check]:
+    env, o = config.env, config.options
+    multi = bool((o.get("nnodes") or 1) > 1 or o.get("hostfile") or "," in str(o.get("hosts") or ""))
+    where = "" if multi else " (only for jobs on several nodes)"
+    checks = [Check.importable("torch", "pip install torch"),
+              Check.importable("deepspeed", "pip install 'detlaunch[deepspeed]'")]
+    if not checks[-1].ok:
+        return checks
+    checks.append(accelerator_check(env))
+    note = ops.adam_note(env)
+    checks.append(Check("deepspeed's CPU Adam op ready", note is None, note or "prebuilt or cached", ops.PREBUILD,
+                        required=False))
+    locks = ops.build_locks(env)
+    checks.append(Check("no stale torch build lock", not locks, ", ".join(locks) or "none",
+                        "remove the lock file if no build is running" if locks else "", required=False))
+    checks += [Check.on_path(tool, f"apt-get install {package}{where}", env, required=multi,
+                             also=("/usr/sbin", "/sbin") if tool == "sshd" else ())
+               for tool, package in (("sshd", "openssh-server"), ("ssh", "openssh-client"), ("pdsh", "pdsh"))]
+    return checks
 
 
 @hookimpl
@@ -223,17 +299,21 @@ def _warn_unexported(env: Mapping[str, str], quoting: str) -> None:
 @hookimpl
 def detlaunch_chief_stage(ctx: StageContext) -> Stage:
     c = ctx.cluster
+    check_launcher_args(TABLE, ctx.launcher_args, NAME)
     multi = c.num_nodes > 1
     version = deepspeed_version()
     check_deepspeed_version(version, multi)
+    for lock in ops.build_locks(ctx.env):
+        print(f"detlaunch: warning: deepspeed: {ops.lock_warning(lock)}", file=sys.stderr)
     port = _master_port(ctx)
     if not multi:
-        check_port_free("127.0.0.1", port)
-        argv = create_run_command(master_address="localhost", master_port=port,
+        master = ctx.option("master_addr") or "localhost"
+        check_port_free("127.0.0.1" if master == "localhost" else master, port)
+        argv = create_run_command(master_address=master, master_port=port,
                                   num_gpus=one_node_gpu_args(ctx.env, accelerator_devices(), c.local_slots),
-                                  optional_args=ctx.launcher_args)
-        launcher = Command((_deepspeed(), *argv[1:], *ctx.rank_command), name=NAME, stop_signal=signal.SIGKILL)
-        return Stage(commands=(launcher,))
+                                  optional_args=ctx.launcher_args, shim=True,
+                                  local_rank=not ctx.option("no_local_rank"))
+        return Stage(commands=(_launch_command(ctx, argv, "" if master == "localhost" else master),))
 
     addrs = c.require_addresses(NAME)
     check_port_free(c.chief_addr, port)
@@ -252,10 +332,10 @@ def detlaunch_chief_stage(ctx: StageContext) -> Stage:
               *[arg for pattern in DENY for arg in ("--deny", pattern)], env_file)
     own = SshParts(dirs=(folder,), files={hostfile: create_hostfile(c.slots, addrs)}, prelaunch=(writer,))
     argv = create_run_command(master_address=c.chief_addr, master_port=port, hostfile_path=hostfile,
-                              optional_args=ctx.launcher_args)
+                              optional_args=ctx.launcher_args, shim=True, local_rank=not ctx.option("no_local_rank"))
     env = {"DS_ENV_FILE": env_file,
            "PDSH_SSH_ARGS_APPEND": pdsh_ssh_args_append(ctx.env.get("PDSH_SSH_ARGS_APPEND"), ssh_config, layout.port)}
-    launcher = Command((_deepspeed(), *argv[1:], *ctx.rank_command), name=NAME, stop_signal=signal.SIGKILL, env=env)
+    launcher = _launch_command(ctx, argv, env=env)
     return (sshd_parts(ctx, layout) + client + own).stage(launcher)
 
 

@@ -12,21 +12,30 @@ Importing this module does not import horovod or torch.
 from __future__ import annotations
 
 import argparse
+import glob
+import importlib.util
+import mmap
 import os
 import shutil
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from detlaunch import (
+    Check,
     Command,
+    Config,
+    ConfigError,
     Number,
     RankWrapper,
     Stage,
     StageContext,
     hookimpl,
 )
+from detlaunch.launcher_flags import add_launcher_flags, check_launcher_args
 from detlaunch.ssh import SshLayout, add_ssh_options, ssh_client_parts, sshd_parts
+
+from .flags import TABLE
 
 NAME = "horovod"
 # The seed's constants (determined/constants.py), as documented defaults.
@@ -36,6 +45,11 @@ FUSION_THRESHOLD_MB = 64
 CYCLE_TIME_MS = 1
 CACHE_CAPACITY = 1024
 RANK_ENV = ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "DETLAUNCH_RANK")
+REBUILD = ("HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_GLOO=1 pip install --no-build-isolation --no-cache-dir "
+           "--force-reinstall horovod (with torch installed first; see scripts/setup.sh)")
+# Symbols of horovod's controllers in its torch extension: how a build shows what it was built with.
+CONTROLLER_SYMBOLS = {"gloo": b"GlooController", "mpi": b"MPIController"}
+SHOWN = {"gloo": "Gloo", "mpi": "MPI"}
 
 
 def create_hostlist_arg(host_slot_counts: Sequence[int], ip_addresses: Sequence[str]) -> str:
@@ -91,6 +105,38 @@ def create_run_command(
     return cmd
 
 
+def torch_extension() -> str | None:
+    """horovod's compiled PyTorch extension, found without importing horovod (or torch)."""
+    spec = importlib.util.find_spec("horovod")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    for folder in spec.submodule_search_locations:
+        found = sorted(glob.glob(os.path.join(folder, "torch", "mpi_lib_v2*.so")))
+        if found:
+            return found[0]
+    return None
+
+
+def built_controllers(extension: str) -> set[str]:
+    """The controllers compiled into the extension (a scan of its symbol names, in milliseconds)."""
+    with open(extension, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+        return {name for name, symbol in CONTROLLER_SYMBOLS.items() if m.find(symbol) >= 0}
+
+
+def check_build(controller: str) -> None:
+    """While planning: a horovod that pip built without its compiled parts is one line, not a traceback."""
+    if importlib.util.find_spec("horovod") is None:
+        raise ConfigError("the horovod layer needs horovod in this Python environment: " + REBUILD)
+    extension = torch_extension()
+    if extension is None:
+        raise ConfigError("horovod is installed without its PyTorch extension (pip built it without torch): "
+                          f"reinstall it: {REBUILD}")
+    if controller not in built_controllers(extension):
+        other = "mpi" if controller == "gloo" else "gloo"
+        raise ConfigError(f"horovod was built without {SHOWN[controller]} support: reinstall it with "
+                          f"HOROVOD_WITH_{controller.upper()}=1 ({REBUILD}), or use --controller {other}")
+
+
 def _horovodrun() -> str:
     beside_python = os.path.join(os.path.dirname(sys.executable), "horovodrun")
     return beside_python if os.path.exists(beside_python) else shutil.which("horovodrun") or "horovodrun"
@@ -114,6 +160,42 @@ def detlaunch_add_options(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--auto", action="store_true",
                    help="one node with at most one slot: run the script directly, without horovodrun")
     add_ssh_options(parser, NAME)
+    add_launcher_flags(parser, TABLE, NAME)
+
+
+def multi_node(options: Mapping[str, object]) -> bool:
+    return bool((options.get("nnodes") or 1) != 1 or options.get("hosts") and "," in str(options["hosts"])
+                or options.get("hostfile"))
+
+
+def build_checks(controller: str) -> list[Check]:
+    """horovod.torch imports and reports the controller built in (what horovodrun --check-build shows)."""
+    if importlib.util.find_spec("horovod") is None:
+        return [Check("horovod importable", False, "not installed", REBUILD)]
+    try:
+        import horovod.torch as hvd
+    except Exception as e:  # no extension, or one built against another torch
+        return [Check("horovod's PyTorch extension", False, f"{type(e).__name__}: {e}", REBUILD)]
+    built = {"gloo": bool(hvd.gloo_built()), "mpi": bool(hvd.mpi_built())}
+    shown = ", ".join(name for name, ok in built.items() if ok) or "none"
+    return [Check("horovod's PyTorch extension", True, getattr(hvd, "__file__", "") or "imported"),
+            Check(f"horovod built with {SHOWN[controller]} (--controller {controller})", built[controller],
+                  f"controllers built: {shown}", f"reinstall: HOROVOD_WITH_{controller.upper()}=1 {REBUILD}")]
+
+
+@hookimpl
+def detlaunch_doctor_checks(config: Config) -> list[Check]:
+    multi = multi_node(config.options)
+    where = "" if multi else " (only for jobs on several nodes)"
+    return [
+        Check.importable("torch", "pip install torch, then rebuild horovod against it"),
+        *build_checks(str(config.options.get("controller") or "gloo")),
+        Check("horovodrun", os.path.exists(_horovodrun()) or shutil.which("horovodrun") is not None, _horovodrun(),
+              "pip install horovod into this Python environment"),
+        Check.on_path("sshd", "apt-get install openssh-server" + where, config.env, required=multi,
+                      also=("/usr/sbin", "/sbin")),
+        Check.on_path("ssh", "apt-get install openssh-client" + where, config.env, required=multi),
+    ]
 
 
 @hookimpl
@@ -140,9 +222,11 @@ def _autotune_log(ctx: StageContext) -> str:
 @hookimpl
 def detlaunch_chief_stage(ctx: StageContext) -> Stage:
     c = ctx.cluster
+    check_launcher_args(TABLE, ctx.launcher_args, "horovodrun")
     if single_slot(ctx):
         return Stage(commands=(Command(ctx.rank_command, name="rank", env={"DETLAUNCH_RANK": "0"}),))
     multi = c.num_nodes > 1
+    check_build(str(ctx.option("controller", "gloo")))
     addrs = c.require_addresses(NAME) if multi else (c.node_addr or "localhost",)
     layout = SshLayout.for_job(ctx)
     argv = create_run_command(
@@ -158,8 +242,7 @@ def detlaunch_chief_stage(ctx: StageContext) -> Stage:
     # absolute path, so horovodrun cannot mistake it for one of its options.
     argv = [_horovodrun(), *argv[1:-1]]
     # Naming the controller spares horovodrun its probe for an MPI build (seconds at every start).
-    if not {"--gloo", "--mpi", "--jsrun"} & set(ctx.launcher_args):
-        argv.append(f"--{ctx.option('controller', 'gloo')}")
+    argv.append(f"--{ctx.option('controller', 'gloo')}")
     # The seed: SIGINT, since horovodrun misbehaves on SIGTERM.
     horovodrun = Command((*argv, *ctx.rank_command), name="horovodrun", stop_signal=signal.SIGINT)
     # SLURM_JOBID would make horovod/mpirun ignore -H and pack every rank here.

@@ -7,10 +7,23 @@ Built on the public detlaunch API only. Importing it does not import torch.
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 
-from detlaunch import Command, RankWrapper, Stage, StageContext, check_port_free, hookimpl
+from detlaunch import (
+    Check,
+    Command,
+    Config,
+    RankWrapper,
+    Stage,
+    StageContext,
+    check_port_free,
+    hookimpl,
+)
+from detlaunch.launcher_flags import add_launcher_flags, check_launcher_args
+
+from .flags import TABLE
 
 NAME = "torchrun"
 
@@ -18,7 +31,7 @@ NAME = "torchrun"
 def torchrun_argv(ctx: StageContext) -> list[str]:
     """The torchrun command for this node; torchrun's own flags come before ``--no-python``."""
     c = ctx.cluster
-    master = "localhost" if c.num_nodes == 1 else c.chief_addr
+    master = (ctx.option("master_addr") or "localhost") if c.num_nodes == 1 else c.chief_addr
     argv = [
         sys.executable, "-m", "torch.distributed.run",
         "--nnodes", str(c.num_nodes),
@@ -36,9 +49,32 @@ def torchrun_argv(ctx: StageContext) -> list[str]:
 
 
 def _stage(ctx: StageContext) -> Stage:
+    check_launcher_args(TABLE, ctx.launcher_args, NAME)
     # torchrun leaves torchelastic_* folders in the temp dir: give it the job's private one.
     tmp = os.path.join(ctx.run_dir, "tmp")
     return Stage(commands=(Command(tuple(torchrun_argv(ctx)), name=NAME, env={"TMPDIR": tmp}),))
+
+
+@hookimpl
+def detlaunch_add_options(parser: argparse.ArgumentParser) -> None:
+    add_launcher_flags(parser, TABLE, NAME)
+
+
+def torch_checks() -> list[Check]:
+    """torch importable, with torch.distributed and gloo."""
+    imported = Check.importable("torch", "pip install torch (CPU: pip install torch numpy)")
+    if not imported.ok:
+        return [imported]
+    import torch.distributed as dist
+
+    gloo = dist.is_available() and dist.is_gloo_available()
+    return [imported, Check("torch.distributed with gloo", gloo, "available" if gloo else "missing",
+                            "install a torch build with distributed support")]
+
+
+@hookimpl
+def detlaunch_doctor_checks(config: Config) -> list[Check]:
+    return torch_checks()
 
 
 @hookimpl
@@ -53,7 +89,7 @@ def detlaunch_environment(ctx: StageContext) -> dict[str, str]:
 
 @hookimpl
 def detlaunch_chief_stage(ctx: StageContext) -> Stage:
-    host = "127.0.0.1" if ctx.cluster.num_nodes == 1 else ctx.cluster.chief_addr
+    host = (ctx.option("master_addr") or "127.0.0.1") if ctx.cluster.num_nodes == 1 else ctx.cluster.chief_addr
     check_port_free(host, ctx.option("master_port", 29500))
     return _stage(ctx)
 

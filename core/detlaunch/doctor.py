@@ -1,0 +1,123 @@
+"""``detlaunch doctor``: what this node needs for a layer, checked, one line per check with its fix.
+
+Core checks what every layer needs (the temp and job directories writable, the master port free,
+the ptrace policy); each layer adds its own through the ``detlaunch_doctor_checks`` hook (torch
+importable, horovod's build, sshd/ssh/pdsh, deepspeed's accelerator), so a third-party layer gets
+doctor for free. Checks only look: they start no job and write nothing but a probe file they remove.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import os
+import shutil
+import tempfile
+from collections.abc import Mapping, Sequence
+
+from .config import Config
+from .errors import ConfigError
+from .netutil import check_port_free
+
+PTRACE_SCOPE = "/proc/sys/kernel/yama/ptrace_scope"
+
+
+@dataclasses.dataclass(frozen=True)
+class Check:
+    """One thing this node needs, and what was found.
+
+    required: a failed check that is not required (sshd on a one-node job) is a warning and does
+    not change doctor's exit code.
+    """
+
+    name: str
+    ok: bool
+    detail: str = ""
+    fix: str = ""
+    required: bool = True
+
+    @classmethod
+    def on_path(cls, program: str, fix: str, env: Mapping[str, str], required: bool = True,
+                also: Sequence[str] = ()) -> Check:
+        """`program` on the PATH of `env` (or in one of the `also` directories, as detlaunch looks for it)."""
+        path = os.pathsep.join([env.get("PATH", ""), *also])
+        found = shutil.which(program, path=path)
+        where = "PATH" if not also else f"PATH or {', '.join(also)}"
+        return cls(f"{program} found", found is not None, found or f"not on {where}", fix, required)
+
+    @classmethod
+    def importable(cls, module: str, fix: str) -> Check:
+        """`module` imports in this Python (it is imported: a broken install fails here, not in a rank)."""
+        try:
+            imported = importlib.import_module(module)
+        except Exception as e:  # any error at all is what the ranks would get
+            return cls(f"{module} importable", False, f"{type(e).__name__}: {e}".strip(), fix)
+        return cls(f"{module} importable", True, str(getattr(imported, "__version__", "") or imported.__name__))
+
+    def line(self) -> str:
+        mark = "ok  " if self.ok else ("FAIL" if self.required else "warn")
+        text = f"{mark}  {self.name}: {self.detail}" if self.detail else f"{mark}  {self.name}"
+        return f"{text} -- fix: {self.fix}" if not self.ok and self.fix else text
+
+
+def writable_dir_check(name: str, path: str, fix: str) -> Check:
+    """`path`, or the nearest folder above it that exists, is writable (detlaunch creates the rest)."""
+    probe = os.path.abspath(path)
+    while not os.path.exists(probe) and os.path.dirname(probe) != probe:
+        probe = os.path.dirname(probe)
+    if not os.path.isdir(probe):
+        return Check(name, False, f"{probe} is not a directory", fix)
+    try:
+        fd, tmp = tempfile.mkstemp(dir=probe, prefix=".detlaunch-doctor-")
+        os.close(fd)
+        os.unlink(tmp)
+    except OSError as e:
+        return Check(name, False, f"cannot write in {probe}: {e.strerror}", fix)
+    return Check(name, True, path if probe == os.path.abspath(path) else f"{path} (can be created in {probe})")
+
+
+def port_check(host: str, port: int) -> Check:
+    try:
+        check_port_free(host, port)
+    except ConfigError as e:
+        return Check(f"master port {port} free", False, str(e).split(":")[0], "pick a free port with --master-port")
+    return Check(f"master port {port} free", True, f"on {host}")
+
+
+def ptrace_check(scope_file: str = PTRACE_SCOPE, is_root: bool | None = None) -> Check:
+    """Yama's ptrace policy: the supervisor (every rank's ancestor) reads stacks with py-spy."""
+    name = "ptrace policy (stacks of hung ranks)"
+    try:
+        with open(scope_file) as f:
+            scope = int(f.read().strip())
+    except FileNotFoundError:
+        return Check(name, True, "no Yama policy: a process may trace its user's processes")
+    except (OSError, ValueError) as e:
+        return Check(name, False, f"cannot read {scope_file}: {e}", f"check {scope_file}", required=False)
+    root = os.geteuid() == 0 if is_root is None else is_root
+    fix = f"echo 1 > {scope_file} (as root), or run as root"
+    if scope <= 1 or (scope == 2 and root):
+        return Check(name, True, f"ptrace_scope={scope}")
+    return Check(name, False, f"ptrace_scope={scope}: stacks of hung ranks cannot be read", fix, required=False)
+
+
+def core_checks(config: Config) -> list[Check]:
+    """What every layer needs on this node."""
+    o, env = config.options, config.env
+    base = os.path.join(env.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"),
+                        "detlaunch", "jobs")
+    checks = [
+        writable_dir_check("temp dir writable (private run dirs)", tempfile.gettempdir(),
+                           "point TMPDIR at a writable directory"),
+        writable_dir_check("job dir writable (per-job ssh keys)", o.get("job_dir") or base,
+                           "give --job-dir DIR on a writable (shared, for several nodes) file system"),
+        port_check("127.0.0.1", int(o.get("master_port") or 29500)),
+        ptrace_check(),
+    ]
+    if o.get("log_dir"):
+        checks.append(writable_dir_check("--log-dir writable", o["log_dir"], "pick a writable --log-dir"))
+    return checks
+
+
+def exit_code(checks: Sequence[Check]) -> int:
+    return 1 if any(not c.ok and c.required for c in checks) else 0
