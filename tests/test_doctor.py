@@ -38,7 +38,8 @@ def test_doctor_on_this_healthy_install(launcher: Launcher, layer: str) -> None:
     warned = {name for name, line in found.items() if not line.startswith("ok  ")}
     assert warned <= {"deepspeed's CPU Adam op ready"} and "FAIL" not in r.stdout, r.stdout
     assert {"temp dir writable (private run dirs)", "job dir writable (per-job ssh keys)", "torch importable",
-            "ptrace policy (stacks of hung ranks)"} <= set(found)
+            "ptrace policy (stacks of hung ranks)",
+            "PID namespace for the job (nothing outlives a SIGKILLed detlaunch)"} <= set(found)
     expected = {"torchrun": {"torch.distributed with gloo"},
                 "horovod": {"horovod built with Gloo (--controller gloo)", "horovodrun", "sshd found", "ssh found"},
                 "deepspeed": {"deepspeed's accelerator", "pdsh found", "sshd found", "no stale torch build lock"}}

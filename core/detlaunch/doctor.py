@@ -101,6 +101,19 @@ def ptrace_check(scope_file: str = PTRACE_SCOPE, is_root: bool | None = None) ->
     return Check(name, False, f"ptrace_scope={scope}: stacks of hung ranks cannot be read", fix, required=False)
 
 
+def isolation_check() -> Check:
+    """Whether the job can run in a PID namespace of its own (isolation.py): nothing escapes it."""
+    from .isolation import probe
+
+    name = "PID namespace for the job (nothing outlives a SIGKILLed detlaunch)"
+    why = probe()
+    if why is None:
+        return Check(name, True, "available" + ("" if os.getuid() == 0 else " (in a user namespace)"))
+    return Check(name, False, f"not available: {why}; a process that escapes its rank (setsid) can outlive a "
+                 "SIGKILL of detlaunch", "allow user namespaces (sysctl user.max_user_namespaces, "
+                 "kernel.unprivileged_userns_clone) or run as root", required=False)
+
+
 def core_checks(config: Config) -> list[Check]:
     """What every layer needs on this node."""
     o, env = config.options, config.env
@@ -113,6 +126,7 @@ def core_checks(config: Config) -> list[Check]:
                            "give --job-dir DIR on a writable (shared, for several nodes) file system"),
         port_check("127.0.0.1", int(o.get("master_port") or 29500)),
         ptrace_check(),
+        isolation_check(),
     ]
     if o.get("log_dir"):
         checks.append(writable_dir_check("--log-dir writable", o["log_dir"], "pick a writable --log-dir"))

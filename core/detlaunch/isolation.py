@@ -64,14 +64,15 @@ def _become_init(parent_alive: int) -> None:
         _libc.mount(b"proc", b"/proc", b"proc", 0, None)  # our /proc: psutil sees the job's processes only
 
 
-def run_isolated(body: Callable[[], int], *, warn: Callable[[str], None]) -> int:
+def run_isolated(body: Callable[[], int], *, warn: Callable[[str], None],
+                 enter: Callable[[], None] = enter_new_pid_namespace) -> int:
     """Run `body` as the init of a new PID namespace; return its exit code.
 
     Signals that reach this process (a user's kill, the terminal's Ctrl-C) are relayed to it. When
     the namespace cannot be made, `warn` says so in one line and `body` runs here.
     """
     try:
-        enter_new_pid_namespace()
+        enter()
     except Unavailable as e:
         warn(f"cannot isolate the job in a PID namespace ({e.strerror}): a process that escapes its "
              f"rank (setsid) can outlive a SIGKILL of detlaunch; see detlaunch doctor")

@@ -26,4 +26,5 @@ def check_port_free(host: str, port: int, flag: str = "--master-port") -> None:
                                   f"pick a free port with {flag} PORT") from None
             if e.errno == errno.EADDRNOTAVAIL:
                 return  # not an address of this machine: the chief checks its own
-            raise ConfigError(f"cannot use {flag} {port} on {host}: {e.strerror}; pick another with {flag} PORT") from None
+            raise ConfigError(f"cannot use {flag} {port} on {host}: {e.strerror}; "
+                              f"pick another with {flag} PORT") from None

@@ -98,3 +98,21 @@ def test_this_machine_can_isolate_jobs_as_root_and_as_an_ordinary_user(tmp_path:
         assert out.stdout.strip() == "None", out
     finally:
         subprocess.run(["userdel", user], check=True)
+
+
+def test_without_namespaces_the_job_runs_here_and_one_line_says_what_is_not_guaranteed() -> None:
+    from detlaunch import isolation
+
+    def refused() -> None:
+        raise isolation.Unavailable(1, "unshare: Operation not permitted")
+
+    said: list[str] = []
+    assert isolation.run_isolated(lambda: os.getpid(), warn=said.append, enter=refused) == os.getpid()
+    assert said == ["cannot isolate the job in a PID namespace (unshare: Operation not permitted): a process "
+                    "that escapes its rank (setsid) can outlive a SIGKILL of detlaunch; see detlaunch doctor"]
+
+
+def test_isolated_the_body_is_pid_1_and_its_exit_code_comes_back() -> None:
+    from detlaunch import isolation
+
+    assert isolation.run_isolated(lambda: 40 + os.getpid(), warn=print) == 41
