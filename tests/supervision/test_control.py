@@ -26,14 +26,15 @@ def status(launcher: Launcher, *args: str) -> subprocess.CompletedProcess[str]:
 
 @pytest.mark.timeout(200)
 def test_status_on_two_nodes_from_either_node(launcher: Launcher) -> None:
+    job_id = f"test-{uuid.uuid4().hex[:8]}"  # other jobs of this user may run here: always name ours
     common = ["--layer", "torchrun", "--nnodes", "2", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
-              "--master-port", str(free_port())]
+              "--master-port", str(free_port()), "--job-id", job_id]
     env = {"SLEEP": "300"}
     jobs = [launcher.start(*common, "--node-rank", str(n), "--node-addr", f"127.0.0.{n + 1}", RANKS, env=env)
             for n in (0, 1)]
     for rank in range(4):
         jobs[rank // 2].wait_for_output(f"[rank={rank}] rank {rank} sleeping", timeout=150)
-    runs = [status(launcher, "--format", "json") for _ in range(3)]  # whichever node's socket is found
+    runs = [status(launcher, job_id, "--format", "json") for _ in range(3)]  # whichever node's socket is found
     for run in runs:
         assert run.returncode == 0, run.stderr
         data = json.loads(run.stdout)
@@ -44,17 +45,18 @@ def test_status_on_two_nodes_from_either_node(launcher: Launcher) -> None:
         for r in here["ranks"]:  # this shell's pids: the rank's own process
             cmdline = Path(f"/proc/{r['pid']}/cmdline").read_bytes()
             assert b"ranks.py" in cmdline and b"rank_wrapper" not in cmdline
-    text = status(launcher)
+    text = status(launcher, job_id)
     assert text.returncode == 0 and "node 1 (127.0.0.2): running" in text.stdout
     assert text.stdout.count(" running\n") + text.stdout.endswith(" running") >= 4, text.stdout
     job = json.loads(runs[0].stdout)["job"]
+    assert job == job_id
     for j in jobs:
         j.send_signal(2)
     for j in jobs:
         j.wait(60)
     gone = status(launcher, job)
-    assert gone.returncode == 1 and gone.stderr.strip() == f"detlaunch: job {job} is not running on this node"
-    assert status(launcher).stderr.strip() == "detlaunch: no detlaunch job of yours is running on this node"
+    assert gone.returncode == 1 and gone.stderr.startswith(f"detlaunch: job {job} is not running on this node"), gone
+    assert job_id not in status(launcher).stderr  # neither named nor listed among the running ones
 
 
 @pytest.mark.timeout(120)
