@@ -10,9 +10,10 @@ As root, a PID and a mount namespace are enough; an ordinary user also gets a us
 that maps only their own uid and gid (so every process keeps its real uid). Where the kernel
 allows neither, the job runs as before, and one line says what is not guaranteed.
 
-    detlaunch (outer: relays SIGINT/SIGTERM/SIGHUP, exits with the inner's code)
-      └── detlaunch (pid 1 of the namespace: the node supervisor, its own session)
-            └── launchers, daemons, rank wrappers, ranks, whatever they start
+    detlaunch (relays SIGINT/SIGTERM/SIGHUP, exits with the supervisor's code)
+      └── detlaunch (makes the namespace, its own session; relays too)
+            └── detlaunch (pid 1 of the namespace: the node supervisor)
+                  └── launchers, daemons, rank wrappers, ranks, whatever they start
 """
 
 from __future__ import annotations
@@ -54,30 +55,49 @@ def enter_new_pid_namespace() -> None:
             raise Unavailable(e.errno or 0, f"user namespace id maps: {e.strerror}") from None
 
 
-def _become_init(parent_alive: int) -> None:
-    """In the child, pid 1 of the new namespace: die with the parent, and see only our own processes."""
+def _die_with_parent(parent_alive: int) -> None:
     _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     if select.select([parent_alive], [], [], 0)[0]:  # EOF: the parent died before prctl took effect
         os._exit(128 + signal.SIGKILL)
-    os.setsid()  # the terminal's signals reach the outer detlaunch, which relays each exactly once
+
+
+def _become_init() -> None:
+    """pid 1 of the new namespace: see only the job's processes in /proc (psutil walks it)."""
     if _libc.unshare(CLONE_NEWNS) == 0 and _libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None) == 0:
-        _libc.mount(b"proc", b"/proc", b"proc", 0, None)  # our /proc: psutil sees the job's processes only
+        _libc.mount(b"proc", b"/proc", b"proc", 0, None)
 
 
 def run_isolated(body: Callable[[], int], *, warn: Callable[[str], None],
                  enter: Callable[[], None] = enter_new_pid_namespace) -> int:
     """Run `body` as the init of a new PID namespace; return its exit code.
 
-    Signals that reach this process (a user's kill, the terminal's Ctrl-C) are relayed to it. When
-    the namespace cannot be made, `warn` says so in one line and `body` runs here.
+    The namespace is made by a child of this process: unshare() changes for good the process that
+    calls it (once the namespace's init has exited, it could fork no more), and the caller must
+    stay as it was. Signals that reach this process (a user's kill, the terminal's Ctrl-C) are
+    relayed down. When the namespace cannot be made, `warn` says so in one line and `body` runs in
+    that child, as before.
     """
-    try:
-        enter()
-    except Unavailable as e:
-        warn(f"cannot isolate the job in a PID namespace ({e.strerror}): a process that escapes its "
-             f"rank (setsid) can outlive a SIGKILL of detlaunch; see detlaunch doctor")
-        return body()
-    # Blocked until the supervisor catches them: as pid 1, an unhandled signal would be ignored.
+
+    def make_namespace_and_run() -> int:
+        os.setsid()  # the terminal's signals reach the outer detlaunch only, which relays each once
+        try:
+            enter()
+        except Unavailable as e:
+            warn(f"cannot isolate the job in a PID namespace ({e.strerror}): a process that escapes its "
+                 f"rank (setsid) can outlive a SIGKILL of detlaunch; see detlaunch doctor")
+            return body()
+        def init() -> int:
+            _become_init()
+            return body()
+
+        return _in_child(init)
+
+    return _in_child(make_namespace_and_run)
+
+
+def _in_child(run: Callable[[], int]) -> int:
+    """Run `run` in a child that dies with this process; relay stop signals to it; its exit code."""
+    # Held until the child's supervisor catches them: as pid 1 an unhandled signal would be ignored.
     signal.pthread_sigmask(signal.SIG_BLOCK, RELAYED)
     alive_r, alive_w = os.pipe()
     for stream in (sys.stdout, sys.stderr):
@@ -87,8 +107,8 @@ def run_isolated(body: Callable[[], int], *, warn: Callable[[str], None],
         code = 1
         try:
             os.close(alive_w)
-            _become_init(alive_r)
-            code = body()
+            _die_with_parent(alive_r)
+            code = run()
         finally:
             for stream in (sys.stdout, sys.stderr):
                 try:
@@ -97,11 +117,14 @@ def run_isolated(body: Callable[[], int], *, warn: Callable[[str], None],
                     pass
             os._exit(code)
     os.close(alive_r)
-    for s in RELAYED:
-        signal.signal(s, lambda signum, _frame: _relay(pid, signum))
+    old = {s: signal.signal(s, lambda signum, _frame: _relay(pid, signum)) for s in RELAYED}
     signal.pthread_sigmask(signal.SIG_UNBLOCK, RELAYED)
-    _, status = os.waitpid(pid, 0)
-    os.close(alive_w)
+    try:
+        _, status = os.waitpid(pid, 0)
+    finally:
+        for s, handler in old.items():
+            signal.signal(s, handler)
+        os.close(alive_w)
     code = os.waitstatus_to_exitcode(status)
     return 128 - code if code < 0 else code
 

@@ -178,17 +178,20 @@ class Running:
             time.sleep(0.02)
 
     def supervisor_pid(self) -> int:
-        """The pid of this node's supervisor: detlaunch's child when the job runs in a PID namespace
-        of its own (detlaunch.isolation), else detlaunch itself."""
+        """The pid of this node's supervisor: the first process below detlaunch in another PID
+        namespace when the job runs in one of its own (detlaunch.isolation), else detlaunch itself."""
         try:
-            with open(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children") as f:
-                children = [int(c) for c in f.read().split()]
+            own = os.readlink(f"/proc/{self.proc.pid}/ns/pid")
         except OSError:
-            children = []
-        for child in children:
+            return self.proc.pid
+        queue = [self.proc.pid]
+        while queue:
+            pid = queue.pop(0)
             try:
-                if os.readlink(f"/proc/{child}/ns/pid") != os.readlink(f"/proc/{self.proc.pid}/ns/pid"):
-                    return child
+                if os.readlink(f"/proc/{pid}/ns/pid") != own:
+                    return pid
+                with open(f"/proc/{pid}/task/{pid}/children") as f:
+                    queue += [int(c) for c in f.read().split()]
             except OSError:
                 continue
         return self.proc.pid
