@@ -68,17 +68,23 @@ def chained() -> None:
         raise RuntimeError("could not load the model") from None
 
 
-# What a torch rank printed (copied from a real gloo run here): a survivor's collective error,
-# then c10d's warning at exit, after the traceback.
+# What torch 2.13 ranks printed here (resume_ddp.py --crash-how raise under detlaunch's torchrun layer):
+# once a process group exists, torch's excepthook prefixes every traceback line with "[rankN]: ".
+TORCH_ROOT_CAUSE = """\
+[rank1]: Traceback (most recent call last):
+[rank1]:   File "/work/wt/parts-13/tests/scripts/resume_ddp.py", line 37, in <module>
+[rank1]:     train(options, comm)
+[rank1]:   File "/work/wt/parts-13/tests/scripts/resumable.py", line 90, in crash
+[rank1]:     raise RuntimeError(message)
+[rank1]: RuntimeError: injected failure at step 3
+""".splitlines()
 GLOO_SURVIVOR = """\
-Traceback (most recent call last):
-  File "/work/tests/scripts/collective.py", line 20, in <module>
-    dist.all_reduce(torch.ones(1))
-  File "/venv/lib/python3.11/site-packages/torch/distributed/c10d_logger.py", line 81, in wrapper
-    return func(*args, **kwargs)
-           ^^^^^^^^^^^^^^^^^^^^^
-torch.distributed.DistNetworkError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer
-[W1201 08:40:12.123456 1234 ProcessGroupGloo.cpp:123] Warning: destroy_process_group() was not called
+[rank0]:   File "/venv/lib/python3.11/site-packages/torch/autograd/graph.py", line 979, in _engine_run_backward
+[rank0]:     return Variable._execution_engine.run_backward(  # Calls into the C++ engine to run the backward pass
+[rank0]:            ^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^
+[rank0]: RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by \
+peer [127.0.0.1]:14738. This is typically caused by a remote worker crashing. Check the logs of the remote worker \
+before reporting an error. GLHF! 🏖️
 """.splitlines()
 
 
@@ -107,8 +113,16 @@ def test_last_exception_reads_pythons_own_tracebacks(raise_it: Callable[[], obje
     assert last_exception(tail_of(raise_it)) == line
 
 
+def test_last_exception_reads_torchs_rank_prefixed_tracebacks() -> None:
+    assert last_exception(TORCH_ROOT_CAUSE) == "RuntimeError: injected failure at step 3"
+    # The header was cut off (the tail keeps 20 lines): the last exception-looking line.
+    assert last_exception(GLOO_SURVIVOR).startswith("RuntimeError: [/__w/pytorch/pytorch/third_party/gloo")
+
+
 def test_last_exception_ignores_what_is_printed_after_the_traceback() -> None:
-    assert last_exception(GLOO_SURVIVOR).startswith("torch.distributed.DistNetworkError: [../third_party")
+    after = [*tail_of(boom), "[W1201 08:40:12.123 ProcessGroupGloo.cpp:123] Warning: destroy_process_group() "
+             "was not called", "Exception ignored in atexit callback"]
+    assert last_exception(after) == "ValueError: boom"
 
 
 def test_last_exception_without_the_header_takes_the_last_exception_looking_line() -> None:
@@ -155,6 +169,11 @@ def test_signature_is_how_it_ended_and_the_last_traceback_line() -> None:
     a = signature(1, None, ["ValueError: bad <Batch object at 0x7f3a1c2b4d90>"])
     assert a == signature(1, None, ["ValueError: bad <Batch object at 0x7f00deadbeef>"])
     assert signature(1, None, ["ValueError: bad step 3"]) != signature(1, None, ["ValueError: bad step 4"])
+    # The same failure of another rank, or with another ephemeral port, is the same failure.
+    assert signature(1, None, TORCH_ROOT_CAUSE) == "exit 1: RuntimeError: injected failure at step 3"
+    other_port = [line.replace("14738", "40001") for line in GLOO_SURVIVOR]
+    assert signature(1, None, GLOO_SURVIVOR) == signature(1, None, other_port)
+    assert "[127.0.0.1]:?." in signature(1, None, GLOO_SURVIVOR)
 
 
 def test_attempt_end_from_failure() -> None:

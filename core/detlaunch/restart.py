@@ -74,7 +74,11 @@ RETRIED_BY_DEFAULT = frozenset({FailureKind.RANK_FAILED, FailureKind.NODE_LOST, 
 _EXCEPTION_LINE = re.compile(r"^((?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*)(?::\s?(.*))?$")
 # Without the "Traceback" header (cut off from a long tail) only a name that looks like an exception counts.
 _EXCEPTION_NAME = re.compile(r"(Error|Exception|Exit|Interrupt|Failure|Iteration)$")
+# torch.distributed's excepthook prefixes every traceback line with "[rankN]: " once a process group exists.
+_TORCH_RANK_PREFIX = re.compile(r"^\[rank\d+\]: ?")
+# What differs on every run of the same failure: object addresses, ephemeral ports ("[127.0.0.1]:14738").
 _ADDRESS = re.compile(r"0x[0-9a-fA-F]+")
+_PORT = re.compile(r"(\d{1,3}(?:\.\d{1,3}){3}\]?:)\d+")
 
 
 def last_exception(tail_lines: Sequence[str]) -> str:
@@ -83,8 +87,9 @@ def last_exception(tail_lines: Sequence[str]) -> str:
     Reads the last "Traceback (most recent call last):" and takes the first unindented line after
     it (frames and source lines are indented), so output printed after the traceback (atexit
     warnings) does not hide it. When the header was cut off, the last unindented line naming an
-    exception (``...Error: ...``) counts.
+    exception (``...Error: ...``) counts. torch's "[rankN]: " prefix is removed first.
     """
+    tail_lines = [_TORCH_RANK_PREFIX.sub("", line) for line in tail_lines]
     headers = [i for i, line in enumerate(tail_lines) if line.startswith("Traceback (most recent call last)")]
     if headers:
         for line in tail_lines[headers[-1] + 1 :]:
@@ -107,10 +112,10 @@ def exception_name(line: str) -> str:
 def signature(exit_code: int | None, signal: int | None, tail_lines: Sequence[str]) -> str:
     """The root cause's identity for the crash-loop breaker: how it ended and its last traceback line.
 
-    Memory addresses are blanked ("<object at 0x...>" differs on every run); nothing else is, so a
-    message that names a different step or file is a different failure (the job got further).
+    Memory addresses and the ports of IPv4 addresses are blanked (they differ on every run); nothing
+    else is, so a message that names a different step or file is a different failure (the job got further).
     """
-    line = _ADDRESS.sub("0x?", last_exception(tail_lines))
+    line = _PORT.sub(r"\1?", _ADDRESS.sub("0x?", last_exception(tail_lines)))
     how = describe_exit(exit_code, signal)
     return f"{how}: {line}" if line else how
 
