@@ -7,6 +7,7 @@ import random
 import signal
 import traceback
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,6 +15,7 @@ from detlaunch.config import Parser
 from detlaunch.errors import ConfigError
 from detlaunch.restart import (
     NO_RESTART_EXIT_CODE,
+    USER_ERRORS,
     AttemptEnd,
     Decision,
     FailureKind,
@@ -244,6 +246,14 @@ def test_restart_on_and_no_restart_on_override_the_defaults() -> None:
     assert decide(p, end(kind=FailureKind.HANG)).why == "hang is in --no-restart-on: not restarting"
 
 
+def test_exit_codes_and_classes_apply_to_a_ranks_own_end_only() -> None:
+    # A lost node or a job that never started ends with detlaunch's exit code 1, not the script's.
+    p = RestartPolicy(max_restarts=2, no_restart_on=(1,), restart_on=(7,))
+    assert decide(p, end(kind=FailureKind.NODE_LOST, cause="node 1 lost")).restart
+    assert not decide(p, end(exit_code=1)).restart
+    assert not decide(RestartPolicy(max_restarts=2, restart_on=(1,)), end(kind=FailureKind.START_FAILURE)).restart
+
+
 def test_a_dotted_exception_matches_by_its_full_or_its_short_name() -> None:
     oom = end(cause="torch.OutOfMemoryError: CUDA out of memory")
     assert not decide(RestartPolicy(max_restarts=1, no_restart_on=("OutOfMemoryError",)), oom).restart
@@ -436,10 +446,14 @@ def test_the_report_lists_each_attempt_and_why_the_next_started_or_none_did() ->
         "detlaunch:   attempt 2: rank-failed after 0.8 s: rank 1 on node 0 (127.0.0.1) exited with code 3 "
         "(ValueError: a)",
         "detlaunch:     -> attempt 2 failed the same way as attempt 1 (ValueError: a): not restarting (crash loop)",
-        "detlaunch: exit code 3 (attempt 2's)",
     ]
     ok = format_attempts([end(1), end(2, kind=None, exit_code=0)], Decision(False, "attempt 2 finished"))
-    assert ok[-2:] == ["detlaunch:   attempt 2: finished (exit 0)", "detlaunch: exit code 0 (attempt 2's)"]
+    assert ok[-2:] == ["detlaunch:     -> attempt 2 started", "detlaunch:   attempt 2: finished (exit 0)"]
+    lost = AttemptEnd.from_failure(1, 1, None, (), "node 1 (127.0.0.2) was lost: no heartbeat for 5 s",
+                                   started=True, lost=True)
+    assert format_attempts([lost], Decision(True, "restart 1 of 1 in 1.0 s", 1.0, 2))[1:] == [
+        "detlaunch:   attempt 1: node-lost: node 1 (127.0.0.2) was lost: no heartbeat for 5 s",
+        "detlaunch:     -> restart 1 of 1 in 1.0 s"]
 
 
 def test_log_paths_per_attempt_only_when_restarts_are_on() -> None:
@@ -454,3 +468,16 @@ def test_each_attempt_sees_its_restart_count() -> None:
                                               "TORCHELASTIC_MAX_RESTARTS": "4"}
     with pytest.raises(ValueError):
         attempt_env(0)
+
+
+def test_the_user_docs_say_what_the_policy_does() -> None:
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "RESTARTS.md").read_text()
+    for kind in FailureKind:
+        assert f"| `{kind.value}` |" in doc, f"docs/RESTARTS.md does not describe the kind {kind.value}"
+    for name in USER_ERRORS:
+        assert f"`{name}`" in doc, f"docs/RESTARTS.md does not list the user error {name}"
+    assert f"exits with {NO_RESTART_EXIT_CODE}: `sys.exit({NO_RESTART_EXIT_CODE})`" in doc
+    d = RestartPolicy()
+    assert f"(default {d.backoff_initial:g} s)" in doc and f"(default {d.backoff_cap:g} s)" in doc
+    shown = RestartPolicy(max_restarts=3).describe()
+    assert f"    {shown[0]}\n" in doc and f"    {shown[2]}\n" in doc and f"    {shown[3]}\n" in doc

@@ -22,8 +22,8 @@ import math
 import os
 import re
 import signal as signals
-from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, Protocol
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol, TypeVar
 
 from .errors import ConfigError
 from .report import describe_exit
@@ -66,6 +66,9 @@ class FailureKind(enum.Enum):
 
 
 RETRIED_BY_DEFAULT = frozenset({FailureKind.RANK_FAILED, FailureKind.NODE_LOST, FailureKind.HANG})
+# Where the exit code (and the traceback) is the rank's own; otherwise it is detlaunch's (1 for a lost
+# node or a job that never started), and --restart-on/--no-restart-on exit codes and classes do not apply.
+RANK_KINDS = frozenset({FailureKind.RANK_FAILED, FailureKind.USER_ERROR, FailureKind.NO_RESTART})
 
 
 # -- what ended an attempt -------------------------------------------------------------------
@@ -227,8 +230,8 @@ class RestartPolicy:
     max_node_restarts given, nothing restarts: jobs that did not ask see no change.
     restart_on / no_restart_on: exit codes, FailureKind values, exception class names (as printed,
     or their last dotted part) that override the defaults (RETRIED_BY_DEFAULT). An exit code or a
-    class is more specific than a kind and wins over it; no_restart_on wins a tie. INTERRUPTED is
-    never restarted.
+    class is more specific than a kind and wins over it; exit codes and classes apply to a rank's
+    own end only (RANK_KINDS). INTERRUPTED is never restarted.
     no_restart_exit_code: the exit code a script uses to say "do not restart me" (None: none).
     Backoff before restart k (1-based): min(cap, initial * factor**(k-1)), less up to `jitter` of it
     at random (jitter 1 is "full jitter", 0 none): spreads the nodes of many jobs restarting at once.
@@ -273,9 +276,9 @@ class RestartPolicy:
         assert end.kind is not None
         if end.kind is FailureKind.INTERRUPTED:
             return False, "interrupted by a signal: not restarting"
-        specific: list[Item] = [end.exit_code]
-        if end.exception:
-            specific += [end.exception, _short(end.exception)]
+        specific: list[Item] = []
+        if end.kind in RANK_KINDS:
+            specific = [end.exit_code, end.exception, _short(end.exception)] if end.exception else [end.exit_code]
         for items in (specific, [end.kind.value]):
             refused = [i for i in items if i in self.no_restart_on]
             if refused:
@@ -398,7 +401,11 @@ def check_policy(policy: RestartPolicy) -> None:
 
 def format_attempts(history: Sequence[AttemptEnd], decision: Decision | None) -> list[str]:
     """The report's lines for a job of several attempts: each one's root cause, and why the next
-    started or why none did. The job's exit code is the last attempt's (history[-1].exit_code)."""
+    started or why none did (`decision`: the one taken after the last).
+
+    Printed before the last attempt's own report (format_report), which ends with the job's exit
+    code: the last attempt's root cause's, history[-1].exit_code.
+    """
     lines = [f"detlaunch: {len(history)} attempt(s):"]
     for n, end in enumerate(history):
         took = f" after {end.ended_at - end.started_at:.1f} s" if end.ended_at > end.started_at else ""
@@ -413,7 +420,6 @@ def format_attempts(history: Sequence[AttemptEnd], decision: Decision | None) ->
             lines.append(f"detlaunch:     -> attempt {nxt.attempt} started{gap}")
         elif decision is not None:
             lines.append(f"detlaunch:     -> {decision.why}")
-    lines.append(f"detlaunch: exit code {history[-1].exit_code} (attempt {history[-1].attempt}'s)")
     return lines
 
 
@@ -482,33 +488,28 @@ item_list.__name__ = "list of exit codes (3, SIGKILL), failure kinds (" + ", ".j
     ") or exception classes (ValueError)"
 
 
-def count(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise ValueError(text)
-    return value
+T = TypeVar("T")
 
 
-count.__name__ = "count (0 or more)"
+def _checked(name: str, convert: Callable[[str], T], ok: Callable[[T], bool]) -> Callable[[str], T]:
+    """An argparse type: convert, then check; `name` is what the error line calls a valid value."""
+    def parse(text: str) -> T:
+        value = convert(text)
+        if not ok(value):
+            raise ValueError(text)
+        return value
+
+    parse.__name__ = name
+    return parse
 
 
-def finite_seconds(text: str) -> float:
-    value = float(text)
-    if not math.isfinite(value) or value < 0:
-        raise ValueError(text)
-    return value
-
-
-finite_seconds.__name__ = "number of seconds (0 or more)"
+count = _checked("count (0 or more)", int, lambda v: v >= 0)
+finite_seconds = _checked("number of seconds (0 or more)", float, lambda v: math.isfinite(v) and v >= 0)
+_exit_code = _checked("exit code", int, lambda v: 1 <= v <= 255)
 
 
 def optional_exit_code(text: str) -> int | None:
-    if text.strip().lower() in ("none", "off", ""):
-        return None
-    value = int(text)
-    if not 1 <= value <= 255:
-        raise ValueError(text)
-    return value
+    return None if text.strip().lower() in ("none", "off", "") else _exit_code(text)
 
 
 optional_exit_code.__name__ = "exit code (1-255, or none)"
@@ -543,7 +544,7 @@ def policy_from_options(options: Mapping[str, Any]) -> RestartPolicy:
         value = options.get(name)
         if value is None:
             return default
-        if isinstance(value, str) or (convert is item_list and not isinstance(value, Iterable)):
+        if isinstance(value, str):  # from DETLAUNCH_* or a config file, not through the parser
             flag = "--" + name.replace("_", "-")
             try:
                 return convert(str(value))
