@@ -140,10 +140,11 @@ def run(argv: list[str], env: dict[str, str]) -> int:
     hooks.job_started(plan.context, plan.stage)  # scheduler side effects; a failure is one error line
 
     def supervise() -> int:
-        result = NodeSupervisor(plan, debug=bool(options.get("debug"))).run()
+        supervisor = NodeSupervisor(plan, debug=bool(options.get("debug")))
+        result = supervisor.run()
         for problem in hooks.job_finished(plan.context, result):
             print(f"detlaunch: warning: a job_finished observer failed: {problem}", file=sys.stderr)
-        for line in [*format_warnings(result), *format_report(result)]:
+        for line in [*format_warnings(result), *supervisor.attempts_report(), *format_report(result)]:
             print(line, file=sys.stderr)
         return result.exit_code
 

@@ -27,6 +27,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, NoReturn
 
 from .errors import ConfigError
+from .restart import add_restart_options
 
 ENV_PREFIX = "DETLAUNCH_"
 CORE_SECTION = "detlaunch"
@@ -147,6 +148,7 @@ def build_parser(layer_names: Sequence[str] = (), add_help: bool = True) -> Pars
     g.add_argument("--log-dir", metavar="DIR", help="also write each rank's output to DIR/rank-N.log")
     g.add_argument("--ranks", type=rank_list, metavar="R,R", help="only these ranks reach the console "
                    "(log files get every rank)")
+    add_restart_options(p)
     return p
 
 

@@ -22,6 +22,7 @@ from .config import Config
 from .errors import PluginLoadError
 from .plugins import Hooks
 from .report import signal_name
+from .restart import RestartPolicy, policy_from_options
 from .stage import SOCKET_NAME, SSHD_SUPERVISOR_ENV, Command, Stage, StageContext
 
 WRAPPER_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "rank_wrapper.py")
@@ -50,6 +51,7 @@ class LaunchPlan:
     context: StageContext
     control_port: int = 0
     heartbeat: float = 1.0
+    restarts: RestartPolicy = RestartPolicy()  # job-wide restarts: the chief's policy (restart.py)
 
     @property
     def cluster(self) -> ClusterInfo:
@@ -119,6 +121,7 @@ class LaunchPlan:
             "command": list(self.user_command),
             "env": dict(self.env),
             "unset_env": list(self.unset_env),
+            "restarts": self.restarts.to_json(),
         }
 
 
@@ -185,7 +188,7 @@ def build_plan(hooks: Hooks, config: Config, cluster: ClusterInfo) -> LaunchPlan
         start_timeout=config.options.get("start_timeout", 300.0),
         log_dir=config.options.get("log_dir"), console_ranks=config.options.get("ranks") or None, context=ctx,
         control_port=config.options.get("control_port") or (config.options.get("master_port", 29500) + 1),
-        heartbeat=config.options.get("heartbeat", 1.0),
+        heartbeat=config.options.get("heartbeat", 1.0), restarts=policy_from_options(config.options),
     )
 
 
@@ -244,6 +247,7 @@ def render_text(plan: LaunchPlan) -> str:
                 lines.append(f"{inner}└── {_quote(extra)}")
                 inner += "    "
             lines.append(f"{inner}└── {_quote(plan.user_command)}")
+    lines.extend(plan.restarts.describe())
     lines.append("environment added for every process:")
     lines.extend(f"  {k}={_short(v)}" for k, v in sorted(plan.env.items()))
     if plan.unset_env:

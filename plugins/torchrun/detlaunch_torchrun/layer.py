@@ -10,14 +10,26 @@ from __future__ import annotations
 import os
 import sys
 
-from detlaunch import Command, RankWrapper, Stage, StageContext, check_port_free, hookimpl
+from detlaunch import Command, ConfigError, RankWrapper, Stage, StageContext, check_port_free, hookimpl
 
 NAME = "torchrun"
+# torchrun's own restarts are per node (pytorch/pytorch#108158); detlaunch's --max-restarts restarts the
+# whole job, so torchrun itself always runs with --max-restarts 0.
+OWN_RESTART_FLAGS = ("--max-restarts", "--max_restarts")
+
+
+def check_launcher_args(args: tuple[str, ...]) -> None:
+    """Refuse torchrun's restart flag: it would be silently defeated by the job-wide stop on a failure."""
+    for arg in args:
+        if arg.split("=", 1)[0] in OWN_RESTART_FLAGS:
+            raise ConfigError(f"{arg.split('=', 1)[0]} among torchrun's arguments: give detlaunch's "
+                              "--max-restarts N (before the command, it restarts the whole job on every node)")
 
 
 def torchrun_argv(ctx: StageContext) -> list[str]:
     """The torchrun command for this node; torchrun's own flags come before ``--no-python``."""
     c = ctx.cluster
+    check_launcher_args(ctx.launcher_args)
     master = "localhost" if c.num_nodes == 1 else c.chief_addr
     argv = [
         sys.executable, "-m", "torch.distributed.run",
