@@ -510,7 +510,7 @@ class NodeSupervisor:
         if not self.attempt_running:  # stopped during the backoff: that attempt never started
             why = "the job was interrupted" if self.verdict.interrupted_by is not None else \
                 (self.verdict.failure.what if self.verdict.failure else "the job ended")
-            self.decision = restart.Decision(False, f"{why} before attempt {self.attempt} started: not restarting")
+            self.decision = restart.Decision(False, f"{why} before attempt {self.attempt + 1} started: not restarting")
             return False
         self.history.append(self._attempt_end())
         decision = self.decision = self.policy.decide(self.history, self.rng)
