@@ -166,7 +166,8 @@ def test_without_separator_the_first_non_option_starts_the_command() -> None:
 
 def test_launcher_args_go_before_the_separator() -> None:
     o, launcher_args, command = parse_options(
-        ["--rdzv-backend", "c10d", "--nproc-per-node", "2", "--monitor-interval", "3", "--", "train.py", "--layer", "x"])
+        ["--rdzv-backend", "c10d", "--nproc-per-node", "2", "--monitor-interval", "3", "--", "train.py", "--layer",
+         "x"])
     assert o["nproc_per_node"] == 2 and o["layer"] is None
     assert launcher_args == ["--rdzv-backend", "c10d", "--monitor-interval", "3"]
     assert command == ["train.py", "--layer", "x"]
