@@ -62,7 +62,8 @@ def restart_time(out: Path, ranks: int) -> float | None:
     return max(ready for _, ready in second) - float((out / "fail0").read_text())
 
 
-def main(env: dict[str, str], reps: int, quick: bool, tmp: Path) -> Section:
+def main(env: dict[str, str], reps: int, quick: bool, tmp: Path, only: str = "") -> Section:
+    """only: run just the cases whose name contains it (and no count runs); "" runs everything."""
     cases = {
         "detlaunch torchrun, 1 node x 2": (lambda: detlaunch_job(1, "--max-restarts", "1", "--restart-backoff", "0"),
                                            2, 1),
@@ -72,6 +73,7 @@ def main(env: dict[str, str], reps: int, quick: bool, tmp: Path) -> Section:
         "bare torchrun --max-restarts 1, 2 nodes x 1": (lambda: bare_torchrun(2), 2, 1),
         "fresh start, detlaunch 2 nodes x 1 (no failure)": (lambda: detlaunch_job(2), 2, 0),
     }
+    cases = {name: case for name, case in cases.items() if only in name}
     samples: dict[str, list[float]] = {name: [] for name in cases}
     failed: dict[str, list[str]] = {name: [] for name in cases}
     for n, (rep, name) in enumerate(interleaved(reps, list(cases))):
@@ -93,7 +95,7 @@ def main(env: dict[str, str], reps: int, quick: bool, tmp: Path) -> Section:
 
     counts: list[int] = []
     count_failures: list[str] = []
-    for m in range(COUNT_RUNS):
+    for m in range(0 if only else COUNT_RUNS):
         out = tmp / f"restart-count-{m}"
         out.mkdir()
         job = run(detlaunch_job(2, "--max-restarts", "5", "--restart-backoff", "0"),
@@ -118,15 +120,15 @@ def main(env: dict[str, str], reps: int, quick: bool, tmp: Path) -> Section:
         sa, sb = stats[a], stats[b]
         return sa.median / sb.median if sa and sb else None
 
-    one = ratio("detlaunch torchrun, 1 node x 2", "bare torchrun --max-restarts 1, 1 node x 2")
-    two = ratio("detlaunch torchrun, 2 nodes x 1", "fresh start, detlaunch 2 nodes x 1 (no failure)")
+    one = None if only else ratio("detlaunch torchrun, 1 node x 2", "bare torchrun --max-restarts 1, 1 node x 2")
+    two = None if only else ratio("detlaunch torchrun, 2 nodes x 1", "fresh start, detlaunch 2 nodes x 1 (no failure)")
     goals = [
         Goal("restart, 1 node: failure to every rank running again", "no slower than bare torchrun --max-restarts 1",
              f"{one:.2f}x" if one else "n/a", one <= 1.0 if one else None),
         Goal("restart, 2 nodes: failure to every rank running again", "within 1.2x of a fresh 2-node start",
              f"{two:.2f}x" if two else "n/a", two <= 1.2 if two else None),
         Goal(f"restart count after {FAILURES} failures on 2 nodes", f"exactly {FAILURES} in every run",
-             f"{exact}/{COUNT_RUNS} runs", exact == COUNT_RUNS),
+             f"{exact}/{COUNT_RUNS} runs", exact == COUNT_RUNS if counts else None),
     ]
     table = Table("Restart: from a rank's failure to every rank of the next attempt running",
                   ["case", "seconds", "runs ok"], rows, notes)
@@ -134,14 +136,15 @@ def main(env: dict[str, str], reps: int, quick: bool, tmp: Path) -> Section:
     return Section("restarts", [table, count_table], [panel], goals)
 
 
-if __name__ == "__main__":  # python -m bench.restarts: this measurement alone, printed
+if __name__ == "__main__":  # python -m bench.restarts [REPS [CASE]]: this measurement alone, printed
     import tempfile
 
     from .common import base_env, become_subreaper
 
     become_subreaper()
     with tempfile.TemporaryDirectory() as d:
-        section = main(base_env(Path(d)), int(sys.argv[1]) if len(sys.argv) > 1 else 3, False, Path(d))
+        section = main(base_env(Path(d)), int(sys.argv[1]) if len(sys.argv) > 1 else 3, False, Path(d),
+                       sys.argv[2] if len(sys.argv) > 2 else "")
     for t in section.tables:
         print(f"\n## {t.title}\n\n| {' | '.join(t.columns)} |\n|{'---|' * len(t.columns)}")
         for r in t.rows:

@@ -188,3 +188,19 @@ def test_ctrl_c_during_the_backoff_ends_the_job_without_a_restart(launcher: Laun
     assert len(lines) == 2 and lines[1] == "detlaunch:     -> the job was interrupted before attempt 2 started: " \
                                            "not restarting", lines
     assert "attempt 2 starts" not in r.stdout
+
+
+def test_ctrl_c_to_the_worker_during_the_backoff_ends_both_nodes(launcher: Launcher, tmp_path: Path) -> None:
+    chief_args, worker_args = torchrun_nodes("--max-restarts", "3", "--restart-backoff", "60",
+                                             "--restart-backoff-max", "60")
+    script = train_args(tmp_path, DDP, "--crash-step", "2", "--crash-rank", "0")
+    chief = launcher.start(*chief_args, *script)
+    worker = launcher.start(*worker_args, *script)
+    worker.wait_for_output("the chief restarts the job: attempt 2 in", timeout=150)
+    only_detlaunch_between_attempts(launcher, [chief, worker])
+    worker.send_signal(signal.SIGINT)
+    rc, rw = chief.wait(30), worker.wait(30)
+    assert (rc.returncode, rw.returncode) == (130, 130), rc.output + rw.output
+    assert attempt_lines(rc.stderr)[-1] == "detlaunch:     -> node 1 was interrupted by SIGINT before attempt 2 " \
+                                           "started: not restarting"
+    assert "attempt 2 starts" not in rc.stdout + rw.stdout
