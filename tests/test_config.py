@@ -325,6 +325,7 @@ def test_max_restarts_restarts_the_job_and_torchrun_never_restarts(tmp_path: Pat
     assert plan["restarts"]["max_restarts"] == 3 and plan["restarts"]["backoff"]["initial"] == 2.0
     plan = dry_run_json([str(script)], capsys, env={"DETLAUNCH_MAX_RESTARTS": "2"})
     assert plan["restarts"]["max_restarts"] == 2
+    assert "DETLAUNCH_MAX_RESTARTS" in plan["unset_env"]  # a detlaunch nested in the job does not restart by itself
 
 
 def test_dry_run_text_shows_the_restart_policy(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

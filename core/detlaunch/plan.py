@@ -22,7 +22,7 @@ from .config import Config
 from .errors import PluginLoadError
 from .plugins import Hooks
 from .report import signal_name
-from .restart import RestartPolicy, policy_from_options
+from .restart import OPTION_ENV, RestartPolicy, policy_from_options
 from .stage import SOCKET_NAME, SSHD_SUPERVISOR_ENV, Command, Stage, StageContext
 
 WRAPPER_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "rank_wrapper.py")
@@ -183,7 +183,7 @@ def build_plan(hooks: Hooks, config: Config, cluster: ClusterInfo) -> LaunchPlan
                               f"{type(stage).__name__}, not a detlaunch.Stage")
     return LaunchPlan(
         layer=config.layer, role=role, stage=stage, env=env,
-        unset_env=(SSHD_SUPERVISOR_ENV, *stage.unset_env), wrapper_argv=wrapper,
+        unset_env=(SSHD_SUPERVISOR_ENV, *OPTION_ENV, *stage.unset_env), wrapper_argv=wrapper,
         grace_period=config.options.get("grace_period", 5.0),
         start_timeout=config.options.get("start_timeout", 300.0),
         log_dir=config.options.get("log_dir"), console_ranks=config.options.get("ranks") or None, context=ctx,

@@ -31,6 +31,9 @@ from .report import describe_exit
 RESTART_COUNT_ENV = "DETLAUNCH_RESTART_COUNT"
 TORCHELASTIC_RESTART_COUNT_ENV = "TORCHELASTIC_RESTART_COUNT"
 TORCHELASTIC_MAX_RESTARTS_ENV = "TORCHELASTIC_MAX_RESTARTS"
+# detlaunch's own restart options, removed from the job's processes: a detlaunch nested in the job must
+# not restart its part on its own (the outer chief restarts the whole job, and counts once).
+OPTION_ENV = ("DETLAUNCH_MAX_RESTARTS", "DETLAUNCH_MAX_NODE_RESTARTS")
 
 # The exit code a script uses to say "do not restart me" (--no-restart-exit-code). 64 is the first of
 # sysexits.h's codes (64-78), which mail systems treat as permanent failures; Python (0, 1, 2), the
