@@ -166,10 +166,16 @@ def test_without_separator_the_first_non_option_starts_the_command() -> None:
 
 def test_launcher_args_go_before_the_separator() -> None:
     o, launcher_args, command = parse_options(
-        ["--rdzv-backend", "c10d", "--nproc-per-node", "2", "--max-restarts", "3", "--", "train.py", "--layer", "x"])
+        ["--rdzv-backend", "c10d", "--nproc-per-node", "2", "--monitor-interval", "3", "--", "train.py", "--layer",
+         "x"])
     assert o["nproc_per_node"] == 2 and o["layer"] is None
-    assert launcher_args == ["--rdzv-backend", "c10d", "--max-restarts", "3"]
+    assert launcher_args == ["--rdzv-backend", "c10d", "--monitor-interval", "3"]
     assert command == ["train.py", "--layer", "x"]
+
+
+def test_max_restarts_before_the_separator_is_detlaunchs_own() -> None:
+    o, launcher_args, command = parse_options(["--rdzv-backend", "c10d", "--max-restarts", "3", "--", "train.py"])
+    assert (o["max_restarts"], launcher_args, command) == (3, ["--rdzv-backend", "c10d"], ["train.py"])
 
 
 def test_a_separator_after_the_command_started_belongs_to_the_command() -> None:
@@ -307,3 +313,39 @@ def test_parser_errors_never_exit() -> None:
         parser.parse_args(["--format", "xml"])
     assert str(e.value) == ("argument --format: invalid choice: 'xml' (choose from 'text', 'json') "
                             "(see detlaunch --help)")
+
+
+def test_max_restarts_restarts_the_job_and_torchrun_never_restarts(tmp_path: Path,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    script = tmp_path / "train.py"
+    script.write_text("")
+    plan = dry_run_json(["--max-restarts", "3", "--restart-backoff", "2", str(script)], capsys)
+    own, _ = split_torchrun(plan)
+    assert own[own.index("--max-restarts") + 1] == "0" and own.count("--max-restarts") == 1
+    assert plan["restarts"]["max_restarts"] == 3 and plan["restarts"]["backoff"]["initial"] == 2.0
+    plan = dry_run_json([str(script)], capsys, env={"DETLAUNCH_MAX_RESTARTS": "2"})
+    assert plan["restarts"]["max_restarts"] == 2
+    assert "DETLAUNCH_MAX_RESTARTS" in plan["unset_env"]  # a detlaunch nested in the job does not restart by itself
+
+
+def test_dry_run_text_shows_the_restart_policy(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    script = tmp_path / "train.py"
+    script.write_text("")
+    code = main(["--layer", "torchrun", "--master-port", str(free_port()), "--dry-run", "--max-restarts", "2",
+                 str(script)], {"PATH": os.environ["PATH"]})
+    out, _ = capsys.readouterr()
+    assert code == 0
+    assert "restarts: at most 2 after failures, 2 after lost nodes (job-wide, counted by the chief)" in out.splitlines()
+
+
+@pytest.mark.parametrize("flag", ["--max_restarts", "--max_restarts=3"])
+def test_torchruns_own_restart_flag_is_refused_in_one_line(flag: str, tmp_path: Path,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    script = tmp_path / "train.py"
+    script.write_text("")
+    code = main(["--layer", "torchrun", "--master-port", str(free_port()), "--dry-run", flag, *([] if "=" in flag
+                 else ["3"]), "--", str(script)], {"PATH": os.environ["PATH"]})
+    _, err = capsys.readouterr()
+    assert code == 2
+    assert err == "detlaunch: error: --max_restarts among torchrun's arguments: give detlaunch's --max-restarts N " \
+                  "(before the command, it restarts the whole job on every node)\n"

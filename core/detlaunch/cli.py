@@ -163,10 +163,11 @@ def run(argv: list[str], env: dict[str, str]) -> int:
         job_lock = lock_job_dir(plan.shared_dir, cluster.node_rank, cluster.job_id, bool(options.get("job_dir")))
 
     def supervise() -> int:
-        result = NodeSupervisor(plan, debug=bool(options.get("debug"))).run()
+        supervisor = NodeSupervisor(plan, debug=bool(options.get("debug")))
+        result = supervisor.run()
         for problem in hooks.job_finished(plan.context, result):
             print(f"detlaunch: warning: a job_finished observer failed: {problem}", file=sys.stderr)
-        for line in [*format_warnings(result), *format_report(result)]:
+        for line in [*format_warnings(result), *supervisor.attempts_report(), *format_report(result)]:
             print(line, file=sys.stderr)
         return result.exit_code
 

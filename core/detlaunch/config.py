@@ -30,6 +30,7 @@ from typing import Any, NoReturn
 
 from .errors import ConfigError
 from .launcher_flags import finish_launcher_flags
+from .restart import add_restart_options
 from .safefs import read_regular_file
 
 ENV_PREFIX = "DETLAUNCH_"
@@ -178,9 +179,11 @@ def build_parser(layer_names: Sequence[str] = (), add_help: bool = True) -> Pars
     g.add_argument("--job-dir", metavar="DIR",
                    help="job directory shared by all nodes, for per-job ssh keys "
                    "(default ~/.cache/detlaunch/jobs/JOB_ID)")
-    g.add_argument("--log-dir", metavar="DIR", help="also write each rank's output to DIR/rank-N.log")
+    g.add_argument("--log-dir", metavar="DIR", help="also write each rank's output to DIR/rank-N.log "
+                   "(DIR/attempt-K/rank-N.log with --max-restarts)")
     g.add_argument("--ranks", type=rank_list, metavar="R,R", help="only these ranks reach the console "
                    "(log files get every rank)")
+    add_restart_options(p)
     return p
 
 

@@ -79,6 +79,7 @@ class WorkerEvents(Protocol):
     def trace(self, message: str) -> None: ...
     def link_failed_to_start(self, what: str) -> None: ...
     def chief_verdict(self, failure: Failure | None) -> None: ...
+    def chief_restart(self, attempt: int, delay: float) -> None: ...
     def chief_lost(self, why: str) -> None: ...
     def chief_request(self, key: int, what: str, args: dict[str, Any]) -> None: ...
     def chief_answer(self, key: int, data: dict[str, Any]) -> None: ...
@@ -363,6 +364,18 @@ class ChiefLink:
         """Every node that joined has said goodbye or was lost (one that never joined: nothing to wait for)."""
         return set(self.nodes) <= self.finished
 
+    def lost_nodes(self) -> list[int]:
+        """Nodes whose link is gone: they cannot take part in another attempt."""
+        return sorted(n for n, line in self.nodes.items() if line.closed)
+
+    def restart(self, attempt: int, delay: float) -> None:
+        """Every node said goodbye to the last attempt: each starts `attempt` after `delay` seconds."""
+        for line in self.nodes.values():
+            line.send({"t": "restart", "attempt": attempt, "delay": delay})
+        self.finished = {n for n, line in self.nodes.items() if line.closed}
+        self.remote_ranks = {}
+        self.stop_message = None
+
     def finish(self, failure: Failure | None, ranks: list[RankStatus]) -> None:
         """Every node has finished: tell each the final verdict (the earliest failure of all)."""
         end = {"t": "end", "failure": failure.to_json() if failure else None}
@@ -411,6 +424,7 @@ class WorkerLink:
         self.stopped_by_chief = False
         self.closing = False
         self.secret: str | None = None
+        self.waiting: Timer | None = None  # for the chief's answer to this node's goodbye
         self.dialer = Dialer(loop, *self.chief, self._on_connected, events.link_failed_to_start,
                              source=plan.cluster.node_addr)
         self.timer: Timer | None = loop.call_later(self.heartbeat, self.tick)
@@ -441,6 +455,9 @@ class WorkerLink:
             self.events.chief_request(int(m["id"]), str(m.get("what")), dict(m.get("args") or {}))
         elif kind == "answer":
             self.events.chief_answer(int(m["id"]), dict(m.get("data") or {}))
+        elif kind == "restart":
+            self._next_attempt()
+            self.events.chief_restart(int(m["attempt"]), float(m["delay"]))
         elif kind == "end":
             self.chief_ended = True
             failure = _message_failure(m)
@@ -518,7 +535,14 @@ class WorkerLink:
         """Say goodbye with this node's ranks, then wait (a few heartbeats at most) for the verdict."""
         if self.line is not None:
             self.line.send({"t": "bye", "ranks": [r.to_json() for r in ranks]})
-            self.loop.call_later(HEARTBEAT_MISSES * self.heartbeat, self._give_up_waiting)
+            self.waiting = self.loop.call_later(HEARTBEAT_MISSES * self.heartbeat, self._give_up_waiting)
+
+    def _next_attempt(self) -> None:
+        """The chief answered the goodbye with a restart: the link serves the next attempt."""
+        if self.waiting is not None:
+            self.waiting.cancel()
+            self.waiting = None
+        self.stopped_by_chief = False
 
     def _give_up_waiting(self) -> None:
         if self.line is not None:

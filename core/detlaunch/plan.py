@@ -23,6 +23,7 @@ from .errors import PluginLoadError
 from .joblink import SECRET_ENV
 from .plugins import Hooks
 from .report import signal_name
+from .restart import OPTION_ENV, RestartPolicy, policy_from_options
 from .stage import SOCKET_NAME, SSHD_SUPERVISOR_ENV, Command, Stage, StageContext
 
 WRAPPER_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "rank_wrapper.py")
@@ -51,6 +52,7 @@ class LaunchPlan:
     context: StageContext
     control_port: int = 0
     heartbeat: float = 1.0
+    restarts: RestartPolicy = RestartPolicy()  # job-wide restarts: the chief's policy (restart.py)
 
     @property
     def cluster(self) -> ClusterInfo:
@@ -120,6 +122,7 @@ class LaunchPlan:
             "command": list(self.user_command),
             "env": dict(self.env),
             "unset_env": list(self.unset_env),
+            "restarts": self.restarts.to_json(),
         }
 
 
@@ -181,11 +184,11 @@ def build_plan(hooks: Hooks, config: Config, cluster: ClusterInfo) -> LaunchPlan
                               f"{type(stage).__name__}, not a detlaunch.Stage")
     return LaunchPlan(
         layer=config.layer, role=role, stage=stage, env=env,
-        unset_env=(SSHD_SUPERVISOR_ENV, SECRET_ENV, *stage.unset_env), wrapper_argv=wrapper,
+        unset_env=(SSHD_SUPERVISOR_ENV, SECRET_ENV, *OPTION_ENV, *stage.unset_env), wrapper_argv=wrapper,
         grace_period=config.options["grace_period"], start_timeout=config.options["start_timeout"],
         log_dir=config.options.get("log_dir"), console_ranks=config.options.get("ranks") or None, context=ctx,
         control_port=config.options.get("control_port") or config.options["master_port"] + 1,
-        heartbeat=config.options["heartbeat"],
+        heartbeat=config.options["heartbeat"], restarts=policy_from_options(config.options),
     )
 
 
@@ -244,6 +247,7 @@ def render_text(plan: LaunchPlan) -> str:
                 lines.append(f"{inner}└── {_quote(extra)}")
                 inner += "    "
             lines.append(f"{inner}└── {_quote(plan.user_command)}")
+    lines.extend(plan.restarts.describe())
     lines.append("environment added for every process:")
     lines.extend(f"  {k}={_short(v)}" for k, v in sorted(plan.env.items()))
     if plan.unset_env:

@@ -500,6 +500,8 @@ def main(argv: list[str] | None = None) -> int:
         console_ranks = node.get("console_ranks", opts["console"])
         console = None if console_ranks is not None and rank not in console_ranks else console_fds
         log_dir = node.get("log_dir", opts["log_dir"])
+        # This attempt's variables (DETLAUNCH_RESTART_COUNT...), over any a launcher set (torchrun's own count).
+        os.environ.update({str(k): str(v) for k, v in (node.get("env") or {}).items()})
         log = RankLog(log_dir, rank, warn_fd=console_fds[1])
         wrapper = WrappedRank(rank, command, supervisor, console, log, opts["grace"])
         return wrapper.run()

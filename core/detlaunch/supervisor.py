@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import enum
 import os
+import random
 import signal
 import socket
 import sys
 import time
 from typing import Any, TextIO
 
-from . import rank_protocol
+from . import rank_protocol, restart
 from .control import ControlRequests, write_job_file
 from .dial import SshdProbe
 from .errors import LaunchError
@@ -32,7 +33,7 @@ from .joblink import ChiefLink, WorkerLink
 from .plan import LaunchPlan
 from .process_table import Child, ProcessTable
 from .rank_registry import RankEntry, RankRegistry, RankRules
-from .report import Failure, JobResult, RankStatus, describe_exit, signal_name
+from .report import Failure, FailureKind, JobResult, RankStatus, describe_exit, signal_name
 from .rundirs import RunDir, create_run_dir
 from .safefs import ensure_private_dir, write_private_file
 from .verdict import (
@@ -69,8 +70,13 @@ class Phase(enum.Enum):
                                                                        │  leftovers gone, or killed
                                                                        ▼  at the sweep deadline
         DONE ◄──(the link is closed)── CLOSING ◄──(every node said bye)── LOCAL_DONE
+                                          │                                  │ chief: the restart
+                        worker: "restart" │                                  │ policy says restart
+                                          ▼                                  ▼
+                                       BACKOFF ──(the delay is over: a new attempt)──► STARTING
 
     A signal in LOCAL_DONE or CLOSING (the chief waiting for other nodes) goes straight to DONE.
+    A signal or a failure anywhere during BACKOFF ends the job: LOCAL_DONE, never a restart.
     """
 
     STARTING = "starting"
@@ -82,6 +88,7 @@ class Phase(enum.Enum):
     LOCAL_DONE = "local done"
     CLOSING = "closing"
     DONE = "done"
+    BACKOFF = "backoff"
 
     @property
     def active(self) -> bool:
@@ -108,24 +115,41 @@ class NodeSupervisor:
         self.started_at = time.monotonic()
         self.env = plan.process_env()
         self.loop = EventLoop()
+        self.link: ChiefLink | WorkerLink | None = None
+        self.prepared = False
+        # Job-wide restarts (restart.py): the chief keeps the history and decides; every node counts attempts.
+        self.policy = plan.restarts
+        self.attempt = 1
+        self.history: list[restart.AttemptEnd] = []
+        self.decision: restart.Decision | None = None
+        self.rng = random.Random()
+        self.control = ControlRequests(self.loop, plan.cluster.job_id, self.node)  # questions from other shells
+        self.control.handle("status", self._status)
+        self.run_dir: RunDir | None = None
+        self._new_attempt_parts()
+
+    def _new_attempt_parts(self) -> None:
+        """What lives for one attempt only: its verdict, its processes, its ranks and its timers."""
+        plan, c = self.plan, self.plan.cluster
+        self.attempt_started_at = time.monotonic()
+        self.attempt_wall = time.time()
+        self.attempt_running = True  # False while waiting out the backoff before it
         self.verdict = Verdict()
-        self.processes = ProcessTable(self.loop, log_dir=plan.log_dir, node_rank=self.node,
+        log_dir = restart.attempt_log_dir(plan.log_dir, self.attempt, self.policy.enabled) if plan.log_dir else None
+        self.processes = ProcessTable(self.loop, log_dir=log_dir, node_rank=self.node,
                                       on_output=self._on_child_output, on_exit=self._on_child_exit,
                                       on_log_error=lambda why: self.say(f"warning: {why}; the job goes on"))
-        c = plan.cluster
         rules = RankRules(job_id=c.job_id, node_rank=self.node, first_rank=c.first_rank,
                           local_slots=c.local_slots, check_range=plan.stage.expected_ranks is None)
         self.ranks = RankRegistry(self.loop, rules, c.node_addr or socket.gethostname(),
                                   accepting=lambda: self.phase.active, welcome=self._welcome,
                                   console_fds=(1, 2), on_registered=self._on_registered,
                                   on_exit=self._on_rank_exit, trace=self.trace, on_request=self._on_client_request)
-        self.control = ControlRequests(self.loop, c.job_id, self.node)
-        self.control.handle("status", self._status)
-        self.run_dir: RunDir | None = None
-        self.link: ChiefLink | WorkerLink | None = None
         self.probes: list[SshdProbe] = []
         self.kill_timer: Timer | None = None
-        self.prepared = False
+        self.start_timer: Timer | None = None
+        self.sweep_timer: Timer | None = None
+        self.backoff_timer: Timer | None = None
 
     # -- output ------------------------------------------------------------------------------
     def say(self, message: str) -> None:
@@ -186,14 +210,7 @@ class NodeSupervisor:
                              else WorkerLink(self.loop, self.plan, self))
             self._write_files()
             self._run_steps(self.plan.stage.setup)
-            for i, cmd in enumerate(self.plan.stage.commands):
-                if cmd.daemon:
-                    self._start(i)
-            self.loop.call_at(self.started_at + self.plan.start_timeout, self._on_start_timeout)
-            self.probes = [SshdProbe(self.loop, h, p, self._on_peer_ready, self.fail_to_start)
-                           for h, p in self.plan.stage.wait_for_sshd]
-            if not self.probes:
-                self._start_launchers()
+            self._start_stage()
             self.loop.run(done=lambda: self.phase is Phase.DONE, after_each=self._advance)
         except LaunchError as e:
             self.fail_to_start(str(e))
@@ -202,6 +219,22 @@ class NodeSupervisor:
         finally:
             self._cleanup()
         return self._result()
+
+    def _start_stage(self) -> None:
+        """One attempt's processes: the daemons, then (once every peer's sshd answers) the launchers.
+
+        Files and setup steps are the job's, done once; each attempt starts its daemons (per-job sshd)
+        afresh, so nothing of an attempt outlives it and a restart runs exactly a first start's path.
+        """
+        for i, cmd in enumerate(self.plan.stage.commands):
+            if cmd.daemon:
+                self._start(i)
+        self.start_timer = self.loop.call_at(self.attempt_started_at + self.plan.start_timeout,
+                                             self._on_start_timeout)
+        self.probes = [SshdProbe(self.loop, h, p, self._on_peer_ready, self.fail_to_start)
+                       for h, p in self.plan.stage.wait_for_sshd]
+        if not self.probes:
+            self._start_launchers()
 
     def _start_launchers(self) -> None:
         if self.phase is not Phase.STARTING:
@@ -237,9 +270,12 @@ class NodeSupervisor:
                                time.time()))
 
     def _welcome(self) -> dict[str, Any]:
-        log_dir = os.path.abspath(self.plan.log_dir) if self.plan.log_dir else None
+        log_dir = os.path.abspath(self.processes.log_dir) if self.processes.log_dir else None
         ranks = self.plan.console_ranks
-        return {"log_dir": log_dir, "console_ranks": list(ranks) if ranks is not None else None}
+        welcome: dict[str, Any] = {"log_dir": log_dir, "console_ranks": list(ranks) if ranks is not None else None}
+        if self.policy.enabled:  # the wrapper sets them in front of the rank, over torchrun's own count
+            welcome["env"] = restart.attempt_env(self.attempt, self.policy.max_restarts)
+        return welcome
 
     def _on_registered(self, entry: RankEntry) -> None:
         self.trace(f"rank {entry.rank} registered (wrapper pid {entry.peer_pid})")
@@ -263,6 +299,11 @@ class NodeSupervisor:
             if self.verdict.add(interrupt) is Decision.FIRST:
                 self._tell_link(interrupt)
             self._enter(Phase.DONE)
+        elif self.phase is Phase.BACKOFF:  # between attempts: nothing runs, and nothing will
+            self.say(f"{name} received while waiting to restart: not restarting")
+            self.verdict.add(interrupt)
+            self._tell_link(interrupt)
+            self._stop(signum)
         elif self.phase is Phase.SWEEPING:  # the ranks are gone; only leftovers remain
             self.say(f"{name} received: not waiting for what is left of the job")
             self._sweep_deadline()
@@ -311,7 +352,7 @@ class NodeSupervisor:
     def node_lost(self, node: int, addr: str, why: str) -> None:
         """Chief: a worker node's supervisor vanished."""
         self.control.node_gone(node)
-        if self.phase.active:
+        if self.phase.active or self.phase is Phase.BACKOFF:
             self._fail(NodeLost(node, addr, why, time.time()))
 
     def chief_verdict(self, failure: Failure | None) -> None:
@@ -322,10 +363,16 @@ class NodeSupervisor:
             self.say(f"the chief stopped the job: {failure.what}")
         self._stop(signal.SIGTERM)
 
+    def chief_restart(self, attempt: int, delay: float) -> None:
+        """Worker: the chief starts attempt `attempt` on every node after `delay` seconds."""
+        if self.phase is Phase.CLOSING:
+            self.say(f"the chief restarts the job: attempt {attempt} in {delay:.1f} s")
+            self._begin_backoff(attempt, delay)
+
     def chief_lost(self, why: str) -> None:
         """Worker: the chief's supervisor vanished before the job ended."""
         self.control.close()  # questions passed to it will get no answer
-        if self.phase.active:
+        if self.phase.active or self.phase is Phase.BACKOFF:
             self._fail(ChiefLost(self.plan.cluster.chief_addr, why, self.node, time.time()))
 
     def link_failed_to_start(self, what: str) -> None:
@@ -380,7 +427,7 @@ class NodeSupervisor:
                   else ("stopped" if e.status.stopped else "exited"),
                   "exit_code": e.status.exit_code if e.status else None}
                  for r, e in sorted(self.ranks.ranks.items())]
-        done({"host": self.ranks.host, "phase": self.phase.value, "ranks": ranks,
+        done({"host": self.ranks.host, "phase": self.phase.value, "ranks": ranks, "restarts": self.attempt - 1,
               "root_cause": failure.what if failure else None})
 
     # -- deciding and stopping -------------------------------------------------------------------
@@ -422,6 +469,10 @@ class NodeSupervisor:
         own SIGTERM races the SIGINT a rank was about to handle. Either way, whatever is left
         after the grace period is SIGKILLed.
         """
+        if self.phase is Phase.BACKOFF:  # no attempt runs: the job ends here, without another
+            self._cancel(self.backoff_timer)
+            self._enter(Phase.LOCAL_DONE)
+            return
         if not self.phase.active:
             return
         asked = self.ranks.signal_live(rank_signal)
@@ -466,10 +517,11 @@ class NodeSupervisor:
             self._kill_all()
         if self.phase.stopping and not self.processes.live() and not self.ranks.conns:
             self._enter(Phase.SWEEPING)
-            self.loop.call_later(max(self.plan.grace_period, 1.0), self._sweep_deadline)
+            self.sweep_timer = self.loop.call_later(max(self.plan.grace_period, 1.0), self._sweep_deadline)
         if self.phase is Phase.SWEEPING:
             self._sweep()
-        if self.phase is Phase.LOCAL_DONE and (self.link is None or self.link.ready_to_finish()):
+        if self.phase is Phase.LOCAL_DONE and (self.link is None or self.link.ready_to_finish()) \
+                and not self._restart_if_decided():
             if self.link is not None:
                 statuses = [e.status for e in self.ranks.ranks.values() if e.status]
                 self.link.finish(self.verdict.failure, statuses)
@@ -508,6 +560,86 @@ class NodeSupervisor:
             self.processes.kill_all()
             self.processes.reap()
         self._enter(Phase.LOCAL_DONE)
+
+    # -- attempts (restart.py decides; the chief for the whole job) --------------------------------
+    def _restart_if_decided(self) -> bool:
+        """Chief, every node's part of the attempt over: record how it ended and start another if the
+        policy says so (workers follow the chief's "restart"). False: the job ends now."""
+        if not self.policy.enabled or not self.plan.cluster.is_chief:
+            return False
+        if not self.attempt_running:  # stopped during the backoff: that attempt never started
+            why = "the job was interrupted" if self.verdict.interrupted_by is not None else \
+                (self.verdict.failure.what if self.verdict.failure else "the job ended")
+            self.decision = restart.Decision(False, f"{why} before attempt {self.attempt + 1} started: not restarting")
+            return False
+        self.history.append(self._attempt_end())
+        decision = self.decision = self.policy.decide(self.history, self.rng)
+        lost = self.link.lost_nodes() if isinstance(self.link, ChiefLink) else []
+        if decision.restart and lost:  # a node that left cannot come back into this job (yet)
+            nodes = ", ".join(map(str, lost))
+            decision = self.decision = restart.Decision(False, f"node(s) {nodes} left the job and cannot rejoin "
+                                                               "it: not restarting")
+        if not decision.restart:
+            return False
+        self.say(f"attempt {self.attempt} failed ({self.history[-1].cause}): {decision.why}")
+        if isinstance(self.link, ChiefLink):
+            self.link.restart(decision.next_attempt, decision.delay)
+        self._begin_backoff(decision.next_attempt, decision.delay)
+        return True
+
+    def _attempt_end(self) -> restart.AttemptEnd:
+        """How the attempt that just ended ended, as the restart policy reads it."""
+        v, now = self.verdict, time.time()
+        failure = v.failure
+        if failure is None and v.interrupted_by is None:
+            return restart.AttemptEnd(self.attempt, None, 0, started_at=self.attempt_wall, ended_at=now)
+        remote = self.link.remote_ranks if isinstance(self.link, ChiefLink) else {}
+        rank = failure.rank if failure else None
+        kind = failure.kind if failure else FailureKind.INTERRUPTED
+        what = failure.what if failure else f"interrupted by {signal_name(v.interrupted_by or 0)}"
+        return restart.AttemptEnd.from_failure(
+            self.attempt, v.exit_code, rank.signal if rank else None, failure.tail if failure else (), what,
+            started=bool(self.ranks.ranks or remote), lost=kind in (FailureKind.NODE_LOST, FailureKind.CHIEF_LOST),
+            interrupted=v.interrupted_by is not None or kind is FailureKind.INTERRUPTED,
+            no_restart_exit_code=self.policy.no_restart_exit_code, started_at=self.attempt_wall, ended_at=now)
+
+    def _begin_backoff(self, attempt: int, delay: float) -> None:
+        """Every process of the last attempt is gone: wait `delay`, then start `attempt` afresh."""
+        for timer in (self.kill_timer, self.start_timer, self.sweep_timer):
+            self._cancel(timer)
+        self.attempt_running = False
+        self.verdict = Verdict()  # a signal or a failure during the wait is the job's end, not the last attempt's
+        self._enter(Phase.BACKOFF)
+        self.backoff_timer = self.loop.call_later(delay, lambda: self._next_attempt(attempt))
+
+    def _next_attempt(self, attempt: int) -> None:
+        if self.phase is not Phase.BACKOFF:
+            return
+        for probe in self.probes:
+            probe.close()
+        self.ranks.close()
+        self.processes.close()
+        try:
+            os.unlink(self.plan.socket_path)  # the new attempt's registry listens on the same path
+        except OSError:
+            pass
+        self.attempt = attempt
+        self._new_attempt_parts()
+        self._enter(Phase.STARTING)
+        try:
+            self.ranks.listen(self.plan.socket_path)
+            self._start_stage()
+        except (LaunchError, OSError) as e:
+            self.fail_to_start(str(e))
+
+    @staticmethod
+    def _cancel(timer: Timer | None) -> None:
+        if timer is not None:
+            timer.cancel()
+
+    def attempts_report(self) -> list[str]:
+        """The chief's report of every attempt, printed before the last one's (restarts on only)."""
+        return restart.format_attempts(self.history, self.decision) if self.history else []
 
     # -- the end ----------------------------------------------------------------------------------
     def _cleanup(self) -> None:

@@ -84,7 +84,7 @@ TABLE: tuple[LauncherFlag, ...] = (
     passes("--rdzv-conf", "--rdzv_conf"),
     maps("--standalone", to=standalone, value=False, doc="--nnodes 1"),
     maps("--max-restarts", "--max_restarts", to="max_restarts", needs_dest=True,
-         doc="detlaunch's --max-restarts once it has one; refused until then",
+         doc="detlaunch's --max-restarts: the whole job restarts, on every node (docs/RESTARTS.md)",
          why="torchrun would restart this node's ranks behind detlaunch's back, and detlaunch has no job-wide "
          "restarts yet: drop it (detlaunch stops the whole job at the first failure)"),
     passes("--monitor-interval", "--monitor_interval"),

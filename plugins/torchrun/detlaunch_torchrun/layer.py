@@ -26,6 +26,8 @@ from detlaunch.launcher_flags import add_launcher_flags, check_launcher_args
 from .flags import TABLE
 
 NAME = "torchrun"
+# torchrun's own restarts are per node (pytorch/pytorch#108158): detlaunch's --max-restarts restarts the
+# whole job (torchrun's spelling maps onto it, see flags.py), so torchrun itself runs with --max-restarts 0.
 
 
 def torchrun_argv(ctx: StageContext) -> list[str]:

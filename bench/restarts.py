@@ -1,0 +1,156 @@
+"""7. Restarts: from a rank's failure to every rank of the next attempt running; and the restart count.
+
+A rank of bench/scripts/restart_rank.py SIGKILLs itself on the first attempt; the figure is the time
+from its last stamp before the kill to the moment every rank of attempt 2 has passed
+init_process_group and a barrier (the job is running again), all on CLOCK_MONOTONIC. Compared:
+detlaunch --layer torchrun --max-restarts 1 --restart-backoff 0 (the whole job on every node stops,
+then starts again) against bare torchrun --max-restarts 1 on the same script, on 1 node x 2 ranks
+and 2 nodes (127.0.0.1, 127.0.0.2) x 1 rank; and, as the baseline the issue sets for 2 nodes, a fresh
+2-node detlaunch start (launch to every rank running).
+
+Count: on 2 nodes, --max-restarts 5 and N injected failures (each a different exit code, so the
+crash-loop breaker does not apply): the job must restart exactly N times, counted from the attempts
+the ranks stamped, over M runs.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+
+from .common import DETLAUNCH, PY, SCRIPTS, Goal, Panel, Section, Stat, Table, free_port, interleaved, run, say
+
+SCRIPT = str(SCRIPTS / "restart_rank.py")
+NODES = str(SCRIPTS / "nodes.py")
+FAILURES, COUNT_RUNS = 3, 3
+
+
+def detlaunch_job(nodes: int, *extra: str) -> list[str]:
+    port = str(free_port())
+    if nodes == 1:
+        return [DETLAUNCH, "--layer", "torchrun", "--nproc-per-node", "2", "--master-port", port, *extra, SCRIPT]
+    common = ["--layer", "torchrun", "--nnodes", "2", "--nproc-per-node", "1", "--master-addr", "127.0.0.1",
+              "--master-port", port, *extra]
+    return [PY, NODES, DETLAUNCH, *common, "--node-rank", "0", "--node-addr", "127.0.0.1", SCRIPT, "---",
+            DETLAUNCH, *common, "--node-rank", "1", "--node-addr", "127.0.0.2", SCRIPT]
+
+
+def bare_torchrun(nodes: int) -> list[str]:
+    port = str(free_port())
+    if nodes == 1:
+        return [PY, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", port,
+                "--max-restarts", "1", SCRIPT]
+
+    def agent(rank: int) -> list[str]:
+        return [PY, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1", "--node-rank",
+                str(rank), "--master-addr", "127.0.0.1", "--master-port", port, "--local-addr",
+                f"127.0.0.{rank + 1}", "--max-restarts", "1", SCRIPT]
+
+    return [PY, NODES, *agent(0), "---", *agent(1)]
+
+
+def stamps(out: Path, attempt: int) -> list[tuple[float, float]]:
+    return [tuple(map(float, p.read_text().split())) for p in sorted(out.glob(f"a{attempt}-r*"))]  # type: ignore
+
+
+def restart_time(out: Path, ranks: int) -> float | None:
+    """Seconds from attempt 1's failure to every rank of attempt 2 running (None: attempt 2 never ran whole)."""
+    second = stamps(out, 1)
+    if not (out / "fail0").exists() or len(second) != ranks:
+        return None
+    return max(ready for _, ready in second) - float((out / "fail0").read_text())
+
+
+def main(env: dict[str, str], reps: int, quick: bool, tmp: Path, only: str = "") -> Section:
+    """only: run just the cases whose name contains it (and no count runs); "" runs everything."""
+    cases = {
+        "detlaunch torchrun, 1 node x 2": (lambda: detlaunch_job(1, "--max-restarts", "1", "--restart-backoff", "0"),
+                                           2, 1),
+        "bare torchrun --max-restarts 1, 1 node x 2": (lambda: bare_torchrun(1), 2, 1),
+        "detlaunch torchrun, 2 nodes x 1": (lambda: detlaunch_job(2, "--max-restarts", "1", "--restart-backoff", "0"),
+                                            2, 1),
+        "bare torchrun --max-restarts 1, 2 nodes x 1": (lambda: bare_torchrun(2), 2, 1),
+        "fresh start, detlaunch 2 nodes x 1 (no failure)": (lambda: detlaunch_job(2), 2, 0),
+    }
+    cases = {name: case for name, case in cases.items() if only in name}
+    samples: dict[str, list[float]] = {name: [] for name in cases}
+    failed: dict[str, list[str]] = {name: [] for name in cases}
+    for n, (rep, name) in enumerate(interleaved(reps, list(cases))):
+        make, ranks, failures = cases[name]
+        out = tmp / f"restarts-{n}"
+        out.mkdir()
+        job = run(make(), {**env, "BENCH_OUT": str(out), "BENCH_FAILURES": str(failures)}, timeout=240)
+        if failures:
+            took = restart_time(out, ranks)
+        else:
+            first = stamps(out, 0)
+            took = max(ready for _, ready in first) - job.start if len(first) == ranks else None
+        if took is None or job.code != 0 or job.leaked:
+            failed[name].append(f"exit {job.code}, {len(job.leaked)} leaked: {job.stderr.strip()[-300:]!r}")
+        else:
+            samples[name].append(took)
+        say(f"restarts {rep + 1}/{reps} {name}: {'failed' if took is None or job.code else f'{took:.2f} s'}")
+        shutil.rmtree(out)
+
+    counts: list[int] = []
+    count_failures: list[str] = []
+    for m in range(0 if only else COUNT_RUNS):
+        out = tmp / f"restart-count-{m}"
+        out.mkdir()
+        job = run(detlaunch_job(2, "--max-restarts", "5", "--restart-backoff", "0"),
+                  {**env, "BENCH_OUT": str(out), "BENCH_FAILURES": str(FAILURES), "BENCH_HOW": "exit"}, timeout=400)
+        attempts = {p.name.split("-")[0] for p in out.glob("a*-r*")}
+        counts.append(len(attempts) - 1)
+        if job.code != 0:
+            count_failures.append(f"exit {job.code}: {job.stderr.strip()[-300:]!r}")
+        say(f"restart count run {m + 1}/{COUNT_RUNS}: {counts[-1]} restart(s), exit {job.code}")
+        shutil.rmtree(out)
+
+    stats = {name: Stat(s) if s else None for name, s in samples.items()}
+    rows = [[name, stats[name].fmt() if stats[name] else "n/a",  # type: ignore[union-attr]
+             f"{len(samples[name])}/{len(samples[name]) + len(failed[name])}"] for name in cases]
+    notes = [f"{name}: {why}" for name, whys in failed.items() for why in whys]
+    exact = sum(1 for c in counts if c == FAILURES)
+    count_table = Table(f"Restart count after {FAILURES} injected failures, 2 nodes, --max-restarts 5",
+                        ["runs", f"exactly {FAILURES} restarts", "counts seen"],
+                        [[str(COUNT_RUNS), str(exact), ", ".join(map(str, counts))]], count_failures)
+
+    def ratio(a: str, b: str) -> float | None:
+        sa, sb = stats[a], stats[b]
+        return sa.median / sb.median if sa and sb else None
+
+    one = None if only else ratio("detlaunch torchrun, 1 node x 2", "bare torchrun --max-restarts 1, 1 node x 2")
+    two = None if only else ratio("detlaunch torchrun, 2 nodes x 1", "fresh start, detlaunch 2 nodes x 1 (no failure)")
+    goals = [
+        Goal("restart, 1 node: failure to every rank running again", "no slower than bare torchrun --max-restarts 1",
+             f"{one:.2f}x" if one else "n/a", one <= 1.0 if one else None),
+        Goal("restart, 2 nodes: failure to every rank running again", "within 1.2x of a fresh 2-node start",
+             f"{two:.2f}x" if two else "n/a", two <= 1.2 if two else None),
+        Goal(f"restart count after {FAILURES} failures on 2 nodes", f"exactly {FAILURES} in every run",
+             f"{exact}/{COUNT_RUNS} runs", exact == COUNT_RUNS if counts else None),
+    ]
+    table = Table("Restart: from a rank's failure to every rank of the next attempt running",
+                  ["case", "seconds", "runs ok"], rows, notes)
+    panel = Panel("restart: failure to running again", "s", list(cases), [stats[n] for n in cases])
+    return Section("restarts", [table, count_table], [panel], goals)
+
+
+if __name__ == "__main__":  # python -m bench.restarts [REPS [CASE]]: this measurement alone, printed
+    import tempfile
+
+    from .common import base_env, become_subreaper
+
+    become_subreaper()
+    with tempfile.TemporaryDirectory() as d:
+        section = main(base_env(Path(d)), int(sys.argv[1]) if len(sys.argv) > 1 else 3, False, Path(d),
+                       sys.argv[2] if len(sys.argv) > 2 else "")
+    for t in section.tables:
+        print(f"\n## {t.title}\n\n| {' | '.join(t.columns)} |\n|{'---|' * len(t.columns)}")
+        for r in t.rows:
+            print(f"| {' | '.join(r)} |")
+        for note in t.notes:
+            print(f"- {note}")
+    for g in section.goals:
+        met = "met" if g.met else "not met" if g.met is False else "-"
+        print(f"- goal: {g.what}: {g.target}: {g.measured} ({met})")

@@ -1,0 +1,36 @@
+"""A rank for bench/restarts.py: stamps when it started and when its process group was up, and fails
+on the first attempts.
+
+    BENCH_OUT=DIR BENCH_FAILURES=N [BENCH_HOW=kill|exit] restart_rank.py
+
+Writes DIR/a<attempt>-r<rank> = "<process start> <after init + barrier>" (CLOCK_MONOTONIC, the clock the
+bench reads). On attempts 0..N-1 the last rank writes DIR/fail<attempt> (the time) and fails: SIGKILL
+(kill), or exit 10+attempt (exit: a different failure each attempt, so no crash-loop breaker stops it).
+The attempt comes from DETLAUNCH_RESTART_COUNT, else TORCHELASTIC_RESTART_COUNT (bare torchrun).
+"""
+
+import os
+import signal
+import sys
+import time
+
+started = time.monotonic()
+out = os.environ["BENCH_OUT"]
+attempt = int(os.environ.get("DETLAUNCH_RESTART_COUNT") or os.environ.get("TORCHELASTIC_RESTART_COUNT") or 0)
+
+import torch.distributed as dist  # noqa: E402  (the start stamp comes before the import)
+
+dist.init_process_group("gloo")
+dist.barrier()
+rank, world = dist.get_rank(), dist.get_world_size()
+with open(os.path.join(out, f"a{attempt}-r{rank}"), "w") as f:
+    f.write(f"{started} {time.monotonic()}\n")
+if attempt < int(os.environ.get("BENCH_FAILURES", "1")) and rank == world - 1:
+    with open(os.path.join(out, f"fail{attempt}"), "w") as f:
+        f.write(f"{time.monotonic()}\n")
+    if os.environ.get("BENCH_HOW", "kill") == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    os._exit(10 + attempt)
+dist.barrier()  # the survivors of a failing attempt wait here until they are stopped
+dist.destroy_process_group()
+sys.exit(0)
