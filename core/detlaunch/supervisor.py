@@ -374,7 +374,10 @@ class NodeSupervisor:
 
     def _stop_children(self) -> None:
         clean = not self.verdict.stopping
+        registered = {entry.peer_pid for entry in self.ranks.ranks.values()}
         for child in self.processes.live():
+            if child.command.rank is not None and child.pid in registered:
+                continue  # a rank this supervisor started is signalled once, as a rank (see _stop)
             # After a clean end, sshd sessions finish delivering their ranks' exit statuses.
             self.processes.stop(child, with_sessions=child.command.daemon and not clean)
 
