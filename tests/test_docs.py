@@ -134,7 +134,7 @@ def test_each_registered_test_exists_and_exercises_its_hook(hook: str, ref: str)
 
 def test_the_contract_tests_run_for_every_layer() -> None:
     source = (ROOT / "tests" / "test_contract.py").read_text()
-    for layer in ("torchrun", "horovod", "deepspeed", "mpirun"):
+    for layer in ("torchrun", "horovod", "deepspeed", "direct", "mpirun"):
         three_lines = rf"^class Test\w+\(LayerContract\):.*\n    layer = \"{layer}\"$"
         assert re.search(three_lines, source, re.M), f"tests/test_contract.py does not run the suite for {layer}"
 
