@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from conftest import SCRIPTS, Job, Launcher
+from detlaunch.testing import processes_with_marker
 from helpers import free_port, report_line
 
 pytestmark = pytest.mark.timeout(300)
@@ -43,6 +44,7 @@ class TwoNodes:
                       "--ssh-port", str(free_port("127.0.0.2"))]
             per_node = [["--node-rank", "0"], ["--node-rank", "1"]]
         self.triggered = "FAIL_RANK" in env
+        self.launcher = launcher
         self.worker = launcher.start(*common, *per_node[1], "--log-dir", str(self.logs[1]), script, env=env)
         self.chief = launcher.start(*common, *per_node[0], "--log-dir", str(self.logs[0]), script, env=env)
 
@@ -58,9 +60,18 @@ class TwoNodes:
         return "waiting" if rank == FAULTY and self.triggered else "sleeping"
 
     def pid_of(self, rank: int) -> int:
+        """The rank's pid as this test sees it: the rank prints its pid inside its node's PID namespace."""
         m = re.search(rf"\[rank={rank}\] rank {rank} started pid=(\d+)", self.node_of(rank).read())
         assert m, self.node_of(rank).read()
-        return int(m.group(1))
+        found = []
+        for pid in processes_with_marker(self.launcher.marker):
+            try:
+                if namespace_pid(pid) == int(m.group(1)) and rank_of(pid) == rank:
+                    found.append(pid)
+            except OSError:  # a process that just ended
+                continue
+        assert len(found) == 1, (rank, m.group(0), found)
+        return found[0]
 
     def trigger(self) -> None:
         with open(self.fifo, "wb") as f:
@@ -70,6 +81,24 @@ class TwoNodes:
         for rank in range(4):
             log = (self.logs[rank // 2] / f"rank-{rank}.log").read_text()
             assert f"[rank={rank}] rank {rank} {self.last_words(rank)}" in log, (rank, log)
+
+
+def namespace_pid(pid: int) -> int | None:
+    """`pid` as its own (innermost) PID namespace numbers it."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("NSpid:"):
+            return int(line.split()[-1])
+    return None
+
+
+def rank_of(pid: int) -> int | None:
+    """The rank ranks.py reads from its environment, for a ranks.py process (not its wrapper)."""
+    argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    if not any(a.endswith(b"ranks.py") for a in argv) or any(a.endswith(b"rank_wrapper.py") for a in argv):
+        return None
+    env = dict(e.split(b"=", 1) for e in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0") if b"=" in e)
+    value = env.get(b"RANK") or env.get(b"HOROVOD_RANK") or env.get(b"OMPI_COMM_WORLD_RANK")
+    return int(value) if value else None
 
 
 def parent_of(pid: int) -> int:
