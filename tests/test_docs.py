@@ -143,7 +143,8 @@ def test_the_guide_shows_the_tested_example_files_verbatim() -> None:
     blocks = re.findall(r"^<!-- file: (\S+) -->\n```\w*\n(.*?)^```$", GUIDE_MD, re.M | re.S)
     shown = {path for path, _ in blocks}
     assert shown == {"examples/detlaunch-mpirun/pyproject.toml", "examples/detlaunch-mpirun/detlaunch_mpirun/layer.py",
-                     "examples/detlaunch-mpirun/tests/test_mpirun_contract.py"}
+                     "examples/detlaunch-mpirun/tests/test_mpirun_contract.py",
+                     "examples/detlaunch-jax/detlaunch_jax/layer.py"}
     for path, text in blocks:
         assert text == (ROOT / path).read_text(), f"docs/PLUGIN_GUIDE.md shows an outdated {path}"
 
