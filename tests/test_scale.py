@@ -1,0 +1,60 @@
+"""Scale, for real on this machine: 32 nodes (127.0.0.1-127.0.0.32, one `detlaunch --layer direct` each,
+one rank each), and 2 nodes x 64 ranks. Ranks do not import torch. Each test: every rank starts, a
+rank on the last node fails, every node exits with its code and names it, and nothing is left (the
+fixture). Latencies are printed for the record (bench/ measures them); bounds here are generous.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+from conftest import SCRIPTS, Job, Launcher
+from helpers import free_port
+
+pytestmark = pytest.mark.timeout(300)
+RANKS = str(SCRIPTS / "ranks.py")
+
+
+def start_job(launcher: Launcher, tmp_path: Path, nodes: int, slots: int) -> tuple[list[Job], Path]:
+    """Start `nodes` detlaunch processes (workers first), the last rank waiting for a FIFO before it fails."""
+    trigger = tmp_path / "trigger"
+    os.mkfifo(trigger)
+    last = nodes * slots - 1
+    hosts = ",".join(f"127.0.0.{n + 1}:{slots}" for n in range(nodes))
+    common = ["--layer", "direct", "--hosts", hosts, "--master-port", str(free_port()), "--start-timeout", "120"]
+    env = {"SLEEP": "300", "FAIL_RANK": str(last), "FAIL_CODE": "3", "TRIGGER": str(trigger)}
+    jobs = {n: launcher.start(*common, "--node-rank", str(n), RANKS, env=env) for n in reversed(range(nodes))}
+    return [jobs[n] for n in range(nodes)], trigger
+
+
+def run_and_fail_the_last_rank(launcher: Launcher, tmp_path: Path, nodes: int, slots: int) -> None:
+    started = time.monotonic()
+    jobs, trigger = start_job(launcher, tmp_path, nodes, slots)
+    last = nodes * slots - 1
+    for rank in range(nodes * slots):
+        words = "waiting" if rank == last else "sleeping"
+        jobs[rank // slots].wait_for_output(f"[rank={rank}] rank {rank} {words}", timeout=180)
+    up = time.monotonic() - started
+    fired = time.monotonic()
+    trigger.write_bytes(b"x")
+    results = [job.wait(120) for job in jobs]
+    gone = time.monotonic() - fired
+    print(f"\n{nodes} node(s) x {slots} rank(s): all ranks up in {up:.1f} s; "
+          f"from the trigger to every node exited: {gone:.2f} s")
+    cause = f"detlaunch: job failed: rank {last} on node {nodes - 1} (127.0.0.{nodes}) exited with code 3"
+    for n, r in enumerate(results):
+        assert r.returncode == 3, f"node {n}:\n{r.output}"
+        assert cause in r.stderr.splitlines(), f"node {n}:\n{r.stderr}"
+    assert gone < 60
+    assert launcher.leftovers(settle=15) == []
+
+
+def test_32_nodes_one_rank_each(launcher: Launcher, tmp_path: Path) -> None:
+    run_and_fail_the_last_rank(launcher, tmp_path, nodes=32, slots=1)
+
+
+def test_2_nodes_64_ranks_each(launcher: Launcher, tmp_path: Path) -> None:
+    run_and_fail_the_last_rank(launcher, tmp_path, nodes=2, slots=64)
