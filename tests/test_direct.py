@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from conftest import EXAMPLES, SCRIPTS, Launcher
+from detlaunch.testing.contract import free_port as free_ports
 from helpers import free_port, rank_lines, report_line
 
 pytestmark = pytest.mark.timeout(240)
@@ -47,7 +48,7 @@ def shape_args(layer: str, nodes: int, node: int, port: int) -> list[str]:
 def run_job(launcher: Launcher, layer: str, nodes: int, script: str, env: dict[str, str] | None = None,
             ) -> list[tuple[int, str, str]]:
     """Run a job of `nodes` x 2 ranks; each node's (exit code, stdout, stderr)."""
-    port = free_port()
+    port = free_ports()  # the master port, and the next one (the control port) too
     jobs = [launcher.start(*shape_args(layer, nodes, n, port), script, env=env) for n in reversed(range(nodes))]
     done = [job.wait(180) for job in reversed(jobs)]
     return [(d.returncode, d.stdout, d.stderr) for d in done]

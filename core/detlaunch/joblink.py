@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from .dial import Dialer
 from .errors import LaunchError
 from .eventloop import EventLoop, Priority, Timer
+from .fdlimit import ensure_open_files
 from .report import Failure, RankStatus
 
 if TYPE_CHECKING:
@@ -35,6 +36,10 @@ from .safefs import ensure_private_dir, read_private_file, write_private_file
 
 HEARTBEAT_MISSES = 5
 MAX_UNAUTHENTICATED = 4096  # bytes a peer may send before it has proven it is a node of the job
+# Bytes a peer may leave unread (beyond what the kernel buffers) before it counts as lost: sends
+# never block the loop, so a stalled or stopped node cannot delay the verdict for the others.
+MAX_UNSENT = 1 << 20
+HEARTBEAT = b'{"t": "hb"}'  # the one message sent every heartbeat: recognised without parsing
 # Work the chief takes on for connections that have not authenticated yet: a flood on the control
 # port must not slow the verdict path (rank reports and the nodes' links come first).
 ACCEPTS_PER_SECOND = 200
@@ -96,6 +101,9 @@ class PeerConnection:
         self.peer = ""  # the remote address
         self.authed = False
         self.nonce = secrets.token_hex(16)
+        self.unsent = bytearray()
+        self.writing = False  # the loop calls flush when the socket takes more
+        self.why = ""  # why the link closed, when this side closed it for a reason
         sock.setblocking(False)
         # Unproven peers are served after everything else; a node of the job is raised on joining.
         loop.add_reader(sock, Priority.PROBE, self.on_readable)
@@ -104,17 +112,32 @@ class PeerConnection:
         self.authed = True
         self.loop.remove(self.sock)
         self.loop.add_reader(self.sock, Priority.RANK_REPORT, self.on_readable)
+        if self.writing:
+            self.loop.on_writable(self.sock, self.flush)
 
     def send(self, message: dict[str, Any]) -> None:
+        """Queue `message` and send what the socket takes now; never blocks."""
         if self.closed:
             return
+        self.unsent += HEARTBEAT + b"\n" if message == {"t": "hb"} else json.dumps(message).encode() + b"\n"
+        if len(self.unsent) > MAX_UNSENT:
+            self.why = f"it left {len(self.unsent)} bytes of the link unread (stopped, or hung)"
+            self.close(notify=True)
+        elif not self.writing:
+            self.flush()
+
+    def flush(self) -> None:
         try:
-            self.sock.setblocking(True)
-            self.sock.settimeout(5)
-            self.sock.sendall(json.dumps(message).encode() + b"\n")
-            self.sock.setblocking(False)
+            while self.unsent:
+                del self.unsent[: self.sock.send(self.unsent)]
+        except BlockingIOError:
+            pass
         except OSError:
             self.close(notify=True)
+            return
+        if self.writing != bool(self.unsent):
+            self.writing = bool(self.unsent)
+            self.loop.on_writable(self.sock, self.flush if self.writing else None)
 
     def on_readable(self) -> None:
         while not self.closed:
@@ -134,6 +157,8 @@ class PeerConnection:
                 return
             while b"\n" in self.buffer and not self.closed:
                 raw, self.buffer = self.buffer.split(b"\n", 1)
+                if raw == HEARTBEAT:
+                    continue
                 try:
                     message = json.loads(raw)
                 except ValueError:
@@ -196,6 +221,7 @@ class ChiefLink:
         self.secret_from_env = bool(plan.environ.get(SECRET_ENV))
         self.secret = create_secret(plan.environ, plan.shared_dir)
         self.expected = set(range(1, plan.cluster.num_nodes))
+        ensure_open_files(len(self.expected) + 4 * plan.cluster.local_slots)
         self.nodes: dict[int, PeerConnection] = {}
         self.pending: set[PeerConnection] = set()  # accepted, not authenticated yet
         self.finished: set[int] = set()  # said goodbye, or were lost
@@ -211,7 +237,7 @@ class ChiefLink:
         except OSError as e:
             raise LaunchError(f"cannot listen on {host}:{plan.control_port} for the other nodes "
                               f"({e.strerror}): choose a free port with --control-port") from None
-        self.listener.listen(64)
+        self.listener.listen(max(64, len(self.expected)))  # every node may dial at once (capped by somaxconn)
         self.listener.setblocking(False)
         self.admission = Admission(ACCEPTS_PER_SECOND, MAX_PENDING, MAX_PENDING_PER_PEER)
         self.listening = False
@@ -302,7 +328,8 @@ class ChiefLink:
         if node is None or node in self.finished:
             return
         self.finished.add(node)
-        self.events.node_lost(node, self.addr_of(node), "its detlaunch closed the connection without saying goodbye")
+        self.events.node_lost(node, self.addr_of(node),
+                              line.why or "its detlaunch closed the connection without saying goodbye")
 
     def addr_of(self, node: int) -> str:
         return self.addrs.get(node, "address unknown")
@@ -449,7 +476,7 @@ class WorkerLink:
             self.events.link_failed_to_start(f"the chief at {self.chief[0]}:{self.chief[1]} refused this node "
                                              "(wrong job secret?)")
             return
-        self.events.chief_lost("the chief's detlaunch closed the connection")
+        self.events.chief_lost(line.why or "the chief's detlaunch closed the connection")
 
     def tick(self) -> None:
         self.timer = None
