@@ -39,7 +39,7 @@ MAX_UNAUTHENTICATED = 4096  # bytes a peer may send before it has proven it is a
 # Bytes a peer may leave unread (beyond what the kernel buffers) before it counts as lost: sends
 # never block the loop, so a stalled or stopped node cannot delay the verdict for the others.
 MAX_UNSENT = 1 << 20
-HEARTBEAT = b'{"t": "hb"}'  # the one message sent every heartbeat: recognised without parsing
+HEARTBEAT = b'{"t": "hb"}'  # the one message sent every heartbeat: sent and recognised without (de)coding
 # Work the chief takes on for connections that have not authenticated yet: a flood on the control
 # port must not slow the verdict path (rank reports and the nodes' links come first).
 ACCEPTS_PER_SECOND = 200
@@ -116,10 +116,13 @@ class PeerConnection:
             self.loop.on_writable(self.sock, self.flush)
 
     def send(self, message: dict[str, Any]) -> None:
-        """Queue `message` and send what the socket takes now; never blocks."""
+        self.send_line(encode(message))
+
+    def send_line(self, line: bytes) -> None:
+        """Queue one encoded message and send what the socket takes now; never blocks."""
         if self.closed:
             return
-        self.unsent += HEARTBEAT + b"\n" if message == {"t": "hb"} else json.dumps(message).encode() + b"\n"
+        self.unsent += line + b"\n"
         if len(self.unsent) > MAX_UNSENT:
             self.why = f"it left {len(self.unsent)} bytes of the link unread (stopped, or hung)"
             self.close(notify=True)
@@ -178,6 +181,10 @@ class PeerConnection:
 
     def silent_for(self) -> float:
         return time.monotonic() - self.last_heard
+
+
+def encode(message: dict[str, Any]) -> bytes:
+    return json.dumps(message).encode()
 
 
 def _message_failure(m: dict[str, Any]) -> Failure | None:
@@ -239,7 +246,8 @@ class ChiefLink:
                               f"({e.strerror}): choose a free port with --control-port") from None
         self.listener.listen(max(64, len(self.expected)))  # every node may dial at once (capped by somaxconn)
         self.listener.setblocking(False)
-        self.admission = Admission(ACCEPTS_PER_SECOND, MAX_PENDING, MAX_PENDING_PER_PEER)
+        # A job of N nodes may see N legitimate connections at once: admit at least N a second.
+        self.admission = Admission(max(ACCEPTS_PER_SECOND, len(self.expected)), MAX_PENDING, MAX_PENDING_PER_PEER)
         self.listening = False
         self.paused: Timer | None = None
         self._listen()
@@ -349,7 +357,7 @@ class ChiefLink:
                 self.events.node_lost(node, self.addr_of(node),
                                       f"no heartbeat for {HEARTBEAT_MISSES * self.heartbeat:g} s")
             else:
-                line.send({"t": "hb"})
+                line.send_line(HEARTBEAT)
         self.timer = self.loop.call_later(self.heartbeat, self.tick)
 
     def missing_nodes(self) -> list[int]:
@@ -361,8 +369,9 @@ class ChiefLink:
     def failed(self, failure: Failure) -> None:
         """The job failed (here or anywhere): every node stops, with this verdict (so far)."""
         self.stop_message = {"t": "stop", "failure": failure.to_json()}
+        encoded = encode(self.stop_message)  # once, for every node
         for line in self.nodes.values():
-            line.send(self.stop_message)
+            line.send_line(encoded)
 
     def ready_to_finish(self) -> bool:
         """Every node that joined has said goodbye or was lost (one that never joined: nothing to wait for)."""
@@ -370,9 +379,9 @@ class ChiefLink:
 
     def finish(self, failure: Failure | None, ranks: list[RankStatus]) -> None:
         """Every node has finished: tell each the final verdict (the earliest failure of all)."""
-        end = {"t": "end", "failure": failure.to_json() if failure else None}
+        end = encode({"t": "end", "failure": failure.to_json() if failure else None})
         for line in self.nodes.values():
-            line.send(end)
+            line.send_line(end)
             line.close()
         self.loop.remove(self.listener)
         self.listener.close()
@@ -487,7 +496,7 @@ class WorkerLink:
                 self.line = None
                 self.events.chief_lost(f"no heartbeat from the chief for {HEARTBEAT_MISSES * self.heartbeat:g} s")
                 return
-            line.send({"t": "hb"})
+            line.send_line(HEARTBEAT)
         self.timer = self.loop.call_later(self.heartbeat, self.tick)
 
     def missing_nodes(self) -> list[int]:
