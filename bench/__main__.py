@@ -21,7 +21,7 @@ from collections.abc import Callable
 from importlib import metadata
 from pathlib import Path
 
-from . import launch, memory, multinode, report, scale, teardown, throughput
+from . import direct, launch, memory, multinode, report, scale, teardown, throughput
 from .common import BENCH, DET_PY, ROOT, Section, Table, base_env, become_subreaper, kill_descendants, say
 
 MEASUREMENTS: dict[str, Callable[..., Section]] = {
@@ -31,6 +31,7 @@ MEASUREMENTS: dict[str, Callable[..., Section]] = {
     "launch": launch.main,
     "scale": scale.main,
     "multinode": multinode.main,
+    "direct": direct.main,
 }
 
 
