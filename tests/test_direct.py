@@ -11,6 +11,7 @@ import json
 import os
 import re
 import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -176,3 +177,17 @@ def test_launcher_options_are_refused_in_one_line(launcher: Launcher) -> None:
     assert r.stderr.strip().splitlines() == [
         "detlaunch: error: the direct layer runs no launcher, so nothing takes '--max-restarts 3': "
         "put the script's own arguments after it"], r.stderr
+
+
+def test_ranks_start_once_every_node_is_there(launcher: Launcher, tmp_path: Path) -> None:
+    """No rendezvous but the job link: a worker started long before the chief starts no rank until it
+    joined, so it can neither finish alone nor leave the chief waiting for a node that came and went."""
+    port = free_ports()
+    worker = launcher.start(*shape_args("direct", 2, 1, port), "--start-timeout", "60", RANKS)
+    time.sleep(3)  # the worker dials and retries meanwhile; its ranks must not run yet
+    assert "[rank=" not in worker.read() and worker.proc.poll() is None, worker.read()
+    chief = launcher.start(*shape_args("direct", 2, 0, port), "--start-timeout", "60", RANKS)
+    rc, rw = chief.wait(60), worker.wait(60)
+    assert (rc.returncode, rw.returncode) == (0, 0), rc.output + rw.output
+    assert [rank_lines(rw.stdout, r)[-1] for r in (2, 3)] == ["rank 2 done", "rank 3 done"], rw.output
+    assert rc.duration < 30

@@ -71,6 +71,7 @@ class ChiefEvents(Protocol):
     """What the chief's link tells its supervisor."""
 
     def trace(self, message: str) -> None: ...
+    def joined(self) -> None: ...  # every node has joined
     def remote_rank_exit(self, status: RankStatus) -> None: ...
     def remote_failure(self, failure: Failure) -> None: ...
     def node_lost(self, node: int, addr: str, why: str) -> None: ...
@@ -80,6 +81,7 @@ class WorkerEvents(Protocol):
     """What a worker's link tells its supervisor."""
 
     def trace(self, message: str) -> None: ...
+    def joined(self) -> None: ...  # this node joined the chief
     def link_failed_to_start(self, what: str) -> None: ...
     def chief_verdict(self, failure: Failure | None) -> None: ...
     def chief_lost(self, why: str) -> None: ...
@@ -327,6 +329,8 @@ class ChiefLink:
         if self.stop_message is not None:  # joined after the job was stopped
             line.send(self.stop_message)
         self.events.trace(f"node {node} joined the job")
+        if not self.missing_nodes():
+            self.events.joined()
 
     def on_close(self, line: PeerConnection) -> None:
         self.pending.discard(line)
@@ -446,6 +450,7 @@ class WorkerLink:
             line.trusted()
             self.joined = True
             self.events.trace("joined the chief")
+            self.events.joined()
         elif not line.authed:
             return  # nothing but the handshake counts before the chief has proven who it is
         elif kind == "stop":

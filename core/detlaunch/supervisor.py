@@ -121,6 +121,7 @@ class NodeSupervisor:
         self.probes: list[SshdProbe] = []
         self.kill_timer: Timer | None = None
         self.prepared = False
+        self.link_up = False  # chief: every node joined; worker: joined the chief
 
     # -- output ------------------------------------------------------------------------------
     def say(self, message: str) -> None:
@@ -187,7 +188,7 @@ class NodeSupervisor:
             self.probes = [SshdProbe(self.loop, h, p, self._on_peer_ready, self.fail_to_start)
                            for h, p in self.plan.stage.wait_for_sshd]
             if not self.probes:
-                self._start_launchers()
+                self._start_when_ready()
             self.loop.run(done=lambda: self.phase is Phase.DONE, after_each=self._advance)
         except LaunchError as e:
             self.fail_to_start(str(e))
@@ -212,6 +213,14 @@ class NodeSupervisor:
     def _on_peer_ready(self, probe: SshdProbe) -> None:
         self.trace(f"sshd {probe.host}:{probe.port} answered")
         if all(p.ready for p in self.probes):
+            self._start_when_ready()
+
+    def _start_when_ready(self) -> None:
+        """Launchers start once every peer's sshd answered. Ranks this supervisor starts itself
+        (Command.rank) also wait for the whole job link: every node is there before any rank
+        starts, as torchrun's rendezvous would have it, and no node can finish before it joined."""
+        starts_ranks = self.link is not None and any(c.rank is not None for c in self.plan.stage.commands)
+        if all(p.ready for p in self.probes) and (self.link_up or not starts_ranks):
             self._start_launchers()
 
     # -- events from the parts -----------------------------------------------------------------
@@ -294,6 +303,11 @@ class NodeSupervisor:
                                    "are the other nodes up?", self.node, time.time()))
 
     # -- the other nodes (joblink's ChiefEvents and WorkerEvents) ------------------------------
+    def joined(self) -> None:
+        """Chief: every node has joined the job; worker: this node joined the chief."""
+        self.link_up = True
+        self._start_when_ready()
+
     def remote_rank_exit(self, status: RankStatus) -> None:
         """Chief: a worker node's rank ended."""
         self._fail(RankEnded(status))
