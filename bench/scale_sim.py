@@ -29,6 +29,7 @@ import os
 import secrets
 import select
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -189,6 +190,18 @@ def read_json(pipe: Any, want: str, timeout: float) -> dict[str, Any]:
     raise RuntimeError(f"timed out waiting for {want!r}")
 
 
+def wait_until_listening(port: int, chief: subprocess.Popen[bytes], timeout: float = 60) -> None:
+    """Until the chief accepts on its control port (a bench helper: it polls, 20 ms steps)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and chief.poll() is None:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            time.sleep(0.02)
+    raise RuntimeError("the chief never listened")
+
+
 def free_pair() -> int:
     from detlaunch.testing.contract import free_port
 
@@ -208,9 +221,7 @@ def measure(nodes: int, per_process: int, heartbeat: float, idle: float, tmp: Pa
                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
     sims: list[subprocess.Popen[str]] = []
     try:
-        assert chief.stdout is not None
-        line = chief.stdout.readline()
-        assert b"ready" in line, line
+        wait_until_listening(port + 1, chief)  # its rank starts only once every node joined
         ours, supervisor = chief_processes(chief)
         rss_before = supervisor.memory_info().rss
         started = time.time()
@@ -222,6 +233,9 @@ def measure(nodes: int, per_process: int, heartbeat: float, idle: float, tmp: Pa
                 start_new_session=True))
         joined = max(read_json(s.stdout, "joined", 300)["joined"] for s in sims)
         join_s = joined - started
+        assert chief.stdout is not None
+        line = chief.stdout.readline()
+        assert b"ready" in line, line
         time.sleep(2 * heartbeat)  # the last joins' handshakes are over
         rss_after = supervisor.memory_info().rss
         c0, t0 = cpu_seconds(ours), time.monotonic()
