@@ -10,6 +10,7 @@ import os
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 from conftest import SCRIPTS, Job, Launcher
 from helpers import free_port
@@ -59,3 +60,28 @@ def test_32_nodes_one_rank_each(launcher: Launcher, tmp_path: Path) -> None:
 
 def test_2_nodes_64_ranks_each(launcher: Launcher, tmp_path: Path) -> None:
     run_and_fail_the_last_rank(launcher, tmp_path, nodes=2, slots=64)
+
+
+def test_a_stopped_node_does_not_hold_back_the_verdict_for_the_others(launcher: Launcher, tmp_path: Path) -> None:
+    """3 nodes; node 1's supervisor is SIGSTOPped, then rank 2 (node 2) fails: the chief stops the job at
+    once, tells node 2, loses node 1 after 5 heartbeats, and exits with rank 2's code; so does node 2."""
+    jobs, trigger = start_job(launcher, tmp_path, nodes=3, slots=1)
+    for rank in range(3):
+        jobs[rank].wait_for_output(f"[rank={rank}] rank {rank} {'waiting' if rank == 2 else 'sleeping'}", timeout=120)
+    supervisor = psutil.Process(jobs[1].proc.pid).children()[0]  # pid 1 of node 1's PID namespace
+    supervisor.suspend()
+    try:
+        fired = time.monotonic()
+        trigger.write_bytes(b"x")
+        jobs[0].wait_for_output("rank 2 on node 2 (127.0.0.3) exited with code 3: stopping the job", timeout=30)
+        stopping = time.monotonic() - fired
+        chief, third = jobs[0].wait(60), jobs[2].wait(60)
+    finally:
+        supervisor.resume()
+    cause = "detlaunch: job failed: rank 2 on node 2 (127.0.0.3) exited with code 3"
+    assert (chief.returncode, third.returncode) == (3, 3), chief.output + third.output
+    assert cause in chief.stderr.splitlines() and cause in third.stderr.splitlines(), chief.stderr + third.stderr
+    assert "rank 0 (node 0): killed by SIGTERM (stopped by detlaunch)" in chief.stderr, chief.stderr
+    print(f"\nthe chief stopped the job {stopping:.2f} s after the failure, node 1 stopped all along")
+    assert stopping < 10
+    assert jobs[1].wait(60).returncode != 0
