@@ -26,6 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
 MPIRUN = EXAMPLES / "detlaunch-mpirun"
+JAX = EXAMPLES / "detlaunch-jax"
 BROKEN = EXAMPLES / "detlaunch-broken"
 
 

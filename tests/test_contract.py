@@ -7,6 +7,7 @@ toylayer.py), and must catch each one; a correct toy layer must pass all of it.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -17,10 +18,11 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
-from detlaunch.testing import LayerContract, processes_with_marker
-from plugin_examples import MPIRUN, ensure_installed, fake_dist
+from detlaunch.testing import DetlaunchRunner, LayerContract, processes_with_marker
+from helpers import free_port
+from plugin_examples import JAX, MPIRUN, ensure_installed, fake_dist
 
-ensure_installed(MPIRUN)  # now, before anything in this process lists entry points (see plugin_examples)
+ensure_installed(MPIRUN, JAX)  # now, before anything in this process lists entry points (see plugin_examples)
 
 
 class TestTorchrun(LayerContract):
@@ -35,8 +37,35 @@ class TestDeepspeed(LayerContract):
     layer = "deepspeed"
 
 
+class TestDirect(LayerContract):
+    layer = "direct"
+
+
 class TestMpirun(LayerContract):  # examples/detlaunch-mpirun, pip-installed like any third-party layer
     layer = "mpirun"
+
+
+class TestJax(LayerContract):  # examples/detlaunch-jax: launcher-less, as a third party would write one
+    layer = "jax"
+
+
+def test_the_jax_example_plans_each_process_with_its_coordinator_variables(detlaunch_runner: DetlaunchRunner,
+                                                                           tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text("import jax\n")
+    port = str(free_port())
+    args = ["--layer", "jax", "--hosts", "127.0.0.1:2,127.0.0.2:2", "--master-port", port, "--dry-run"]
+    run = detlaunch_runner.run(*args, "--node-rank", "1", "--format", "json", str(script), timeout=60)
+    assert run.returncode == 0, run.output
+    plan = json.loads(run.stdout)
+    assert [(c["rank"], {k: v for k, v in c["env"].items() if k.startswith("JAX_")}) for c in plan["commands"]] == [
+        (rank, {"JAX_COORDINATOR_ADDRESS": f"127.0.0.1:{port}", "JAX_NUM_PROCESSES": "4",
+                "JAX_PROCESS_ID": str(rank)}) for rank in (2, 3)]
+    assert plan["rank_wrapper"][plan["rank_wrapper"].index("--rank-env") + 1] == "JAX_PROCESS_ID"
+    text = detlaunch_runner.run(*args, "--node-rank", "0", str(script), timeout=60)
+    assert "└── 2 rank(s) started by the supervisor itself, no launcher  [stop with SIGTERM]" in text.stdout
+    assert "    ├── rank 1: JAX_PROCESS_ID=1" in text.stdout.splitlines(), text.stdout
+    detlaunch_runner.assert_no_leftovers()
 
 
 # -- the suite's own tests -------------------------------------------------------------------------
@@ -87,7 +116,17 @@ def run_suite(tmp_path: Path, mode: str, select: str = "", tests: str = TOY_TEST
 def test_a_correct_layer_passes_the_whole_suite(tmp_path: Path) -> None:
     done, outcomes = run_suite(tmp_path, "")
     assert done.returncode == 0, done.stdout + done.stderr
-    assert len(outcomes) == 16 and {o for o, _ in outcomes.values()} == {"passed"}, outcomes
+    skipped = {n: m for n, (o, m) in outcomes.items() if o != "passed"}
+    assert len(outcomes) == 21 and list(skipped) == ["test_real_two_node_job_without_a_launcher"], outcomes
+    assert "declared by the layer: rank_commands = False (in the documented default)" in skipped[
+        "test_real_two_node_job_without_a_launcher"]
+
+
+@pytest.mark.timeout(300)
+def test_a_correct_launcher_less_layer_passes_its_checks(tmp_path: Path) -> None:
+    done, outcomes = run_suite(tmp_path, "direct", "rank_commands or real or dry_run")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert len(outcomes) == 11 and {o for o, _ in outcomes.values()} == {"passed"}, outcomes
 
 
 BROKEN_RULES = [
@@ -104,6 +143,12 @@ BROKEN_RULES = [
     ("wrong-rank", "real_failing", "test_real_failing_rank_exit_code_comes_back", "expected rank 1's own exit code 7"),
     ("unknown-hook", "entry_point", "test_entry_point_loads_through_the_real_loader",
      "unknown hook(s) detlaunch_chief_stag"),
+    ("direct-twice", "rank_commands and 1x8", "test_rank_commands_match_the_declaration[1x8-chief]",
+     "rank 0 is started by 2 commands on node 0"),
+    ("direct-twice", "well_formed and 2x8-worker", "test_hooks_are_well_formed_and_deterministic[2x8-worker]",
+     "rank 8 is started by 2 commands on node 1"),
+    ("direct-undeclared", "rank_commands and 1x1", "test_rank_commands_match_the_declaration[1x1-chief]",
+     "does not declare rank_commands = True"),
     ("single-crash", "well_formed and 2x8-chief", "test_hooks_are_well_formed_and_deterministic[2x8-chief]",
      "ValueError"),
 ]

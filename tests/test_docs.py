@@ -137,7 +137,7 @@ def test_each_registered_test_exists_and_exercises_its_hook(hook: str, ref: str)
 
 def test_the_contract_tests_run_for_every_layer() -> None:
     source = (ROOT / "tests" / "test_contract.py").read_text()
-    for layer in ("torchrun", "horovod", "deepspeed", "mpirun"):
+    for layer in ("torchrun", "horovod", "deepspeed", "direct", "mpirun"):
         three_lines = rf"^class Test\w+\(LayerContract\):.*\n    layer = \"{layer}\"$"
         assert re.search(three_lines, source, re.M), f"tests/test_contract.py does not run the suite for {layer}"
 
@@ -146,7 +146,8 @@ def test_the_guide_shows_the_tested_example_files_verbatim() -> None:
     blocks = re.findall(r"^<!-- file: (\S+) -->\n```\w*\n(.*?)^```$", GUIDE_MD, re.M | re.S)
     shown = {path for path, _ in blocks}
     assert shown == {"examples/detlaunch-mpirun/pyproject.toml", "examples/detlaunch-mpirun/detlaunch_mpirun/layer.py",
-                     "examples/detlaunch-mpirun/tests/test_mpirun_contract.py"}
+                     "examples/detlaunch-mpirun/tests/test_mpirun_contract.py",
+                     "examples/detlaunch-jax/detlaunch_jax/layer.py"}
     for path, text in blocks:
         assert text == (ROOT / path).read_text(), f"docs/PLUGIN_GUIDE.md shows an outdated {path}"
 

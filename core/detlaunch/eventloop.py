@@ -65,10 +65,17 @@ class EventLoop:
 
     # -- files --------------------------------------------------------------------------------
     def add_reader(self, fileobj: Any, priority: Priority, callback: FileCallback) -> None:
-        self._selector.register(fileobj, selectors.EVENT_READ, (priority, callback))
+        self._selector.register(fileobj, selectors.EVENT_READ, (priority, callback, None))
 
     def add_writer(self, fileobj: Any, priority: Priority, callback: FileCallback) -> None:
-        self._selector.register(fileobj, selectors.EVENT_WRITE, (priority, callback))
+        self._selector.register(fileobj, selectors.EVENT_WRITE, (priority, callback, None))
+
+    def on_writable(self, fileobj: Any, callback: FileCallback | None) -> None:
+        """For a file read with add_reader: also call `callback` whenever it can take more data
+        (None: no longer). How a connection sends without ever blocking the loop."""
+        priority, on_read, _ = self._selector.get_key(fileobj).data
+        events = selectors.EVENT_READ | (selectors.EVENT_WRITE if callback else 0)
+        self._selector.modify(fileobj, events, (priority, on_read, callback))
 
     def remove(self, fileobj: Any) -> None:
         """Stop watching `fileobj` (nothing happens if it was not watched)."""
@@ -141,8 +148,12 @@ class EventLoop:
         if timeout is not None:
             wait = timeout if wait is None else min(wait, timeout)
         events = self._selector.select(wait)
-        for key, _mask in sorted(events, key=lambda e: e[0].data[0]):
-            if self._watched(key):  # an earlier callback of the batch may have closed this file
+        for key, mask in sorted(events, key=lambda e: e[0].data[0]):
+            on_writable = key.data[2]
+            # _watched: an earlier callback of the batch may have closed this file
+            if on_writable is not None and mask & selectors.EVENT_WRITE and self._watched(key):
+                on_writable()
+            if (on_writable is None or mask & selectors.EVENT_READ) and self._watched(key):
                 key.data[1]()
         self._run_due_timers()
 

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from .dial import Dialer
 from .errors import LaunchError
 from .eventloop import EventLoop, Priority, Timer
+from .fdlimit import ensure_open_files
 from .report import Failure, RankStatus
 
 if TYPE_CHECKING:
@@ -35,6 +36,10 @@ from .safefs import ensure_private_dir, read_private_file, write_private_file
 
 HEARTBEAT_MISSES = 5
 MAX_UNAUTHENTICATED = 4096  # bytes a peer may send before it has proven it is a node of the job
+# Bytes a peer may leave unread (beyond what the kernel buffers) before it counts as lost: sends
+# never block the loop, so a stalled or stopped node cannot delay the verdict for the others.
+MAX_UNSENT = 1 << 20
+HEARTBEAT = b'{"t": "hb"}'  # the one message sent every heartbeat: sent and recognised without (de)coding
 # Work the chief takes on for connections that have not authenticated yet: a flood on the control
 # port must not slow the verdict path (rank reports and the nodes' links come first).
 ACCEPTS_PER_SECOND = 200
@@ -66,6 +71,7 @@ class ChiefEvents(Protocol):
     """What the chief's link tells its supervisor."""
 
     def trace(self, message: str) -> None: ...
+    def joined(self) -> None: ...  # every node has joined
     def remote_rank_exit(self, status: RankStatus) -> None: ...
     def remote_failure(self, failure: Failure) -> None: ...
     def node_lost(self, node: int, addr: str, why: str) -> None: ...
@@ -77,6 +83,7 @@ class WorkerEvents(Protocol):
     """What a worker's link tells its supervisor."""
 
     def trace(self, message: str) -> None: ...
+    def joined(self) -> None: ...  # this node joined the chief
     def link_failed_to_start(self, what: str) -> None: ...
     def chief_verdict(self, failure: Failure | None) -> None: ...
     def chief_restart(self, attempt: int, delay: float) -> None: ...
@@ -101,6 +108,9 @@ class PeerConnection:
         self.peer = ""  # the remote address
         self.authed = False
         self.nonce = secrets.token_hex(16)
+        self.unsent = bytearray()
+        self.writing = False  # the loop calls flush when the socket takes more
+        self.why = ""  # why the link closed, when this side closed it for a reason
         sock.setblocking(False)
         # Unproven peers are served after everything else; a node of the job is raised on joining.
         loop.add_reader(sock, Priority.PROBE, self.on_readable)
@@ -109,17 +119,35 @@ class PeerConnection:
         self.authed = True
         self.loop.remove(self.sock)
         self.loop.add_reader(self.sock, Priority.RANK_REPORT, self.on_readable)
+        if self.writing:
+            self.loop.on_writable(self.sock, self.flush)
 
     def send(self, message: dict[str, Any]) -> None:
+        self.send_line(encode(message))
+
+    def send_line(self, line: bytes) -> None:
+        """Queue one encoded message and send what the socket takes now; never blocks."""
         if self.closed:
             return
+        self.unsent += line + b"\n"
+        if len(self.unsent) > MAX_UNSENT:
+            self.why = f"it left {len(self.unsent)} bytes of the link unread (stopped, or hung)"
+            self.close(notify=True)
+        elif not self.writing:
+            self.flush()
+
+    def flush(self) -> None:
         try:
-            self.sock.setblocking(True)
-            self.sock.settimeout(5)
-            self.sock.sendall(json.dumps(message).encode() + b"\n")
-            self.sock.setblocking(False)
+            while self.unsent:
+                del self.unsent[: self.sock.send(self.unsent)]
+        except BlockingIOError:
+            pass
         except OSError:
             self.close(notify=True)
+            return
+        if self.writing != bool(self.unsent):
+            self.writing = bool(self.unsent)
+            self.loop.on_writable(self.sock, self.flush if self.writing else None)
 
     def on_readable(self) -> None:
         while not self.closed:
@@ -139,6 +167,8 @@ class PeerConnection:
                 return
             while b"\n" in self.buffer and not self.closed:
                 raw, self.buffer = self.buffer.split(b"\n", 1)
+                if raw == HEARTBEAT:
+                    continue
                 try:
                     message = json.loads(raw)
                 except ValueError:
@@ -158,6 +188,10 @@ class PeerConnection:
 
     def silent_for(self) -> float:
         return time.monotonic() - self.last_heard
+
+
+def encode(message: dict[str, Any]) -> bytes:
+    return json.dumps(message).encode()
 
 
 def _message_failure(m: dict[str, Any]) -> Failure | None:
@@ -201,6 +235,7 @@ class ChiefLink:
         self.secret_from_env = bool(plan.environ.get(SECRET_ENV))
         self.secret = create_secret(plan.environ, plan.shared_dir)
         self.expected = set(range(1, plan.cluster.num_nodes))
+        ensure_open_files(len(self.expected) + 4 * plan.cluster.local_slots)
         self.nodes: dict[int, PeerConnection] = {}
         self.pending: set[PeerConnection] = set()  # accepted, not authenticated yet
         self.finished: set[int] = set()  # said goodbye, or were lost
@@ -218,9 +253,10 @@ class ChiefLink:
         except OSError as e:
             raise LaunchError(f"cannot listen on {host}:{plan.control_port} for the other nodes "
                               f"({e.strerror}): choose a free port with --control-port") from None
-        self.listener.listen(64)
+        self.listener.listen(max(64, len(self.expected)))  # every node may dial at once (capped by somaxconn)
         self.listener.setblocking(False)
-        self.admission = Admission(ACCEPTS_PER_SECOND, MAX_PENDING, MAX_PENDING_PER_PEER)
+        # A job of N nodes may see N legitimate connections at once: admit at least N a second.
+        self.admission = Admission(max(ACCEPTS_PER_SECOND, len(self.expected)), MAX_PENDING, MAX_PENDING_PER_PEER)
         self.listening = False
         self.paused: Timer | None = None
         self._listen()
@@ -304,6 +340,8 @@ class ChiefLink:
         if self.stop_message is not None:  # joined after the job was stopped
             line.send(self.stop_message)
         self.events.trace(f"node {node} joined the job")
+        if not self.missing_nodes():
+            self.events.joined()
 
     def on_close(self, line: PeerConnection) -> None:
         self.pending.discard(line)
@@ -313,7 +351,8 @@ class ChiefLink:
         if node is None or node in self.finished:
             return
         self.finished.add(node)
-        self.events.node_lost(node, self.addr_of(node), "its detlaunch closed the connection without saying goodbye")
+        self.events.node_lost(node, self.addr_of(node),
+                              line.why or "its detlaunch closed the connection without saying goodbye")
 
     def addr_of(self, node: int) -> str:
         return self.addrs.get(node, "address unknown")
@@ -333,7 +372,7 @@ class ChiefLink:
                 self.events.node_lost(node, self.addr_of(node),
                                       f"no heartbeat for {HEARTBEAT_MISSES * self.heartbeat:g} s")
             else:
-                line.send({"t": "hb"})
+                line.send_line(HEARTBEAT)
         self.timer = self.loop.call_later(self.heartbeat, self.tick)
 
     def missing_nodes(self) -> list[int]:
@@ -345,8 +384,9 @@ class ChiefLink:
     def failed(self, failure: Failure) -> None:
         """The job failed (here or anywhere): every node stops, with this verdict (so far)."""
         self.stop_message = {"t": "stop", "failure": failure.to_json()}
+        encoded = encode(self.stop_message)  # once, for every node
         for line in self.nodes.values():
-            line.send(self.stop_message)
+            line.send_line(encoded)
 
     def live_nodes(self) -> set[int]:
         """The worker nodes that joined and are still connected."""
@@ -378,9 +418,9 @@ class ChiefLink:
 
     def finish(self, failure: Failure | None, ranks: list[RankStatus]) -> None:
         """Every node has finished: tell each the final verdict (the earliest failure of all)."""
-        end = {"t": "end", "failure": failure.to_json() if failure else None}
+        end = encode({"t": "end", "failure": failure.to_json() if failure else None})
         for line in self.nodes.values():
-            line.send(end)
+            line.send_line(end)
             line.close()
         self.loop.remove(self.listener)
         self.listener.close()
@@ -446,6 +486,7 @@ class WorkerLink:
             line.trusted()
             self.joined = True
             self.events.trace("joined the chief")
+            self.events.joined()
         elif not line.authed:
             return  # nothing but the handshake counts before the chief has proven who it is
         elif kind == "stop":
@@ -492,7 +533,7 @@ class WorkerLink:
             self.events.link_failed_to_start(f"the chief at {self.chief[0]}:{self.chief[1]} refused this node "
                                              "(wrong job secret?)")
             return
-        self.events.chief_lost("the chief's detlaunch closed the connection")
+        self.events.chief_lost(line.why or "the chief's detlaunch closed the connection")
 
     def tick(self) -> None:
         self.timer = None
@@ -503,7 +544,7 @@ class WorkerLink:
                 self.line = None
                 self.events.chief_lost(f"no heartbeat from the chief for {HEARTBEAT_MISSES * self.heartbeat:g} s")
                 return
-            line.send({"t": "hb"})
+            line.send_line(HEARTBEAT)
         self.timer = self.loop.call_later(self.heartbeat, self.tick)
 
     def missing_nodes(self) -> list[int]:

@@ -115,7 +115,7 @@ class LaunchPlan:
             "prelaunch": [list(s) for s in self.stage.prelaunch],
             "commands": [
                 {"name": cmd.name, "argv": list(cmd.argv), "daemon": cmd.daemon,
-                 "stop_signal": int(cmd.stop_signal), "env": dict(cmd.env)}
+                 "stop_signal": int(cmd.stop_signal), "env": dict(cmd.env), "rank": cmd.rank}
                 for cmd in self.stage.commands
             ],
             "rank_wrapper": list(self.wrapper_argv),
@@ -231,8 +231,10 @@ def render_text(plan: LaunchPlan) -> str:
         lines.append(f"├── waits for the sshd greeting of {host}:{port}")
     for argv in plan.stage.prelaunch:
         lines.append(f"├── then runs: {_quote(argv)}")
-    for n, cmd in enumerate(plan.stage.commands):
-        last = n == len(plan.stage.commands) - 1
+    launched = [cmd for cmd in plan.stage.commands if cmd.rank is None]
+    rank_commands = [cmd for cmd in plan.stage.commands if cmd.rank is not None]
+    for n, cmd in enumerate(launched):
+        last = n == len(launched) - 1 and not rank_commands
         branch, pad = ("└── ", "    ") if last else ("├── ", "│   ")
         own, runs_ranks = _split_rank_command(cmd, plan)
         tags = [t for t in ("daemon" if cmd.daemon else "", f"stop with {signal_name(cmd.stop_signal)}") if t]
@@ -247,12 +249,35 @@ def render_text(plan: LaunchPlan) -> str:
                 lines.append(f"{inner}└── {_quote(extra)}")
                 inner += "    "
             lines.append(f"{inner}└── {_quote(plan.user_command)}")
+    if rank_commands:
+        lines.extend(_render_rank_commands(plan, rank_commands))
     lines.extend(plan.restarts.describe())
     lines.append("environment added for every process:")
     lines.extend(f"  {k}={_short(v)}" for k, v in sorted(plan.env.items()))
     if plan.unset_env:
         lines.append("environment removed: " + ", ".join(plan.unset_env))
     return "\n".join(lines)
+
+
+def _render_rank_commands(plan: LaunchPlan, commands: list[Command]) -> list[str]:
+    """Ranks the supervisor starts itself: the variables they share once, then each rank's own."""
+    shared = dict(commands[0].env)
+    for cmd in commands[1:]:
+        shared = {k: v for k, v in shared.items() if cmd.env.get(k) == v}
+    tags = f"stop with {signal_name(commands[0].stop_signal)}"
+    lines = [f"└── {len(commands)} rank(s) started by the supervisor itself, no launcher  [{tags}]"]
+    lines.extend(f"    │   env {key}={_short(value)}" for key, value in sorted(shared.items()))
+    for cmd in commands:
+        own = " ".join(f"{k}={_short(v)}" for k, v in sorted(cmd.env.items()) if k not in shared)
+        lines.append(f"    ├── rank {cmd.rank}: {own}" if own else f"    ├── rank {cmd.rank}")
+    lines.append(f"    └── {_quote(plan.wrapper_argv)}  [one per rank]")
+    extra = plan.rank_command[len(plan.wrapper_argv) : len(plan.rank_command) - len(plan.user_command)]
+    inner = "        "
+    if extra:
+        lines.append(f"{inner}└── {_quote(extra)}")
+        inner += "    "
+    lines.append(f"{inner}└── {_quote(plan.user_command)}")
+    return lines
 
 
 def _short(value: str, limit: int = 120) -> str:

@@ -43,6 +43,11 @@ class Command:
     this node ends when its ranks have all exited, and then the daemon is stopped.
     An early exit of a daemon is a failure.
     stop_signal: how to ask this process to stop (horovodrun wants SIGINT).
+    rank: this command is global rank `rank` itself, started by the supervisor with no
+    launcher in between (a launcher-less layer: ``--layer direct``). Its argv is
+    ``ctx.rank_command`` and its env names the rank in a variable of the layer's
+    ``RankWrapper.rank_env``. The supervisor starts it like a launcher (after any sshd
+    wait and prelaunch step), and stops it as a rank: through its wrapper, once.
     """
 
     argv: tuple[str, ...]
@@ -50,13 +55,17 @@ class Command:
     stop_signal: int = signal.SIGTERM
     daemon: bool = False
     env: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    rank: int | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "argv", tuple(self.argv))
         if not self.argv:
             raise ValueError("a Command needs a non-empty argv")
+        if self.rank is not None and (self.daemon or self.rank < 0):
+            raise ValueError("a rank Command is not a daemon, and its rank is >= 0")
         if not self.name:
-            object.__setattr__(self, "name", os.path.basename(self.argv[0]))
+            name = os.path.basename(self.argv[0]) if self.rank is None else f"wrapper-{self.rank}"
+            object.__setattr__(self, "name", name)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -116,6 +116,7 @@ class NodeSupervisor:
         self.env = plan.process_env()
         self.loop = EventLoop()
         self.link: ChiefLink | WorkerLink | None = None
+        self.link_up = False  # chief: every node joined; worker: joined the chief (rank commands wait for it)
         self.prepared = False
         # Job-wide restarts (restart.py): the chief keeps the history and decides; every node counts attempts.
         self.policy = plan.restarts
@@ -234,7 +235,7 @@ class NodeSupervisor:
         self.probes = [SshdProbe(self.loop, h, p, self._on_peer_ready, self.fail_to_start)
                        for h, p in self.plan.stage.wait_for_sshd]
         if not self.probes:
-            self._start_launchers()
+            self._start_when_ready()
 
     def _start_launchers(self) -> None:
         if self.phase is not Phase.STARTING:
@@ -251,6 +252,14 @@ class NodeSupervisor:
     def _on_peer_ready(self, probe: SshdProbe) -> None:
         self.trace(f"sshd {probe.host}:{probe.port} answered")
         if all(p.ready for p in self.probes):
+            self._start_when_ready()
+
+    def _start_when_ready(self) -> None:
+        """Launchers start once every peer's sshd answered. Ranks this supervisor starts itself
+        (Command.rank) also wait for the whole job link: every node is there before any rank
+        starts, as torchrun's rendezvous would have it, and no node can finish before it joined."""
+        starts_ranks = self.link is not None and any(c.rank is not None for c in self.plan.stage.commands)
+        if all(p.ready for p in self.probes) and (self.link_up or not starts_ranks):
             self._start_launchers()
 
     # -- events from the parts -----------------------------------------------------------------
@@ -341,6 +350,11 @@ class NodeSupervisor:
                                    "are the other nodes up?", self.node, time.time()))
 
     # -- the other nodes (joblink's ChiefEvents and WorkerEvents) ------------------------------
+    def joined(self) -> None:
+        """Chief: every node has joined the job; worker: this node joined the chief."""
+        self.link_up = True
+        self._start_when_ready()
+
     def remote_rank_exit(self, status: RankStatus) -> None:
         """Chief: a worker node's rank ended."""
         self._fail(RankEnded(status))
@@ -485,7 +499,10 @@ class NodeSupervisor:
 
     def _stop_children(self) -> None:
         clean = not self.verdict.stopping
+        registered = {entry.peer_pid for entry in self.ranks.ranks.values()}
         for child in self.processes.live():
+            if child.command.rank is not None and child.pid in registered:
+                continue  # a rank this supervisor started is signalled once, as a rank (see _stop)
             # After a clean end, sshd sessions finish delivering their ranks' exit statuses.
             self.processes.stop(child, with_sessions=child.command.daemon and not clean)
 

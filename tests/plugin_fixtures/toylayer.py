@@ -11,6 +11,9 @@ TOY_MODE (read on import and while planning) makes it break one rule of the cont
     unknown-hook   it implements a hook with a misspelled name
     single         declares multi_node = False, and refuses several nodes with a detlaunch error
     single-crash   declares multi_node = False, but crashes on several nodes (not a detlaunch error)
+    direct         no launcher: declares rank_commands = True and starts each rank itself (correct)
+    direct-twice   the same, but starts the node's first rank twice and its last rank never
+    direct-undeclared  starts each rank itself without declaring rank_commands
 
 Unset, it keeps every rule: the suite must pass. Not installed: tests put a dist-info for it on
 PYTHONPATH (see test_contract.py).
@@ -32,6 +35,8 @@ if MODE == "heavy":
     import toy_heavy  # noqa: F401
 if MODE in ("single", "single-crash"):
     DETLAUNCH_CONTRACT = {"multi_node": False}
+if MODE in ("direct", "direct-twice"):
+    DETLAUNCH_CONTRACT = {"rank_commands": True}
 
 
 def _stage(ctx: StageContext) -> Stage:
@@ -42,6 +47,11 @@ def _stage(ctx: StageContext) -> Stage:
         raise ValueError("crash")
     if MODE == "leak":  # a double fork: the grandchild belongs to nobody detlaunch knows
         subprocess.Popen([sys.executable, "-c", "import os, time\nif os.fork() == 0: time.sleep(30)"]).wait()
+    if MODE.startswith("direct"):
+        ranks = [c.first_rank + i for i in range(c.local_slots)]
+        if MODE == "direct-twice" and len(ranks) > 1:
+            ranks[-1] = ranks[0]
+        return Stage(commands=tuple(Command(ctx.rank_command, rank=r, env={"TOY_RANK": str(r)}) for r in ranks))
     command = ctx.user_command if MODE == "no-wrapper" else ctx.rank_command
     env = {"DET_CHIEF_IP": "192.0.2.1"} if MODE == "chief-ip" else {}
     argv = (sys.executable, LAUNCHER, str(c.first_rank), str(c.local_slots), "--", *command)

@@ -39,8 +39,8 @@ def start(launcher: Launcher, tmp_path: Path, layer: str, nodes: int, env: dict[
     script = tmp_path / "escapes.py"
     script.write_text(ESCAPES)
     port = str(free_port())
-    if layer == "torchrun":
-        common = ["--layer", "torchrun", "--nnodes", str(nodes), "--nproc-per-node", "2", "--master-addr",
+    if layer in ("torchrun", "direct"):
+        common = ["--layer", layer, "--nnodes", str(nodes), "--nproc-per-node", "2", "--master-addr",
                   "127.0.0.1", "--master-port", port]
         per_node = [["--node-rank", str(n), "--node-addr", f"127.0.0.{n + 1}"] for n in range(nodes)]
     else:
@@ -54,7 +54,7 @@ def start(launcher: Launcher, tmp_path: Path, layer: str, nodes: int, env: dict[
 
 @pytest.mark.parametrize("ending", ENDINGS)
 @pytest.mark.parametrize("nodes", [1, 2])
-@pytest.mark.parametrize("layer", ["torchrun", "horovod", "deepspeed"])
+@pytest.mark.parametrize("layer", ["torchrun", "horovod", "deepspeed", "direct"])
 def test_nothing_outlives_the_job(launcher: Launcher, tmp_path: Path, layer: str, nodes: int, ending: str) -> None:
     last = 2 * nodes - 1
     trigger = tmp_path / "trigger"

@@ -19,7 +19,7 @@ from helpers import free_port, report_line
 pytestmark = pytest.mark.timeout(300)
 RANKS = str(SCRIPTS / "ranks.py")
 COLLECTIVE = {"torchrun": str(SCRIPTS / "collective.py"), "horovod": str(SCRIPTS / "hvd_collective.py"),
-              "deepspeed": str(SCRIPTS / "collective.py")}
+              "deepspeed": str(SCRIPTS / "collective.py"), "direct": str(SCRIPTS / "collective.py")}
 FAULTY = 3  # the worker node's second rank
 WORKER = "rank 3 on node 1 (127.0.0.2)"
 
@@ -33,8 +33,8 @@ class TwoNodes:
         self.logs = [tmp_path / "logs0", tmp_path / "logs1"]
         env = {"SLEEP": "300", "TRIGGER": str(self.fifo), **env}
         master = str(free_port())
-        if layer == "torchrun":
-            common = ["--layer", "torchrun", "--nnodes", "2", "--nproc-per-node", "2",
+        if layer in ("torchrun", "direct"):  # the same flags: a script cannot tell them apart
+            common = ["--layer", layer, "--nnodes", "2", "--nproc-per-node", "2",
                       "--master-addr", "127.0.0.1", "--master-port", master]
             per_node = [["--node-rank", "0", "--node-addr", "127.0.0.1"],
                         ["--node-rank", "1", "--node-addr", "127.0.0.2"]]
@@ -43,6 +43,7 @@ class TwoNodes:
                       "--ssh-port", str(free_port("127.0.0.2"))]
             per_node = [["--node-rank", "0"], ["--node-rank", "1"]]
         self.triggered = "FAIL_RANK" in env
+        self.launcher = launcher
         self.worker = launcher.start(*common, *per_node[1], "--log-dir", str(self.logs[1]), script, env=env)
         self.chief = launcher.start(*common, *per_node[0], "--log-dir", str(self.logs[0]), script, env=env)
 
@@ -58,6 +59,7 @@ class TwoNodes:
         return "waiting" if rank == FAULTY and self.triggered else "sleeping"
 
     def pid_of(self, rank: int) -> int:
+        """The rank's pid as this test sees it: the rank prints its pid inside its node's PID namespace."""
         m = re.search(rf"\[rank={rank}\] rank {rank} started pid=(\d+)", self.node_of(rank).read())
         assert m, self.node_of(rank).read()
         return self.node_of(rank).host_pid(int(m.group(1)))  # the rank printed its PID namespace's
@@ -104,7 +106,7 @@ def assert_reported(stderr: str, line: str | None) -> None:
     assert reports[:1] == ([f"detlaunch: {line}"] if line else []), stderr
 
 
-@pytest.mark.parametrize("layer", ["torchrun", "horovod", "deepspeed"])
+@pytest.mark.parametrize("layer", ["torchrun", "horovod", "deepspeed", "direct"])
 @pytest.mark.parametrize("fault", list(CELLS))
 def test_fault_outside_a_collective(launcher: Launcher, tmp_path: Path, layer: str, fault: str) -> None:
     env, how, chief_code, worker_code, chief_cause, worker_cause = CELLS[fault]
@@ -142,7 +144,7 @@ def inject(job: TwoNodes, how: str) -> None:
         raise ValueError(f"no such fault: {how}")
 
 
-@pytest.mark.parametrize("layer", ["torchrun", "horovod", "deepspeed"])
+@pytest.mark.parametrize("layer", ["torchrun", "horovod", "deepspeed", "direct"])
 def test_fault_while_the_survivors_are_inside_a_collective(launcher: Launcher, tmp_path: Path, layer: str) -> None:
     job = TwoNodes(launcher, tmp_path, layer, COLLECTIVE[layer], {"FAIL_RANK": "3", "FAIL_CODE": "3"})
     job.wait_until_every_rank_is_up()

@@ -33,6 +33,12 @@ capability           default                    meaning
 ``run_args``         ``()``                     extra detlaunch options for every run and plan.
 ``run_timeout``      ``100``                    seconds a real job may take (every check also has its
                                                 own timeouts: none can hang).
+``rank_commands``    ``False``                  the layer runs no launcher: each node's stage starts
+                                                its ranks itself, one ``Command(rank=N)`` per local
+                                                rank (``--layer direct``). When True, the stages must
+                                                be made so, and a real job of two nodes on loopback
+                                                runs (no ssh is needed); when False, a stage must
+                                                have no rank command.
 ===================  =========================  ==================================================
 """
 
@@ -83,6 +89,7 @@ class Capabilities:
     heavy_modules: tuple[str, ...] = DEFAULT_HEAVY_MODULES
     run_args: tuple[str, ...] = ()
     run_timeout: float = 100.0
+    rank_commands: bool = False
     # where each non-default value came from, for the skip reasons
     sources: Mapping[str, str] = dataclasses.field(default_factory=dict, compare=False)
 
@@ -115,7 +122,7 @@ def resolve_capabilities(module: Any, overrides: Mapping[str, Any]) -> Capabilit
             if isinstance(values[name], str) or not all(isinstance(v, str) for v in values[name]):
                 raise TypeError(f"{sources[name]}: {name} must be a sequence of strings")
             values[name] = tuple(values[name])
-    for name in ("multi_node", "runs_here"):
+    for name in ("multi_node", "runs_here", "rank_commands"):
         if name in values and not isinstance(values[name], bool):
             raise TypeError(f"{sources[name]}: {name} must be True or False")
     return Capabilities(**values, sources=sources)
@@ -306,6 +313,7 @@ def plan_problems(plan: LaunchPlan, wrappers: Sequence[Any], layer_env: Any) -> 
         if isinstance(cmd.env, Mapping) and cmd.env.get("DET_CHIEF_IP", plan.cluster.chief_addr) != \
                 plan.cluster.chief_addr:
             problems.append(f"{where} overrides DET_CHIEF_IP with {cmd.env['DET_CHIEF_IP']!r}")
+    problems.extend(rank_command_problems(plan, wrappers))
     for kind, files in (("files", stage.files), ("executables", stage.executables)):
         for path, content in files.items():
             if not isinstance(path, str) or not path:
@@ -343,6 +351,41 @@ def plan_problems(plan: LaunchPlan, wrappers: Sequence[Any], layer_env: Any) -> 
         render_text(plan)
     except (TypeError, ValueError) as e:
         problems.append(f"the plan does not render: {type(e).__name__}: {e}")
+    return problems
+
+
+def rank_commands(stage: Stage) -> list[Command]:
+    return [c for c in stage.commands if isinstance(c, Command) and c.rank is not None]
+
+
+def rank_command_problems(plan: LaunchPlan, wrappers: Sequence[Any]) -> list[str]:
+    """What is wrong with the ranks a stage starts itself (``Command(rank=N)``), if it has any."""
+    commands = rank_commands(plan.stage)
+    if not commands:
+        return []
+    problems: list[str] = []
+    c, rc = plan.cluster, plan.rank_command
+    rank_env = next((w.rank_env for w in wrappers if isinstance(w, RankWrapper) and w.rank_env), ())
+    mine = range(c.first_rank, c.first_rank + c.local_slots)
+    for cmd in commands:
+        where = f"rank command {cmd.name}"
+        if cmd.argv != rc:
+            problems.append(f"{where}: its argv must be ctx.rank_command (the wrapper, then the user's command; "
+                            "put anything in between in RankWrapper.argv), got {cmd.argv!r}")
+        if cmd.rank not in mine:
+            problems.append(f"{where}: rank {cmd.rank} is not one of node {c.node_rank}'s ranks "
+                            f"({mine.start}..{mine.stop - 1})")
+        env = {**plan.process_env(), **cmd.env}
+        named = next((name for name in rank_env if name in env), None)
+        if named is None or env[named] != str(cmd.rank):
+            problems.append(f"{where}: the wrapper would not read rank {cmd.rank} from its environment "
+                            f"(RankWrapper.rank_env {rank_env!r}: {named}={env.get(named or '')!r})")
+    ranks = [cmd.rank or 0 for cmd in commands]
+    for rank in sorted({r for r in ranks if ranks.count(r) > 1}):
+        problems.append(f"rank {rank} is started by {ranks.count(rank)} commands on node {c.node_rank}")
+    if len(commands) != plan.expected_ranks:
+        problems.append(f"node {c.node_rank} starts {len(commands)} rank(s) itself but expects "
+                        f"{plan.expected_ranks} (Stage.expected_ranks, default: its slots)")
     return problems
 
 
@@ -402,7 +445,7 @@ class LayerContract:
 
     Capability attributes (None: the layer's ``DETLAUNCH_CONTRACT``, else the documented default;
     see :mod:`detlaunch.testing.contract`): ``multi_node``, ``runs_here``, ``needs``,
-    ``heavy_modules``, ``run_args``, ``run_timeout``. Setting ``__test__ = False`` in a subclass
+    ``heavy_modules``, ``run_args``, ``run_timeout``, ``rank_commands``. Setting ``__test__ = False`` in a subclass
     makes it an abstract base of your own, which needs no ``layer``.
     """
 
@@ -414,6 +457,7 @@ class LayerContract:
     heavy_modules: ClassVar[Sequence[str] | None] = None
     run_args: ClassVar[Sequence[str] | None] = None
     run_timeout: ClassVar[float | None] = None
+    rank_commands: ClassVar[bool | None] = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -533,6 +577,30 @@ class LayerContract:
         for cmd in plan.stage.commands:
             assert cmd.env.get("DET_CHIEF_IP", CHIEF_ADDR) == CHIEF_ADDR, f"{cmd.name} overrides DET_CHIEF_IP"
 
+    @pytest.mark.parametrize("shape", SHAPES, ids=[s.id for s in SHAPES])
+    def test_rank_commands_match_the_declaration(self, contract: Case, shape: Shape) -> None:
+        """A launcher-less layer (rank_commands) starts each of the node's ranks itself, once; others none."""
+        if shape.nodes > 1:
+            self._multi_node_or_skip(contract)
+        plan = contract.plan(shape, free_port())
+        commands = rank_commands(plan.stage)
+        c = plan.cluster
+        if not contract.caps.rank_commands:
+            assert not commands, (f"{shape.id}: the stage starts ranks itself ({', '.join(x.name for x in commands)}: "
+                                  "Command(rank=...)), but the layer does not declare rank_commands = True "
+                                  "(add it to DETLAUNCH_CONTRACT)")
+            return
+        wrappers = contract.loaded.plugins.hooks.rank_wrappers(plan.context)
+        problems = rank_command_problems(plan, wrappers)
+        launchers = [x.name for x in plan.stage.commands if x.rank is None and not x.daemon]
+        if launchers:
+            problems.append(f"a layer that starts its ranks itself runs no launcher, but this stage also runs "
+                            f"{', '.join(launchers)}")
+        if sorted(x.rank or 0 for x in commands) != list(range(c.first_rank, c.first_rank + c.local_slots)):
+            problems.append(f"node {c.node_rank} must start each of its ranks {c.first_rank}.."
+                            f"{c.first_rank + c.local_slots - 1} itself, once; it starts {[x.rank for x in commands]}")
+        assert not problems, f"{shape.id}: " + "\n- ".join(["the ranks the stage starts itself:", *problems])
+
     # -- planning: the real command line ---------------------------------------------------------
 
     def _dry_run(self, case: Case, runner: DetlaunchRunner, shape_args: Sequence[str]) -> tuple[dict[str, Any], str]:
@@ -608,6 +676,36 @@ class LayerContract:
         assert run.returncode == FAIL_CODE, f"expected rank 1's own exit code {FAIL_CODE}:\n{run.output}"
         assert re.search(rf"^detlaunch: job failed: rank 1 on node 0 .*exited with code {FAIL_CODE}$",
                          run.stderr, re.M), run.output
+
+
+    def test_real_two_node_job_without_a_launcher(self, contract: Case, detlaunch_runner: DetlaunchRunner) -> None:
+        """rank_commands: a real 2 x 1 job on 127.0.0.1 and 127.0.0.2 with the job link as the only
+        coordination: each rank runs once, then rank 1 (on node 1) fails and both nodes exit with its code."""
+        if not contract.caps.rank_commands:
+            pytest.skip(f"{contract.caps.declared('rank_commands')}: a launcher that needs ssh or a scheduler "
+                        "to reach a second node is not run here")
+        self._multi_node_or_skip(contract)
+        self._real_runs_or_skip(contract)
+        env = {"CONTRACT_RANK_ENV": ",".join(contract.rank_env())}
+        failing = {**env, "CONTRACT_FAIL_RANK": "1", "CONTRACT_FAIL_CODE": str(FAIL_CODE),
+                   "CONTRACT_SLEEP": f"{contract.caps.run_timeout * 2:g}"}
+        for run_env, codes in ((env, [0, 0]), (failing, [FAIL_CODE, FAIL_CODE])):
+            port = free_port()
+            hosts = f"{CHIEF_ADDR}:1,{WORKER_ADDR}:1"
+            nodes = [detlaunch_runner.start(*contract.cli_args("--hosts", hosts, "--node-rank", str(n),
+                                                               str(contract.script), port=port), env=run_env)
+                     for n in (1, 0)]
+            worker, chief = (node.wait(contract.caps.run_timeout) for node in nodes)
+            detlaunch_runner.assert_no_leftovers()
+            assert [chief.returncode, worker.returncode] == codes, chief.output + "\n" + worker.output
+            if codes == [0, 0]:
+                for rank, run in ((0, chief), (1, worker)):
+                    expected = f"contract rank={rank} chief={CHIEF_ADDR} marker={detlaunch_runner.marker_value}"
+                    assert contract_lines(run, rank) == [expected], run.output
+            else:
+                for run in (chief, worker):
+                    assert re.search(rf"^detlaunch: job failed: rank 1 on node 1 .*exited with code {FAIL_CODE}$",
+                                     run.stderr, re.M), run.output
 
 
 def only_warnings(stderr: str) -> bool:

@@ -1,0 +1,326 @@
+"""The chief at scale: one real chief, 256 or 1024 simulated worker nodes.
+
+    python -m bench.scale_sim                 # 256 and 1024 nodes, heartbeat 1 s
+    python -m bench.scale_sim --nodes 64 --idle 5
+
+The chief is a real `detlaunch --layer direct` (node 0 of a --hosts list of N+1 loopback
+addresses, one sleeping rank). The workers are simulated: each simulating process runs up to
+--per-process nodes, each a real `joblink.WorkerLink` (the real client code: dial, HMAC
+handshake, heartbeats, reports, bye) on one real `EventLoop`, from its own loopback address.
+So what is measured is the real chief:
+
+- join: from the workers' start to the last node's welcome;
+- idle CPU: the chief's processes (detlaunch and its supervisor) over --idle seconds, every
+  node joined, heartbeats every second both ways;
+- fan-out: from one worker's failure report (the last node's) to every worker told to stop
+  (the `stop` message each worker's link hands to its events), wall clock of one machine;
+- RSS: the chief's supervisor with every node joined, less before any joined, per node;
+- plan: `--dry-run` of a 1024-host --hosts list and hostfile, start to exit.
+
+Results are printed as a table and written as JSON (--out).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import secrets
+import select
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def host(i: int) -> str:
+    """Node i's loopback address (node 0, the chief: 127.0.0.1)."""
+    return "127.0.0.1" if i == 0 else f"127.20.{i // 250}.{i % 250 + 1}"
+
+
+# -- a simulating process: many WorkerLinks on one EventLoop ----------------------------------------
+
+
+@dataclasses.dataclass
+class SimCluster:
+    node_rank: int
+    job_id: str
+    chief_addr: str
+    node_addr: str
+
+
+@dataclasses.dataclass
+class SimPlan:
+    """The part of a LaunchPlan a WorkerLink reads."""
+
+    cluster: SimCluster
+    heartbeat: float
+    control_port: int
+    shared_dir: str
+    environ: dict[str, str]
+
+
+class SimNode:
+    """One simulated worker node: what its supervisor would be told (joblink.WorkerEvents)."""
+
+    def __init__(self, sim: Simulation, node: int):
+        self.sim, self.node = sim, node
+        self.joined_at: float | None = None
+        self.stopped_at: float | None = None
+        self.link: Any = None
+
+    def trace(self, message: str) -> None:
+        pass
+
+    def joined(self) -> None:
+        self.joined_at = time.time()
+        self.sim.on_joined()
+
+    def link_failed_to_start(self, what: str) -> None:
+        self.sim.say({"error": f"node {self.node}: {what}"})
+
+    def chief_verdict(self, failure: Any) -> None:
+        if self.stopped_at is None:
+            self.stopped_at = time.time()
+            self.sim.on_stopped()
+            # As a supervisor would once its ranks are gone; later, so that the fan-out measured is
+            # the chief's, not this process taking 256 nodes' turns.
+            self.sim.loop.call_later(0.5, lambda: self.link.finish(failure, []))
+
+    def chief_lost(self, why: str) -> None:
+        self.sim.say({"error": f"node {self.node}: lost the chief: {why}"})
+
+
+class Simulation:
+    def __init__(self, first: int, count: int, job_id: str, port: int, heartbeat: float, secret: str):
+        from detlaunch.eventloop import EventLoop, Priority
+        from detlaunch.joblink import WorkerLink
+
+        self.loop = EventLoop()
+        self.nodes = [SimNode(self, n) for n in range(first, first + count)]
+        self.joined = self.stopped = 0
+        env = {"DETLAUNCH_JOB_SECRET": secret}
+        for sim_node in self.nodes:
+            plan = SimPlan(SimCluster(sim_node.node, job_id, "127.0.0.1", host(sim_node.node)), heartbeat, port,
+                           tempfile.gettempdir(), env)
+            sim_node.link = WorkerLink(self.loop, plan, sim_node)  # type: ignore[arg-type]
+        self.loop.add_reader(sys.stdin, Priority.RANK_REPORT, self.on_command)
+        self.done = False
+
+    def say(self, message: dict[str, Any]) -> None:
+        print(json.dumps(message), flush=True)
+
+    def on_joined(self) -> None:
+        self.joined += 1
+        if self.joined == len(self.nodes):
+            self.say({"joined": max(n.joined_at or 0 for n in self.nodes)})
+
+    def on_stopped(self) -> None:
+        self.stopped += 1
+        if self.stopped == len(self.nodes):
+            self.say({"stopped": max(n.stopped_at or 0 for n in self.nodes)})
+
+    def on_command(self) -> None:
+        line = sys.stdin.readline()
+        if not line or line.startswith("quit"):
+            self.done = True
+        elif line.startswith("fail"):
+            from detlaunch.report import Failure
+
+            node = self.nodes[-1]
+            at = time.time()
+            self.say({"failed_at": at, "node": node.node})
+            node.link.failed(Failure(f"rank {node.node} on node {node.node} exited with code 3", 3, at=at))
+
+    def run(self) -> None:
+        self.loop.run(done=lambda: self.done or all(n.link.closed and n.stopped_at for n in self.nodes))
+        self.say({"bye": True})
+
+
+# -- the orchestrator ---------------------------------------------------------------------------------
+
+
+def cpu_seconds(procs: list[psutil.Process]) -> float:
+    total = 0.0
+    for p in procs:
+        try:
+            t = p.cpu_times()
+            total += t.user + t.system
+        except psutil.NoSuchProcess:
+            pass
+    return total
+
+
+def chief_processes(chief: subprocess.Popen[bytes]) -> tuple[list[psutil.Process], psutil.Process]:
+    """detlaunch and its supervisor (pid 1 of the job's PID namespace), not the rank and its wrapper."""
+    outer = psutil.Process(chief.pid)
+    ours = [outer]
+    for child in outer.children():
+        if any(a.endswith("rank_wrapper.py") for a in child.cmdline()):
+            continue
+        ours.append(child)
+    supervisor = ours[-1]
+    return ours, supervisor
+
+
+def read_json(pipe: Any, want: str, timeout: float) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([pipe], [], [], max(0.0, deadline - time.monotonic()))
+        if not ready:
+            break
+        line = pipe.readline()
+        if not line:
+            raise RuntimeError(f"a simulating process ended before it said {want!r}")
+        message = json.loads(line)
+        if "error" in message:
+            print("  sim:", message["error"], file=sys.stderr)
+            continue
+        if want in message:
+            return dict(message)
+    raise RuntimeError(f"timed out waiting for {want!r}")
+
+
+def wait_until_listening(port: int, chief: subprocess.Popen[bytes], timeout: float = 60) -> None:
+    """Until the chief accepts on its control port (a bench helper: it polls, 20 ms steps)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and chief.poll() is None:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            time.sleep(0.02)
+    raise RuntimeError("the chief never listened")
+
+
+def free_pair() -> int:
+    from detlaunch.testing.contract import free_port
+
+    return free_port()
+
+
+def measure(nodes: int, per_process: int, heartbeat: float, idle: float, tmp: Path) -> dict[str, Any]:
+    secret, job = secrets.token_hex(16), f"sim-{nodes}-{secrets.token_hex(3)}"
+    port = free_pair()
+    hosts = ",".join(f"{host(i)}:1" for i in range(nodes + 1))
+    rank = tmp / "sleeper.py"
+    rank.write_text("import time\nprint('ready', flush=True)\ntime.sleep(600)\n")
+    env = {**os.environ, "DETLAUNCH_JOB_SECRET": secret, "TMPDIR": str(tmp), "XDG_CACHE_HOME": str(tmp)}
+    chief = subprocess.Popen([sys.executable, "-m", "detlaunch", "--layer", "direct", "--hosts", hosts,
+                              "--node-rank", "0", "--job-id", job, "--master-port", str(port),
+                              "--heartbeat", f"{heartbeat:g}", "--start-timeout", "600", str(rank)],
+                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    sims: list[subprocess.Popen[str]] = []
+    try:
+        wait_until_listening(port + 1, chief)  # its rank starts only once every node joined
+        ours, supervisor = chief_processes(chief)
+        rss_before = supervisor.memory_info().rss
+        started = time.time()
+        for first in range(1, nodes + 1, per_process):
+            count = min(per_process, nodes + 1 - first)
+            sims.append(subprocess.Popen(
+                [sys.executable, "-m", "bench.scale_sim", "--simulate", str(first), str(count), job, str(port + 1),
+                 f"{heartbeat:g}"], cwd=ROOT, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                start_new_session=True))
+        joined = max(read_json(s.stdout, "joined", 300)["joined"] for s in sims)
+        join_s = joined - started
+        assert chief.stdout is not None
+        line = chief.stdout.readline()
+        assert b"ready" in line, line
+        time.sleep(2 * heartbeat)  # the last joins' handshakes are over
+        rss_after = supervisor.memory_info().rss
+        c0, t0 = cpu_seconds(ours), time.monotonic()
+        time.sleep(idle)
+        cpu = (cpu_seconds(ours) - c0) / (time.monotonic() - t0)
+        assert sims[-1].stdin is not None
+        sims[-1].stdin.write("fail\n")
+        sims[-1].stdin.flush()
+        failed_at = read_json(sims[-1].stdout, "failed_at", 60)["failed_at"]
+        stopped = max(read_json(s.stdout, "stopped", 120)["stopped"] for s in sims)
+        chief.wait(120)
+        stderr = chief.stderr.read().decode() if chief.stderr else ""
+        report = next((ln for ln in stderr.splitlines() if ln.startswith("detlaunch: job failed")), stderr[-300:])
+        return {"nodes": nodes, "join_s": round(join_s, 3), "idle_cpu_percent": round(100 * cpu, 2),
+                "fanout_ms": round(1000 * (stopped - failed_at), 1),
+                "rss_per_node_kb": round((rss_after - rss_before) / nodes / 1024, 1),
+                "chief_rss_mb": round(rss_after / 2**20, 1), "chief_exit": chief.returncode, "report": report}
+    finally:
+        for s in sims:
+            if s.poll() is None and s.stdin is not None:
+                try:
+                    s.stdin.write("quit\n")
+                    s.stdin.flush()
+                except OSError:
+                    pass
+        for proc in [chief, *sims]:
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+
+def plan_time(hosts: int, tmp: Path) -> dict[str, float]:
+    """Seconds for `detlaunch --dry-run` of a `hosts`-node job (--hosts, then a hostfile)."""
+    names = [host(i) for i in range(hosts)]
+    hostfile = tmp / "hostfile"
+    hostfile.write_text("".join(f"{h} slots=8\n" for h in names))
+    rank = tmp / "train.py"
+    rank.write_text("pass\n")
+    port = str(free_pair())
+    out = {}
+    for label, args in (("hosts", ["--hosts", ",".join(f"{h}:8" for h in names)]),
+                        ("hostfile", ["--hostfile", str(hostfile)])):
+        for node_rank in ("0", str(hosts - 1)):
+            t0 = time.monotonic()
+            done = subprocess.run([sys.executable, "-m", "detlaunch", "--layer", "direct", *args, "--node-rank",
+                                   node_rank, "--master-port", port, "--dry-run", "--format", "json", str(rank)],
+                                  capture_output=True, timeout=120, check=False)
+            assert done.returncode == 0, done.stderr
+            out[f"{label} node {node_rank}"] = round(time.monotonic() - t0, 3)
+    t0 = time.monotonic()
+    subprocess.run([sys.executable, "-m", "detlaunch", "--version"], capture_output=True, check=False)
+    out["detlaunch --version (the floor)"] = round(time.monotonic() - t0, 3)
+    return out
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.scale_sim", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--nodes", type=int, nargs="+", default=[256, 1024])
+    p.add_argument("--per-process", type=int, default=256, help="simulated nodes per simulating process")
+    p.add_argument("--heartbeat", type=float, default=1.0)
+    p.add_argument("--idle", type=float, default=10.0, help="seconds of idle CPU measurement")
+    p.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "scale_sim.json")
+    p.add_argument("--simulate", nargs=5, metavar=("FIRST", "COUNT", "JOB", "PORT", "HEARTBEAT"),
+                   help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.simulate:
+        first, count, job, port, heartbeat = args.simulate
+        Simulation(int(first), int(count), job, int(port), float(heartbeat),
+                   os.environ["DETLAUNCH_JOB_SECRET"]).run()
+        return 0
+    results: dict[str, Any] = {"runs": [], "load": os.getloadavg()[0]}
+    with tempfile.TemporaryDirectory() as tmp:
+        for n in args.nodes:
+            run = measure(n, args.per_process, args.heartbeat, args.idle, Path(tmp))
+            print(json.dumps(run), flush=True)
+            results["runs"].append(run)
+        results["plan_1024_hosts_s"] = plan_time(1024, Path(tmp))
+        print(json.dumps(results["plan_1024_hosts_s"]), flush=True)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,1 @@
+"""detlaunchs direct layer: the supervisor starts each rank itself, with torchruns environment."""
