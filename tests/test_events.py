@@ -159,8 +159,20 @@ def test_the_log_refuses_a_symlink_without_raising(tmp_path: Path) -> None:
     (tmp_path / "events.jsonl").symlink_to(target)
     log = EventLog(str(tmp_path / "events.jsonl"))
     assert not log.write(sample(EventKind.JOB_FINISHED)) and not log.write(sample(EventKind.JOB_FINISHED))
-    assert log.error is not None and log.error.startswith(f"cannot open the event log {tmp_path}/events.jsonl: ")
+    assert log.error == (f"cannot open the event log {tmp_path}/events.jsonl: Too many levels of symbolic links; "
+                         "no event is logged")
     assert log.dropped == 2 and target.read_text() == ""
+
+
+def test_the_log_refuses_a_file_of_another_user(tmp_path: Path) -> None:
+    if os.getuid() != 0:
+        pytest.skip("needs root to make a file of another user")
+    path = tmp_path / "events.jsonl"
+    path.write_text("")
+    os.chown(path, 65534, 65534)
+    log = EventLog(str(path))
+    assert not log.write(sample(EventKind.JOB_FINISHED)) and path.read_text() == ""
+    assert log.error == f"cannot open the event log {path}: it belongs to uid 65534, not to you; no event is logged"
 
 
 def test_a_write_failure_is_recorded_once_and_the_log_stops(tmp_path: Path) -> None:
@@ -170,8 +182,7 @@ def test_a_write_failure_is_recorded_once_and_the_log_stops(tmp_path: Path) -> N
     assert log.error is None  # opening works; every write fails with ENOSPC
     assert not log.write(sample(EventKind.RANK_STARTED))
     first = log.error
-    assert first == ("cannot write the event log /dev/full: No space left on device; "
-                     "events after this one are not logged")
+    assert first == "cannot write the event log /dev/full: No space left on device; the log stops here"
     assert not log.write(sample(EventKind.RANK_EXITED)) and log.error == first and log.dropped == 2
     log.close()
 

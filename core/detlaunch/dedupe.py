@@ -137,22 +137,31 @@ class LineFolder:
 
     def feed(self, rank: int | None, line: bytes, now: float) -> bytes:
         """Take one whole line (as the splitter gives it) read at `now`; return what to write now."""
+        return self.feed_lines(((rank, line),), now)
+
+    def feed_lines(self, lines: Iterable[tuple[int | None, bytes]], now: float) -> bytes:
+        """`feed` for all the lines of one read (what `LineSplitter.feed` returns): one call, one write."""
         out: list[bytes] = []
         order = self._order
         if order and (order[0].shown or order[0].deadline <= now):
             self._show_due(now, out)
+        for rank, line in lines:
+            self._take(rank, line, now, out)
+        return b"".join(out)
+
+    def _take(self, rank: int | None, line: bytes, now: float, out: list[bytes]) -> None:
         start = line.find(b"] ", 6) + 2 if rank is not None and line.startswith(b"[rank=") else 1
         if rank is None or start == 1:  # not a rank's prefixed line: nothing to fold it with
             if rank is not None:
                 self._show_waiting(rank, out)
             out.append(line)
-            return b"".join(out)
+            return
         text = line[start:]
         maybe_not = rank in self._in_traceback or text.endswith(b"\r") or _TRACEBACK in text  # the cheap test first
         if maybe_not and not self._foldable(rank, text):
             self._show_waiting(rank, out)
             out.append(line)
-            return b"".join(out)
+            return
         waiting = self._waiting.get(rank)
         if waiting is None:
             waiting = self._waiting[rank] = collections.deque()
@@ -161,12 +170,11 @@ class LineFolder:
             group = _Group(self._made, text, now + self.window, {})
             self._made += 1
             self._open[text] = group
-            order.append(group)
+            self._order.append(group)
         group.lines[rank] = line
         waiting.append(group)
         if len(group.lines) >= self.ranks:
             self._show(group, out)
-        return b"".join(out)
 
     def flush(self, now: float) -> bytes:
         """Show the groups whose window has ended by `now` (call it at `next_deadline`)."""
@@ -218,8 +226,17 @@ class LineFolder:
         """Append `group` to `out`, after the older groups any of its ranks still waits in.
 
         A stack, not recursion: each group pushed is older than the one under it, so it ends."""
-        stack = [group]
         waiting = self._waiting
+        if len(group.lines) == 1:  # the usual case: a line no other rank printed
+            rank, line = next(iter(group.lines.items()))
+            if waiting[rank][0] is group:
+                waiting[rank].popleft()
+                group.shown = True
+                if self._open.get(group.text) is group:
+                    del self._open[group.text]
+                out.append(line)
+                return
+        stack = [group]
         while stack:
             top = stack[-1]
             for rank in top.lines:

@@ -148,10 +148,12 @@ class EventLog:
         try:
             self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
             st = os.fstat(self._fd)
+            if stat.S_ISREG(st.st_mode) and st.st_uid != os.getuid():
+                raise PermissionError(1, f"it belongs to uid {st.st_uid}, not to you")
             if stat.S_ISREG(st.st_mode) and st.st_mode & 0o077:
                 os.fchmod(self._fd, 0o600)  # an existing file made by a wider umask: the log is the user's only
         except OSError as e:
-            self._fail("cannot open", e)
+            self._fail("cannot open", e, "no event is logged")
 
     def write(self, event: Event) -> bool:
         """Append `event`; False if it was not written (see `error`)."""
@@ -163,7 +165,7 @@ class EventLog:
             while data:  # one write() each in practice; a regular file takes it whole
                 data = data[os.write(self._fd, data):]
         except OSError as e:
-            self._fail("cannot write", e)
+            self._fail("cannot write", e, "the log stops here")
             self.dropped += 1
             return False
         return True
@@ -174,11 +176,11 @@ class EventLog:
             try:
                 os.close(fd)
             except OSError as e:
-                self._fail("cannot close", e)
+                self._fail("cannot close", e, "its last events may be lost")
 
-    def _fail(self, what: str, e: OSError) -> None:
+    def _fail(self, what: str, e: OSError, consequence: str) -> None:
         if self.error is None:
-            self.error = f"{what} the event log {self.path}: {e.strerror or e}; events after this one are not logged"
+            self.error = f"{what} the event log {self.path}: {e.strerror or e}; {consequence}"
         if self._fd is not None:
             fd, self._fd = self._fd, None
             try:
