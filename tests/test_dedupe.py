@@ -84,6 +84,15 @@ def test_ranks_that_print_two_lines_in_opposite_orders_keep_their_orders() -> No
     assert out == line(0, "x\n") + b"[ranks=0-1] y\n" + line(1, "x\n")
 
 
+def test_a_whole_read_at_once_gives_what_its_lines_one_by_one_give() -> None:
+    read = b"".join(line(r, t) for t in ("a\n", "Traceback (most recent call last):\n", "E: e\n", "b\n")
+                    for r in (0, 1, 2))
+    one, many = LineFolder(ranks=3, window=W), LineFolder(ranks=3, window=W)
+    by_line = b"".join(one.feed(r, x, 0.0) for r, x in LineSplitter().feed(read)) + one.flush(W)
+    assert many.feed_lines(LineSplitter().feed(read), 0.0) + many.flush(W) == by_line
+    assert by_line.startswith(b"[ranks=0-2] a\n[rank=0] Traceback") and by_line.endswith(b"[ranks=0-2] b\n")
+
+
 def test_an_unprefixed_line_passes_through_at_once() -> None:
     f = LineFolder(ranks=2, window=W)
     assert f.feed(None, b"torchrun says hi\n", 0.0) == b"torchrun says hi\n"
@@ -118,7 +127,7 @@ def expand(ranks: bytes) -> list[int]:
     return out
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(events=EVENTS, nranks=st.integers(1, 5), window=st.sampled_from([0.05, 0.2, 1.0]))
 def test_any_interleaving_loses_nothing_reorders_nothing_and_delays_nothing(
         events: list[tuple[int, str, float]], nranks: int, window: float) -> None:

@@ -24,20 +24,21 @@ from __future__ import annotations
 import collections
 import dataclasses
 import functools
-import re
 from collections.abc import Iterable
 
 DEFAULT_WINDOW = 0.2  # seconds a line may wait for its twins from other ranks
 
-_RANK_PREFIX = re.compile(rb"\[rank=(\d+)\] ")
 _TRACEBACK = b"Traceback (most recent call last):"  # also ends the header of an exception group's
 _TRACEBACK_STARTS = (_TRACEBACK, b"+ Exception Group " + _TRACEBACK)
 
 
 def parse_rank(line: bytes) -> tuple[int, int] | None:
     """(rank, where the text starts) of a ``[rank=N] text`` line from a rank wrapper, or None."""
-    m = _RANK_PREFIX.match(line)
-    return (int(m.group(1)), m.end()) if m else None
+    if line.startswith(b"[rank="):
+        end = line.find(b"] ", 6, 20)
+        if end > 6 and line[6:end].isdigit():
+            return int(line[6:end]), end + 2
+    return None
 
 
 def format_ranks(ranks: Iterable[int]) -> str:
@@ -83,22 +84,13 @@ class LineSplitter:
             data = data[1:]
         self.after_cr = None
         buf = self.pending + data if self.pending else data
-        start, size = 0, len(buf)
-        while start < size:
-            nl, cr = buf.find(b"\n", start), buf.find(b"\r", start)
-            if cr != -1 and (nl == -1 or cr < nl - 1):
-                end = cr + 1  # a line ending in "\r" alone (at the end of a read: shown now, see above)
-            elif nl != -1:
-                end = nl + 1  # "\n" or "\r\n"
-            else:
-                break
-            line = buf[start:end]
+        lines = buf.splitlines(keepends=True)  # bytes: split at "\n", "\r\n" and "\r" only, as wrappers do
+        self.pending = lines.pop() if lines and lines[-1][-1:] not in (b"\n", b"\r") else b""
+        for line in lines:
             parsed = parse_rank(line)
             out.append((parsed[0] if parsed else None, line))
-            if end == size and line.endswith(b"\r"):
-                self.after_cr = out[-1][0]
-            start = end
-        self.pending = buf[start:]
+        if lines and not self.pending and buf.endswith(b"\r"):
+            self.after_cr = out[-1][0]
         return out
 
     def flush(self) -> list[tuple[int | None, bytes]]:
