@@ -137,36 +137,34 @@ class LineFolder:
         order = self._order
         if order and (order[0].shown or order[0].deadline <= now):
             self._show_due(now, out)
-        for rank, line in lines:
-            self._take(rank, line, now, out)
-        return b"".join(out)
-
-    def _take(self, rank: int | None, line: bytes, now: float, out: list[bytes]) -> None:
-        start = line.find(b"] ", 6) + 2 if rank is not None and line.startswith(b"[rank=") else 1
-        if rank is None or start == 1:  # not a rank's prefixed line: nothing to fold it with
-            if rank is not None:
+        open_groups, waiting_of, in_traceback = self._open, self._waiting, self._in_traceback
+        deadline = now + self.window
+        for rank, line in lines:  # the hot loop: locals only, one lookup per step
+            start = line.find(b"] ", 6) + 2 if rank is not None and line.startswith(b"[rank=") else 1
+            if rank is None or start == 1:  # not a rank's prefixed line: nothing to fold it with
+                if rank is not None:
+                    self._show_waiting(rank, out)
+                out.append(line)
+                continue
+            text = line[start:]
+            maybe_not = rank in in_traceback or text.endswith(b"\r") or _TRACEBACK in text  # the cheap test first
+            if maybe_not and not self._foldable(rank, text):
                 self._show_waiting(rank, out)
-            out.append(line)
-            return
-        text = line[start:]
-        maybe_not = rank in self._in_traceback or text.endswith(b"\r") or _TRACEBACK in text  # the cheap test first
-        if maybe_not and not self._foldable(rank, text):
-            self._show_waiting(rank, out)
-            out.append(line)
-            return
-        waiting = self._waiting.get(rank)
-        if waiting is None:
-            waiting = self._waiting[rank] = collections.deque()
-        group = self._open.get(text)
-        if group is None or (waiting and waiting[-1].number >= group.number):
-            group = _Group(self._made, text, now + self.window, {})
-            self._made += 1
-            self._open[text] = group
-            self._order.append(group)
-        group.lines[rank] = line
-        waiting.append(group)
-        if len(group.lines) >= self.ranks:
-            self._show(group, out)
+                out.append(line)
+                continue
+            waiting = waiting_of.get(rank)
+            if waiting is None:
+                waiting = waiting_of[rank] = collections.deque()
+            group = open_groups.get(text)
+            if group is None or (waiting and waiting[-1].number >= group.number):
+                group = open_groups[text] = _Group(self._made, text, deadline, {})
+                self._made += 1
+                order.append(group)
+            group.lines[rank] = line
+            waiting.append(group)
+            if len(group.lines) >= self.ranks:
+                self._show(group, out)
+        return b"".join(out)
 
     def flush(self, now: float) -> bytes:
         """Show the groups whose window has ended by `now` (call it at `next_deadline`)."""
