@@ -3,6 +3,8 @@
 `JobStatus` and `RankState` are frozen data a supervisor builds from what it knows (its rank
 registry, the events, the last output line of each rank) and ships over its socket and the job
 link as JSON. Rendering is pure (the caller gives `now`), so the table is unit-tested.
+`StatusTracker` builds them from the same events the log holds (so status, log and report
+agree), plus what events do not carry: output and heartbeat times, and CPU and memory samples.
 The CPU % and RSS columns come from `detlaunch.sampler` (in the supervisor; this module, which
 `detlaunch status` imports, stays free of psutil).
 """
@@ -12,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import json
 
+from .events import Event, EventKind
 from .report import describe_exit
 
 STATUS_VERSION = 1
@@ -89,6 +92,69 @@ class JobStatus:
             return cls(**obj, ranks=ranks)
         except (json.JSONDecodeError, KeyError, TypeError) as e:
             raise ValueError(f"malformed status: {e}") from None
+
+
+def merge(parts: list[JobStatus]) -> JobStatus:
+    """The whole job from each node's status (the chief's first): its phase, every node's ranks."""
+    chief = parts[0]
+    return dataclasses.replace(chief, ranks=tuple(r for p in parts for r in p.ranks),
+                               root_cause=next((p.root_cause for p in parts if p.root_cause), None))
+
+
+PHASES = ("starting", "running", "stopping", "finished")  # in order; a restart goes back to running
+_PHASE_OF = {EventKind.JOB_PLANNED: "starting", EventKind.RANK_STARTED: "running",
+             EventKind.STOP_REQUESTED: "stopping", EventKind.JOB_FINISHED: "finished"}
+
+
+class StatusTracker:
+    """A node's live `JobStatus`, kept up to date from its events, output lines and samples.
+
+    Events change the rank rows; output and heartbeat times and samples (many, cheap) are kept
+    apart in plain dicts and only joined to the rows when a snapshot is asked for.
+    """
+
+    def __init__(self, job_id: str) -> None:
+        self.job_id = job_id
+        self.phase = PHASES[0]
+        self.root_cause: str | None = None
+        self.ranks: dict[int, RankState] = {}
+        self.last_output: dict[int, float] = {}
+        self.last_heartbeat: dict[int, float] = {}
+        self.usage: dict[int, tuple[float | None, int | None]] = {}  # rank -> (cpu %, rss)
+
+    def observe(self, event: Event) -> None:
+        """Apply one event (any kind; those that say nothing about status change nothing)."""
+        d, rank = event.details, event.rank
+        phase = _PHASE_OF.get(event.kind)
+        if phase and PHASES.index(phase) > PHASES.index(self.phase):
+            self.phase = phase
+        if event.kind == EventKind.ROOT_CAUSE:
+            self.root_cause = str(d.get("what", ""))
+        elif event.kind == EventKind.ATTEMPT_STARTED and int(d.get("attempt", 0)) > 0:
+            self.phase = "running"
+            self.ranks = {r: dataclasses.replace(s, restarts=s.restarts + 1) for r, s in self.ranks.items()}
+        if rank is None:
+            return
+        was = self.ranks.get(rank) or RankState(rank, event.node, str(d.get("host", "")))
+        if event.kind == EventKind.RANK_REGISTERED:
+            self.ranks[rank] = dataclasses.replace(was, node=event.node, host=str(d.get("host", was.host)),
+                                                   state=STARTING, exit_code=None, signal=None, ended_at=None)
+        elif event.kind == EventKind.RANK_STARTED:
+            self.ranks[rank] = dataclasses.replace(was, pid=d.get("pid"), state=RUNNING, started_at=event.time)
+        elif event.kind == EventKind.RANK_EXITED:
+            self.ranks[rank] = dataclasses.replace(was, state=STOPPED if d.get("stopped") else EXITED,
+                                                   exit_code=d.get("code"), signal=d.get("signal"),
+                                                   ended_at=d.get("wall", event.time))
+            self.usage.pop(rank, None)  # its processes are gone
+
+    def snapshot(self, now: float) -> JobStatus:
+        """The status at `now` (wall clock)."""
+        rows = []
+        for rank, row in self.ranks.items():
+            cpu, rss = self.usage.get(rank, (None, None))
+            rows.append(dataclasses.replace(row, last_output=self.last_output.get(rank),
+                                            last_heartbeat=self.last_heartbeat.get(rank), cpu_percent=cpu, rss=rss))
+        return JobStatus(self.job_id, self.phase, now, tuple(rows), self.root_cause)
 
 
 def format_duration(seconds: float) -> str:
