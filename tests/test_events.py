@@ -134,6 +134,7 @@ def test_a_detail_json_cannot_hold_is_written_as_its_repr() -> None:
     ('{"v":1,"time":0,"job":"j","node":0,"rank":null,"kind":"job_exploded","details":{}}', "malformed"),
     ('{"v":1,"time":0,"job":"j","rank":null,"kind":"job_finished","details":{}}', "the field 'node'"),
     ('{"v":1,"time":0,"job":"j","node":0,"rank":"3","kind":"job_finished","details":{}}', "not an integer"),
+    ('{"v":1,"time":0,"job":"j","node":0,"rank":true,"kind":"job_finished","details":{}}', "not an integer"),
 ])
 def test_a_bad_line_is_one_clear_value_error(line: str, says: str) -> None:
     with pytest.raises(ValueError, match=says):

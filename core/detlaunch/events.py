@@ -121,7 +121,7 @@ class Event:
             raise ValueError(f"an event needs the field {e}") from None
         except (TypeError, ValueError) as e:
             raise ValueError(f"malformed event: {e}") from None
-        if event.rank is not None and not isinstance(event.rank, int):
+        if event.rank is not None and (not isinstance(event.rank, int) or isinstance(event.rank, bool)):
             raise ValueError(f"malformed event: rank {event.rank!r} is not an integer")
         return event
 
