@@ -133,6 +133,15 @@ def events_path(events: str | None, log_dir: str | None) -> str | None:
     return os.path.join(log_dir, EVENTS_FILE) if log_dir else None
 
 
+def node_events_path(events: str | None, log_dir: str | None, node: int) -> str | None:
+    """This node's event log: every node writes its own. In a --log-dir the nodes may share, node 0's
+    is ``events.jsonl`` and node N's ``events-node-N.jsonl``; an explicit --events is taken as it is."""
+    path = events_path(events, log_dir)
+    if path is None or events or node == 0:
+        return os.path.abspath(path) if path else None
+    return os.path.abspath(os.path.join(log_dir or "", f"events-node-{node}.jsonl"))
+
+
 class EventLog:
     """Appends events to a file, one JSON object per line (0600, O_APPEND, never through a symlink).
 
