@@ -7,6 +7,8 @@ as detlaunch calls them, with real Event objects, a real argparse parser and a r
 from __future__ import annotations
 
 import argparse
+import os
+import signal
 import socket
 import sys
 import urllib.error
@@ -18,7 +20,13 @@ import pytest
 from detlaunch import ClusterInfo, Config, ConfigError, StageContext
 from detlaunch.events import Event, EventKind
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples" / "detlaunch-prometheus"))
+from conftest import SCRIPTS, Launcher
+from helpers import free_port
+from plugin_examples import fake_dist
+
+EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "detlaunch-prometheus"
+RANKS = str(SCRIPTS / "ranks.py")
+sys.path.insert(0, str(EXAMPLE))
 from detlaunch_prometheus import exporter  # noqa: E402
 
 
@@ -109,3 +117,25 @@ def test_a_port_in_use_is_one_line() -> None:
         with pytest.raises(ConfigError, match=rf"^cannot serve metrics on 127.0.0.1:{port}: Address already in use: "
                                               "choose another --metrics-port"):
             exporter.detlaunch_job_started(context(port), None)  # type: ignore[arg-type]
+
+
+@pytest.mark.timeout(120)
+def test_a_real_job_serves_its_metrics_while_it_runs(launcher: Launcher, tmp_path: Path) -> None:
+    """Installed as a third party's plugin (a dist-info on the child's PYTHONPATH: the shared venv is left
+    alone), it serves the supervisor's events, which run in another process than job_started."""
+    env = fake_dist(tmp_path / "site", "detlaunch-prometheus",
+                    {"detlaunch.plugins": {"prometheus": "detlaunch_prometheus.exporter"}})
+    env["PYTHONPATH"] = os.pathsep.join([env["PYTHONPATH"], str(EXAMPLE), os.environ.get("PYTHONPATH", "")])
+    port = free_port()
+    job = launcher.start("--layer", "torchrun", "--nproc-per-node", "2", "--master-port", str(free_port()),
+                         "--job-id", "metrics-job", "--metrics-port", str(port), RANKS, env={**env, "SLEEP": "300"})
+    for rank in (0, 1):
+        job.wait_for_output(f"[rank={rank}] rank {rank} sleeping", timeout=60)
+    _, _, body = scrape(port)
+    lines = body.splitlines()
+    assert 'detlaunch_ranks_running{job_id="metrics-job",node="0"} 2' in lines, body
+    assert 'detlaunch_events_total{job_id="metrics-job",node="0",kind="rank_started"} 2' in lines, body
+    job.send_signal(signal.SIGINT)
+    done = job.wait(60)
+    assert done.returncode == 130, done.output
+    assert f"detlaunch-prometheus: metrics at http://127.0.0.1:{port}/metrics" in done.stderr

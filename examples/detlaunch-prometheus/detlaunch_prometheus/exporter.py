@@ -8,8 +8,9 @@ otherwise (metrics name hosts and exit codes: expose them only where you mean to
 
 How: ``detlaunch_event`` runs in the supervisor's event loop, so it only updates counters under a
 lock (microseconds, never I/O); a stdlib HTTP server in a daemon thread renders them when scraped.
-The server starts in ``detlaunch_job_started`` (a port in use stops the launch with one line,
-before anything runs) and stops in ``detlaunch_job_finished``. No prometheus_client dependency:
+The port is taken in ``detlaunch_job_started`` (a port in use stops the launch with one line,
+before anything runs), served from the first event on (in the supervisor's process, where the
+events are) and closed in ``detlaunch_job_finished``. No prometheus_client dependency:
 the text format is a few lines.
 
 Imports nothing but the public ``detlaunch`` API and the standard library.
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import http.server
+import os
 import sys
 import threading
 from collections import Counter
@@ -112,13 +114,24 @@ class MetricsServer:
         self._server = http.server.ThreadingHTTPServer((host, port), Handler)
         self._server.daemon_threads = True
         self.host, self.port = host, int(self._server.server_address[1])
-        self._thread = threading.Thread(target=self._server.serve_forever, name="detlaunch-metrics", daemon=True)
-        self._thread.start()
+        self._thread: threading.Thread | None = None
+        self._pid = 0
+
+    def serve(self) -> None:
+        """Serve from this process (once). detlaunch runs its supervisor, which gets the events, in a
+        child process of the one that called job_started (the PID namespace): the listening socket is
+        inherited by it, a thread is not, so serving starts with the first event, where the events are."""
+        if self._thread is None or self._pid != os.getpid():
+            self._pid = os.getpid()
+            self._thread = threading.Thread(target=self._server.serve_forever, name="detlaunch-metrics",
+                                            daemon=True)
+            self._thread.start()
 
     def close(self) -> None:
-        self._server.shutdown()
+        if self._thread is not None and self._pid == os.getpid():
+            self._server.shutdown()
+            self._thread.join()
         self._server.server_close()
-        self._thread.join()
 
 
 METRICS = Metrics()
@@ -164,6 +177,8 @@ def detlaunch_job_started(ctx: StageContext, stage: Stage) -> None:
 @hookimpl
 def detlaunch_event(event: Event) -> None:
     METRICS.observe(event)
+    if _server is not None:
+        _server.serve()
 
 
 @hookimpl
