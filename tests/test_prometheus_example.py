@@ -17,10 +17,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from conftest import SCRIPTS, Launcher
 from detlaunch import ClusterInfo, Config, ConfigError, StageContext
 from detlaunch.events import Event, EventKind
-
-from conftest import SCRIPTS, Launcher
 from helpers import free_port
 from plugin_examples import fake_dist
 

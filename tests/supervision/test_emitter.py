@@ -136,7 +136,8 @@ def test_the_status_table_shows_every_node_and_says_who_did_not_answer() -> None
             "started_at": 10.0, "ended_at": 15.0, "last_output": 14.0, "last_heartbeat": None, "cpu_percent": None,
             "rss": None, "restarts": 0, "new_field": "ignored"}
     text = format_status({"job": "j", "missing": [1], "nodes": [
-        {"node": 0, "host": "a", "phase": "stopping", "taken_at": 20.0, "root_cause": "rank 0 exited", "ranks": [rank]}]})
+        {"node": 0, "host": "a", "phase": "stopping", "taken_at": 20.0, "root_cause": "rank 0 exited",
+         "ranks": [rank]}]})
     lines = text.splitlines()
     assert lines[:2] == ["job j: stopping, 1 rank(s) on 1 node(s)", "root cause: rank 0 exited"]
     assert lines[3].split()[:7] == ["0", "a", "0", "5", "exit", "3", "5.0s"]
