@@ -11,9 +11,8 @@ import tempfile
 import time
 import traceback
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from . import status as status_view
 from .config import (
     CORE_SECTION,
     Config,
@@ -28,7 +27,9 @@ from .config import (
     split_argv,
 )
 from .errors import ConfigError, DetlaunchError
-from .plugins import LAYERS, PLUGINS, PluginSet
+
+if TYPE_CHECKING:
+    from .plugins import PluginSet
 
 SUBCOMMANDS = ("layers", "plugins", "info")
 CONTROL_COMMANDS = ("status",)  # questions to a running job (control.py): no plugin is loaded for them
@@ -91,6 +92,8 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
 
 
 def run(argv: list[str], env: dict[str, str]) -> int:
+    from .plugins import PluginSet  # not at import: `detlaunch status` loads no plugin, and starts faster
+
     subcommand = argv.pop(0) if argv and argv[0] in SUBCOMMANDS else None
     pre = _pre_parse(argv, env)
     sections = read_config_file(pre.config)
@@ -177,6 +180,7 @@ def run(argv: list[str], env: dict[str, str]) -> int:
 def control_command(what: str, argv: list[str], env: Mapping[str, str]) -> int:
     """``detlaunch status [JOB] [--format json] [--watch [S]]``: ask a running job on this node, print its answer."""
     from . import control
+    from . import status as status_view
 
     p = Parser(prog=f"detlaunch {what}", description=f"Ask this user's running job (on this node) for its {what}.")
     p.add_argument("job", nargs="?", help="the job id (default: your only running job on this node)")
@@ -222,6 +226,8 @@ WATCH_EVERY = Number(float, 0.1, 3600, None, "s")
 
 def format_status(data: Mapping[str, Any]) -> str:
     """The table of `detlaunch status` (status.py's): every rank of every node that answered, one row each."""
+    from . import status as status_view
+
     parts = []
     for node in data.get("nodes") or []:
         if "ranks" not in node:  # an old supervisor's, or an error: shown as it came
@@ -258,6 +264,8 @@ def list_plugins(plugins: PluginSet, which: str, as_json: bool, env: Mapping[str
     Each layer is loaded on its own (a fresh plugin manager each), so that one layer's failure,
     or its unknown hook, is its own line and never hides another's. A disabled layer is not imported.
     """
+    from .plugins import LAYERS, PLUGINS, PluginSet
+
     groups = (LAYERS,) if which == "layers" else (LAYERS, PLUGINS)
     disabled_env = {"DETLAUNCH_DISABLE_PLUGINS": ",".join(sorted(plugins.disabled))}
     tracebacks = dict(plugins.tracebacks)
