@@ -207,7 +207,7 @@ def build_parser(layer_names: Sequence[str] = (), add_help: bool = True) -> Pars
     g.add_argument("--dedupe-window", **number("dedupe_window"), metavar="S",
                    help="--dedupe: how long a line may wait for the same line from other ranks (default %(default)g)")
     g.add_argument("--events", metavar="FILE", help="append the job's events to FILE, one JSON object a line "
-                   "(default: events.jsonl in --log-dir; see docs/EVENTS.md)")
+                   "(default: in --log-dir, events.jsonl on node 0, events-node-N.jsonl on node N; see docs/EVENTS.md)")
     return p
 
 

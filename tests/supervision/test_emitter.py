@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from detlaunch import console as console_module
 from detlaunch.cli import format_status, main
+from detlaunch.config import apply_defaults, build_parser, parse
 from detlaunch.console import FoldedStream
 from detlaunch.emitter import EventEmitter
 from detlaunch.eventloop import EventLoop
@@ -149,3 +150,14 @@ def test_a_bad_prefix_is_one_line(prefix: str, capsys: pytest.CaptureFixture[str
     assert main(["--layer", "torchrun", "--prefix", prefix, "--dry-run", "x.py"], env={}) == 2
     err = capsys.readouterr().err
     assert err.startswith("detlaunch: error: argument --prefix: ") and err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize(("env", "argv", "expected"), [
+    ({}, [], None), ({"DETLAUNCH_DEDUPE": "0"}, [], False), ({"DETLAUNCH_DEDUPE": "yes"}, [], True),
+    ({"DETLAUNCH_DEDUPE": "1"}, ["--no-dedupe"], False), ({}, ["--dedupe"], True)])
+def test_dedupe_is_automatic_unless_a_flag_or_the_variable_says(env: dict[str, str], argv: list[str],
+                                                                expected: bool | None) -> None:
+    parser = build_parser()
+    apply_defaults(parser, env, {}, {}, None)
+    ns, _, _ = parse(parser, [*argv, "--", "x.py"], env)
+    assert ns.dedupe is expected and ns.dedupe_window == 0.2 and ns.prefix == "[rank={rank}] "

@@ -85,9 +85,15 @@ def test_a_failing_two_node_job_logs_its_events_in_order_and_status_shows_the_ca
         cells = row.split()
         assert cells[4] == "running" and float(cells[-2]) > 1 and cells[-1] == "0", after.stdout
 
+    watch = subprocess.Popen([sys.executable, "-m", "detlaunch", "status", job_id, "--watch", "0.2"],
+                             env=launcher.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     for j in jobs:
         j.send_signal(2)  # not waiting 30 s for the grace period
     assert [j.wait(90).returncode for j in jobs] == [7, 7]
+    out, err = watch.communicate(timeout=30)  # --watch ends with the job
+    assert watch.returncode == 0 and err == f"detlaunch: job {job_id} is not running any more\n", err
+    frames = out.split("\n\n")  # not a terminal: frames one after another, no escape codes
+    assert "\x1b" not in out and frames[0].startswith(f"job {job_id}: stopping, 4 rank(s) on 2 node(s)\n"), out
     gone = status(launcher, job_id)
     assert gone.returncode == 1 and "is not running" in gone.stderr
 
