@@ -206,7 +206,7 @@ def control_command(what: str, argv: list[str], env: Mapping[str, str]) -> int:
             if ns.watch is None:
                 print(text, flush=True)
                 return 0
-            sys.stdout.write(status_view.watch_frame(text, tty))
+            sys.stdout.write(status_view.watch_frame(text + "\n", tty))
             sys.stdout.flush()
             time.sleep(ns.watch)  # the refresh the user asked for: the job is never touched in between
             try:
