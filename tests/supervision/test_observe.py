@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -146,10 +147,34 @@ def test_sixteen_ranks_printing_the_same_warning_make_one_console_line_and_compl
 
 
 @pytest.mark.timeout(120)
-def test_the_prefix_can_carry_the_node_and_host(launcher: Launcher, tmp_path: Path) -> None:
+def test_one_node_status_and_a_prefix_with_the_node_and_host(launcher: Launcher) -> None:
+    job_id = f"test-{uuid.uuid4().hex[:8]}"
     job = launcher.start("--layer", "torchrun", "--nproc-per-node", "2", "--master-port", str(free_port()),
-                         "--prefix", "{rank}@{host}/{node}: ", "--ranks", "1", RANKS)
-    done = job.wait(100)
-    assert done.returncode == 0, done.output
-    out = done.stdout
-    assert "1@127.0.0.1/0: rank 1 done\n" in out and "rank 0 done" not in out, out
+                         "--job-id", job_id, "--prefix", "{rank}@{host}/{node}: ", "--ranks", "1", RANKS,
+                         env={"SLEEP": "300"})
+    job.wait_for_output("1@127.0.0.1/0: rank 1 sleeping", timeout=90)
+    asked = status(launcher, job_id, "--format", "json")
+    assert asked.returncode == 0, asked.stderr
+    (node,) = json.loads(asked.stdout)["nodes"]
+    assert node["phase"] == "running" and node["root_cause"] is None and node["answered_here"]
+    assert [(r["rank"], r["host"]) for r in node["ranks"]] == [(0, "127.0.0.1"), (1, "127.0.0.1")]
+    for r in node["ranks"]:  # rank 0 is kept off the console, not out of the status
+        assert b"ranks.py" in Path(f"/proc/{r['pid']}/cmdline").read_bytes()
+    job.send_signal(2)
+    done = job.wait(60)
+    assert done.returncode == 130, done.output
+    assert "1@127.0.0.1/0: rank 1 interrupted\n" in done.stdout and "rank 0" not in done.stdout, done.output
+    gone = status(launcher, job_id)
+    assert gone.returncode == 1, gone.stderr  # other jobs of this user may run here: they are named after it
+    assert gone.stderr.startswith(f"detlaunch: job {job_id} is not running on this node"), gone.stderr
+
+
+def test_the_wrapper_alone_fills_in_the_prefix() -> None:
+    import socket
+
+    wrapper = Path(__file__).resolve().parents[2] / "core" / "detlaunch" / "rank_wrapper.py"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DETLAUNCH_")}
+    out = subprocess.run([sys.executable, "-S", str(wrapper), "--rank", "5", "--prefix", "<{rank} {host}> ", "--",
+                          "printf", "a\\nb\\r"], env=env, capture_output=True, timeout=30)
+    host = socket.gethostname().encode()
+    assert out.returncode == 0 and out.stdout == b"<5 %s> a\n<5 %s> b\r" % (host, host), out
