@@ -86,9 +86,12 @@ class LineSplitter:
         buf = self.pending + data if self.pending else data
         lines = buf.splitlines(keepends=True)  # bytes: split at "\n", "\r\n" and "\r" only, as wrappers do
         self.pending = lines.pop() if lines and lines[-1][-1:] not in (b"\n", b"\r") else b""
+        prefix, rank = b"\0", None  # a wrapper writes runs of one rank's lines: parse a prefix once per run
         for line in lines:
-            parsed = parse_rank(line)
-            out.append((parsed[0] if parsed else None, line))
+            if not line.startswith(prefix):
+                parsed = parse_rank(line)
+                prefix, rank = (line[:parsed[1]], parsed[0]) if parsed else (b"\0", None)
+            out.append((rank, line))
         if lines and not self.pending and buf.endswith(b"\r"):
             self.after_cr = out[-1][0]
         return out
