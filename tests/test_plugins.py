@@ -211,13 +211,14 @@ def test_a_layer_published_under_a_builtin_name_does_not_replace_it(detlaunch_ru
 def test_observers_see_the_job_and_cannot_change_its_exit_code(detlaunch_runner: DetlaunchRunner,
                                                                tmp_path: Path) -> None:
     env = fake_dist(tmp_path / "site", "toy-observer", {"detlaunch.plugins": {"observer": "toy_observer"}})
-    log = tmp_path / "observer.log"
-    env.update(TOY_OBSERVER_LOG=str(log), TOY_OBSERVER_RAISE="1", FAIL_RANK="1", FAIL_CODE="7")
+    log, events = tmp_path / "observer.log", tmp_path / "events.log"
+    env.update(TOY_OBSERVER_LOG=str(log), TOY_OBSERVER_RAISE="1", FAIL_RANK="1", FAIL_CODE="7",
+               TOY_OBSERVER_EVENTS=str(events))
     helped = detlaunch_runner.run("--layer", "mpirun", "--help", env=env, timeout=60)
     assert "--toy-tag TOY_TAG" in helped.stdout, helped.output  # detlaunch_add_options, from a plugin
 
     dry = detlaunch_runner.run("--layer", "mpirun", "--dry-run", RANKS, env=env, timeout=60)
-    assert dry.returncode == 0 and not log.exists(), "a --dry-run must not call job_started or job_finished"
+    assert dry.returncode == 0 and not log.exists() and not events.exists(), "a --dry-run must call no observer"
 
     run = detlaunch_runner.run("--layer", "mpirun", "--nproc-per-node", "2", "--toy-tag", "blue", RANKS,
                                env=env, timeout=90)
@@ -228,6 +229,11 @@ def test_observers_see_the_job_and_cannot_change_its_exit_code(detlaunch_runner:
     assert (started["hook"], started["commands"], started["tag"]) == ("job_started", ["mpirun"], "blue")
     assert {k: finished[k] for k in ("hook", "exit_code", "ranks", "root_cause_rank", "tag")} == {
         "hook": "job_finished", "exit_code": 7, "ranks": [0, 1], "root_cause_rank": 1, "tag": "blue"}
+    seen = [json.loads(line) for line in events.read_text().splitlines()]  # detlaunch_event, as they happened
+    assert seen[0]["kind"] == "job_planned" and seen[-1]["kind"] == "job_finished", seen
+    assert seen[-1]["details"]["exit_code"] == 7
+    assert {"kind": "rank_exited", "rank": 1} in [{k: e[k] for k in ("kind", "rank")} for e in seen]
+    assert run.stderr.count("detlaunch_event failed: RuntimeError: the toy event observer fails on purpose") == 1
 
 
 # -- the mpirun layer: what its stop signal must get right ---------------------------------------------

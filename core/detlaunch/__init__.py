@@ -34,6 +34,8 @@ _EXPORTS = {
     "LaunchError": "errors",
     "check_port_free": "netutil",
     "Check": "doctor",
+    "Event": "events",
+    "EventKind": "events",
 }
 __all__ = ["__version__", *_EXPORTS]
 
@@ -46,6 +48,8 @@ if TYPE_CHECKING:  # `X as X`: an explicit re-export, for type checkers
     from .errors import ConfigError as ConfigError
     from .errors import DetlaunchError as DetlaunchError
     from .errors import LaunchError as LaunchError
+    from .events import Event as Event
+    from .events import EventKind as EventKind
     from .hookspecs import hookimpl as hookimpl
     from .netutil import check_port_free as check_port_free
     from .report import Failure as Failure

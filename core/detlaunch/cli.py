@@ -9,12 +9,15 @@ import os
 import re
 import sys
 import tempfile
+import time
 import traceback
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from .config import (
     CORE_SECTION,
     Config,
+    Number,
     Parser,
     apply_defaults,
     build_parser,
@@ -25,7 +28,9 @@ from .config import (
     split_argv,
 )
 from .errors import ConfigError, DetlaunchError
-from .plugins import LAYERS, PLUGINS, Hooks, PluginSet
+
+if TYPE_CHECKING:
+    from .plugins import Hooks, PluginSet
 
 SUBCOMMANDS = ("layers", "plugins", "info", "doctor")
 CONTROL_COMMANDS = ("status",)  # questions to a running job (control.py): no plugin is loaded for them
@@ -92,6 +97,8 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
 
 
 def run(argv: list[str], env: dict[str, str]) -> int:
+    from .plugins import PluginSet  # not at import: `detlaunch status` loads no plugin, and starts faster
+
     subcommand = argv.pop(0) if argv and argv[0] in SUBCOMMANDS else None
     pre = _pre_parse(argv, env)
     sections = read_config_file(pre.config)
@@ -163,7 +170,7 @@ def run(argv: list[str], env: dict[str, str]) -> int:
         job_lock = lock_job_dir(plan.shared_dir, cluster.node_rank, cluster.job_id, bool(options.get("job_dir")))
 
     def supervise() -> int:
-        supervisor = NodeSupervisor(plan, debug=bool(options.get("debug")))
+        supervisor = NodeSupervisor(plan, debug=bool(options.get("debug")), on_event=hooks.event)
         result = supervisor.run()
         for problem in hooks.job_finished(plan.context, result):
             print(f"detlaunch: warning: a job_finished observer failed: {problem}", file=sys.stderr)
@@ -182,12 +189,15 @@ def run(argv: list[str], env: dict[str, str]) -> int:
 
 
 def control_command(what: str, argv: list[str], env: Mapping[str, str]) -> int:
-    """``detlaunch status [JOB] [--format json]``: ask a running job on this node, and print its answer."""
+    """``detlaunch status [JOB] [--format json] [--watch [S]]``: ask a running job on this node, print its answer."""
     from . import control
+    from . import status as status_view
 
     p = Parser(prog=f"detlaunch {what}", description=f"Ask this user's running job (on this node) for its {what}.")
     p.add_argument("job", nargs="?", help="the job id (default: your only running job on this node)")
     p.add_argument("--format", choices=("text", "json"), default=env.get("DETLAUNCH_FORMAT") or "text")
+    p.add_argument("--watch", nargs="?", const=2.0, type=WATCH_EVERY, metavar="S",
+                   help="ask again every S seconds (default 2), redrawn in place on a terminal, until the job ends")
     try:
         ns = p.parse_args(argv)
         job, path = control.find_job(ns.job)
@@ -200,26 +210,52 @@ def control_command(what: str, argv: list[str], env: Mapping[str, str]) -> int:
     except (control.NotRunning, OSError) as e:
         print(f"detlaunch: {e}", file=sys.stderr)
         return 1
+    tty = sys.stdout.isatty()
     try:
-        print(json.dumps(data, indent=2, sort_keys=True) if ns.format == "json" else format_status(data), flush=True)
+        while True:
+            text = json.dumps(data, indent=2, sort_keys=True) if ns.format == "json" else format_status(data)
+            if ns.watch is None:
+                print(text, flush=True)
+                return 0
+            sys.stdout.write(status_view.watch_frame(text + "\n", tty))
+            sys.stdout.flush()
+            time.sleep(ns.watch)  # the refresh the user asked for: the job is never touched in between
+            try:
+                data = control.ask(path, what)
+            except (control.NotRunning, OSError):
+                print(f"detlaunch: job {job} is not running any more", file=sys.stderr)
+                return 0
     except BrokenPipeError:  # `detlaunch status | head`
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except KeyboardInterrupt:  # the usual way out of --watch
+        return 0
     return 0
 
 
-def format_status(data: Mapping[str, object]) -> str:
-    """The plain table of `detlaunch status`: one line per rank of every node that answered."""
-    lines = [f"job {data.get('job')}"]
-    for node in data.get("nodes") or []:  # type: ignore[attr-defined]
-        lines.append(f"node {node.get('node')} ({node.get('host')}): {node.get('phase')}"
-                     + (f"; root cause: {node['root_cause']}" if node.get("root_cause") else ""))
-        for r in node.get("ranks") or []:
-            code = f" (exit {r['exit_code']})" if r.get("exit_code") is not None else ""
-            lines.append(f"  rank {r['rank']:<4} pid {r.get('pid') or '-':<8} {r['state']}{code}")
+WATCH_EVERY = Number(float, 0.1, 3600, None, "s")
+
+
+def format_status(data: Mapping[str, Any]) -> str:
+    """The table of `detlaunch status` (status.py's): every rank of every node that answered, one row each."""
+    from . import status as status_view
+
+    parts = []
+    for node in data.get("nodes") or []:
+        if "ranks" not in node:  # an old supervisor's, or an error: shown as it came
+            parts.append(status_view.JobStatus(str(data.get("job")), str(node.get("error") or "?"), time.time()))
+            continue
+        known = {f.name for f in dataclasses.fields(status_view.RankState)}
+        ranks = tuple(status_view.RankState(**{k: v for k, v in r.items() if k in known}) for r in node["ranks"])
+        parts.append(status_view.JobStatus(str(data.get("job")), str(node.get("phase")),
+                                           float(node.get("taken_at") or time.time()), ranks,
+                                           node.get("root_cause")))
+    if not parts:
+        return f"job {data.get('job')}: {data.get('error') or 'no node answered'}"
+    text = status_view.render_table(status_view.merge(parts), time.time())
     missing = data.get("missing") or []
     if missing:
-        lines.append(f"no answer from node(s) {', '.join(map(str, missing))}")  # type: ignore[call-overload]
-    return "\n".join(lines)
+        text += f"no answer from node(s) {', '.join(map(str, missing))}\n"
+    return text.rstrip("\n")
 
 
 def _prepare_log_dir(path: str) -> None:
@@ -239,6 +275,8 @@ def list_plugins(plugins: PluginSet, which: str, as_json: bool, env: Mapping[str
     Each layer is loaded on its own (a fresh plugin manager each), so that one layer's failure,
     or its unknown hook, is its own line and never hides another's. A disabled layer is not imported.
     """
+    from .plugins import LAYERS, PLUGINS, PluginSet
+
     groups = (LAYERS,) if which == "layers" else (LAYERS, PLUGINS)
     disabled_env = {"DETLAUNCH_DISABLE_PLUGINS": ",".join(sorted(plugins.disabled))}
     tracebacks = dict(plugins.tracebacks)

@@ -115,6 +115,7 @@ NUMBERS: Mapping[str, Number] = {
     "start_timeout": Number(float, 0.001, 7 * 86400, 300.0, "s"),
     "heartbeat": Number(float, 0.01, 60, 1.0, "s"),
     "ssh_port": ports(),  # ssh.py's --ssh-port (the ssh layers' option)
+    "dedupe_window": Number(float, 0.001, 60, 0.2, "s"),
 }
 RANK = Number(int, 0, 2**31 - 1)
 
@@ -127,6 +128,23 @@ def number(dest: str) -> dict[str, Any]:
 
 def rank_list(text: str) -> tuple[int, ...]:
     return tuple(int(RANK(r)) for r in text.split(",") if r.strip())
+
+
+DEFAULT_PREFIX = "[rank={rank}] "
+PREFIX_FIELDS = ("rank", "node", "host")
+DEDUPE_MIN_RANKS = 4  # "more than a few": fewer ranks than this rarely drown a console
+
+
+def line_prefix(text: str) -> str:
+    """A --prefix template: only {rank}, {node} and {host} (the wrapper fills them in with str.format)."""
+    try:
+        text.format(rank=0, node=0, host="h")
+    except (KeyError, IndexError) as e:
+        raise argparse.ArgumentTypeError(f"{text!r} names an unknown field {e}; use "
+                                         f"{', '.join('{' + f + '}' for f in PREFIX_FIELDS)}") from None
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a valid template ({e}); write {{{{ for a brace") from None
+    return text
 
 
 def build_parser(layer_names: Sequence[str] = (), add_help: bool = True) -> Parser:
@@ -181,8 +199,19 @@ def build_parser(layer_names: Sequence[str] = (), add_help: bool = True) -> Pars
                    "(default ~/.cache/detlaunch/jobs/JOB_ID)")
     g.add_argument("--log-dir", metavar="DIR", help="also write each rank's output to DIR/rank-N.log "
                    "(DIR/attempt-K/rank-N.log with --max-restarts)")
-    g.add_argument("--ranks", type=rank_list, metavar="R,R", help="only these ranks reach the console "
-                   "(log files get every rank)")
+    g.add_argument("--ranks", type=rank_list, metavar="R,R", help="only these global ranks reach the console, "
+                   "on whichever node they run (not local ranks: 0 is rank 0 of the job); log files get every rank")
+    g.add_argument("--prefix", type=line_prefix, default=DEFAULT_PREFIX, metavar="TEMPLATE",
+                   help="what starts each output line: {rank}, {node} (node rank) and {host} are replaced "
+                   "(default '[rank={rank}] '; e.g. '{rank}@{host}: ')")
+    g.add_argument("--dedupe", action=argparse.BooleanOptionalAction, default=None,
+                   help="fold identical lines that several ranks of a node print within the window into one "
+                   "'[ranks=0-7] line' on the console (log files keep every line). Default: on when the "
+                   f"console is a terminal and a node runs more than {DEDUPE_MIN_RANKS} ranks")
+    g.add_argument("--dedupe-window", **number("dedupe_window"), metavar="S",
+                   help="--dedupe: how long a line may wait for the same line from other ranks (default %(default)g)")
+    g.add_argument("--events", metavar="FILE", help="append the job's events to FILE, one JSON object a line "
+                   "(default: in --log-dir, events.jsonl on node 0, events-node-N.jsonl on node N; see docs/EVENTS.md)")
     add_restart_options(p)
     return p
 
@@ -193,7 +222,7 @@ def option_env_name(dest: str) -> str:
 
 def _convert(action: argparse.Action, raw: Any, where: str, fix: str) -> Any:
     """Check and convert one value from the environment or the config file, as the flag would."""
-    if isinstance(action, (argparse._StoreTrueAction, argparse._StoreFalseAction)):
+    if isinstance(action, (argparse._StoreTrueAction, argparse._StoreFalseAction, argparse.BooleanOptionalAction)):
         text = str(raw).strip().lower()
         if text in ("1", "true", "yes", "on"):
             return True

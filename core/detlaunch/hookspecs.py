@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from .cluster import ClusterInfo
     from .config import Config
     from .doctor import Check
+    from .events import Event
     from .report import JobResult
     from .stage import RankWrapper, Stage, StageContext
 
@@ -167,6 +168,26 @@ def detlaunch_job_started(ctx: StageContext, stage: Stage) -> None:
     built and not for ``--dry-run``, right before the supervisor starts anything.
     Return value ignored. An exception stops the launch on this node: nothing has
     started yet, and detlaunch exits with one error line naming the plugin.
+    """
+
+
+# -- while the job runs --------------------------------------------------------------------------
+
+
+@hookspec
+def detlaunch_event(event: Event) -> None:
+    """Observe one event of the job as it happens (exporters: Prometheus, webhooks, dashboards).
+
+    :param event: a frozen :class:`detlaunch.Event`: wall-clock ``time``, ``job_id``, ``node``
+        (node rank), ``rank`` (or None), ``kind`` (a :class:`detlaunch.EventKind`, a str) and
+        ``details``. docs/EVENTS.md lists every kind and its details; the same events go to
+        ``events.jsonl``, in the same order.
+
+    Called on every node, for that node's events (on the chief, also ``node_joined`` and
+    ``node_lost``), inside the supervisor's event loop, from the moment the plan is built
+    (``job_planned``) to ``job_finished``; never for ``--dry-run``. It must return quickly and
+    never block: hand anything slow (network I/O) to a thread of your own. Return value
+    ignored; an exception is reported once per plugin and does not change the job.
     """
 
 

@@ -20,6 +20,7 @@ from typing import Any
 from .cluster import ClusterInfo
 from .config import Config
 from .errors import PluginLoadError
+from .events import node_events_path
 from .joblink import SECRET_ENV
 from .plugins import Hooks
 from .report import signal_name
@@ -53,6 +54,10 @@ class LaunchPlan:
     control_port: int = 0
     heartbeat: float = 1.0
     restarts: RestartPolicy = RestartPolicy()  # job-wide restarts: the chief's policy (restart.py)
+    events_path: str | None = None  # the event log (--events, else events.jsonl in --log-dir)
+    dedupe: bool | None = None  # fold the console's repeated lines (None: when it is a terminal, many ranks)
+    dedupe_window: float = 0.2
+    prefix: str = "[rank={rank}] "  # each output line's prefix, filled in by the wrapper
 
     @property
     def cluster(self) -> ClusterInfo:
@@ -189,6 +194,9 @@ def build_plan(hooks: Hooks, config: Config, cluster: ClusterInfo) -> LaunchPlan
         log_dir=config.options.get("log_dir"), console_ranks=config.options.get("ranks") or None, context=ctx,
         control_port=config.options.get("control_port") or config.options["master_port"] + 1,
         heartbeat=config.options["heartbeat"], restarts=policy_from_options(config.options),
+        events_path=node_events_path(config.options.get("events"), config.options.get("log_dir"), cluster.node_rank),
+        dedupe=config.options.get("dedupe"), dedupe_window=config.options.get("dedupe_window") or 0.2,
+        prefix=config.options.get("prefix") or "[rank={rank}] ",
     )
 
 

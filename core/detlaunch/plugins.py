@@ -27,6 +27,7 @@ from .cluster import ClusterInfo
 from .config import Config
 from .doctor import Check
 from .errors import ClusterError, DetlaunchError, LaunchError, LayerNotFoundError, PluginLoadError
+from .events import Event
 from .report import JobResult
 from .stage import RankWrapper, Stage, StageContext
 
@@ -266,4 +267,14 @@ class Hooks:
                 impl.function(**{name: kwargs[name] for name in impl.argnames})
             except Exception as e:  # an observer's failure is reported, not fatal
                 errors.append(f"{impl.plugin_name}: {_error_line(e)}")
+        return errors
+
+    def event(self, event: Event) -> list[tuple[str, str]]:
+        """Give `event` to every detlaunch_event plugin; the (plugin, error) of those that raised."""
+        errors = []
+        for impl in reversed(self._hook.detlaunch_event.get_hookimpls()):
+            try:
+                impl.function(**{name: event for name in impl.argnames if name == "event"})
+            except Exception as e:  # an observer's failure is reported, never fatal
+                errors.append((impl.plugin_name.rpartition(":")[2], _error_line(e)))
         return errors

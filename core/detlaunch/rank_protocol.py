@@ -3,9 +3,12 @@
 One JSON object per line over the supervisor's Unix socket:
 
     wrapper -> supervisor   {"t": "hello", "job": ID, "rank": N, "pid": P}
-    supervisor -> wrapper   {"t": "ok", "log_dir": DIR|null, "console_ranks": [..]|null}  + 2 fds (SCM_RIGHTS)
+    supervisor -> wrapper   {"t": "ok", "log_dir": DIR|null, "console_ranks": [..]|null,
+                             "prefix": "[rank={rank}] ", "node": N, "host": H}  + 2 fds (SCM_RIGHTS)
                             {"t": "reject", "why": "..."}
     wrapper -> supervisor   {"t": "started", "pid": RANK_PID}
+    wrapper -> supervisor   {"t": "output", "at": T}   (the rank wrote output at wall time T; at most
+                                                       one a second: `detlaunch status`'s last output)
     wrapper -> supervisor   {"t": "exit", "code": C, "signal": S|null, "tail": [...], "wall": T,
                              "log_error": "rank-1.log is incomplete: ..." (only when the log failed)}
 
@@ -28,7 +31,8 @@ TAIL_LINES = 40  # stderr lines a rank's report carries: room for a deep traceba
 SHOWN_LINES = 20  # at most this many of them (or of a launcher's output) appear in the end report
 TAIL_BYTES = 16384  # how much of a stream is kept to find those lines in
 
-HELLO, OK, REJECT, STARTED, EXIT = "hello", "ok", "reject", "started", "exit"
+HELLO, OK, REJECT, STARTED, OUTPUT, EXIT = "hello", "ok", "reject", "started", "output", "exit"
+OUTPUT_EVERY = 1.0  # seconds: how stale "last output" may be, and how often a busy rank's wrapper says it
 
 
 def encode(message: dict[str, Any]) -> bytes:

@@ -38,6 +38,7 @@ class RankEntry:
     killed: bool = False  # detlaunch SIGKILLed it
     asked: bool = False  # a control client (control.py) that has sent its one question
     outbox: bytes = b""  # the answer still to send it
+    last_output: float | None = None  # wall time of its rank's latest output the wrapper told of
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,12 +59,14 @@ class RankRegistry:
                  accepting: Callable[[], bool], welcome: Callable[[], dict[str, Any]],
                  console_fds: tuple[int, int], on_registered: Callable[[RankEntry], None],
                  on_exit: Callable[[RankStatus], None], trace: Callable[[str], None],
-                 on_request: Callable[[RankEntry, dict[str, Any]], None] = lambda _e, _m: None) -> None:
+                 on_request: Callable[[RankEntry, dict[str, Any]], None] = lambda _e, _m: None,
+                 on_started: Callable[[RankEntry], None] = lambda _e: None) -> None:
         self.loop, self.rules, self.host = loop, rules, host
         self.accepting, self.welcome = accepting, welcome
         self.console_fds = console_fds
         self.on_registered, self.on_exit, self.trace = on_registered, on_exit, trace
         self.on_request = on_request  # a question from another shell (control.py), not a wrapper
+        self.on_started = on_started  # the wrapper started its rank's process
         self.conns: dict[socket.socket, RankEntry] = {}
         self.ranks: dict[int, RankEntry] = {}
         self.listener: socket.socket | None = None
@@ -165,6 +168,9 @@ class RankRegistry:
             self._on_hello(entry, message)
         elif kind == rank_protocol.STARTED and entry.rank is not None:
             entry.rank_pid = int(message["pid"])
+            self.on_started(entry)
+        elif kind == rank_protocol.OUTPUT and entry.rank is not None:
+            entry.last_output = float(message["at"])
         elif kind == "request" and entry.rank is None and not entry.asked:
             entry.asked = True
             self.on_request(entry, message)

@@ -5,7 +5,7 @@ It plays the seed's pid_client and wrap_rank roles in one process:
 - registers with its node's supervisor over a Unix socket and reports the rank's
   exit status (with the last lines of its stderr) before it exits;
 - runs the rank in its own process group and forwards signals to that group;
-- prefixes every stdout/stderr line with ``[rank=N] `` (``\\r`` ends a line too,
+- prefixes every stdout/stderr line with ``[rank=N] `` or the node's --prefix (``\\r`` ends a line too,
   so progress bars work), keeps the two streams apart, passes bytes through
   unchanged, and splits lines longer than PIPE_BUF so no write is ever torn;
 - when the supervisor's connection drops (the supervisor was killed), stops the rank.
@@ -15,7 +15,7 @@ modules: it runs once per rank, so its start-up time and memory are the job's.
 The argv is::
 
     rank_wrapper.py [--rank N | --rank-env VAR,VAR] [--job ID] [--console-ranks 0,1]
-                    [--log-dir DIR] [--grace S] -- COMMAND...
+                    [--log-dir DIR] [--grace S] [--prefix TEMPLATE] -- COMMAND...
 
 The supervisor socket comes from the environment: DETLAUNCH_SSHD_SUPERVISOR
 (set by a node's own sshd, so ranks that arrive over ssh find their node's
@@ -48,6 +48,7 @@ PIPE_BUF = 4096
 READ_SIZE = 1 << 16
 PIPE_SIZE = 1 << 18  # the rank's stdout pipe holds this much while the wrapper lets output gather
 GATHER = 0.002  # after a read of less than PIPE_BUF bytes, let output gather this long (seconds)
+DEFAULT_PREFIX = "[rank={rank}] "
 DEFAULT_RANK_ENV = ("RANK", "HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "DETLAUNCH_RANK")
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT,
                      signal.SIGUSR1, signal.SIGUSR2)
@@ -60,7 +61,7 @@ class UsageError(Exception):
 def parse_args(argv: list[str]) -> tuple[dict[str, Any], list[str]]:
     """Parse the wrapper's small argv by hand (argparse alone costs more than the rest)."""
     opts: dict[str, Any] = {"rank": None, "rank_env": DEFAULT_RANK_ENV, "job": "", "console": None,
-                            "log_dir": None, "grace": 5.0}
+                            "log_dir": None, "grace": 5.0, "prefix": DEFAULT_PREFIX}
     i = 0
     while i < len(argv) and argv[i] != "--":
         key = argv[i]
@@ -79,6 +80,8 @@ def parse_args(argv: list[str]) -> tuple[dict[str, Any], list[str]]:
             opts["log_dir"] = value
         elif key == "--grace":
             opts["grace"] = float(value)
+        elif key == "--prefix":
+            opts["prefix"] = value
         else:
             raise UsageError(f"unknown option {key}")
         i += 2
@@ -304,13 +307,15 @@ class WrappedRank:
     """The rank's process, its output streams, and its report: the wrapper's whole job."""
 
     def __init__(self, rank: int, command: list[str], supervisor: SupervisorConnection | None,
-                 console: tuple[int, int] | None, log: RankLog | None, grace: float) -> None:
+                 console: tuple[int, int] | None, log: RankLog | None, grace: float,
+                 prefix: bytes | None = None) -> None:
         """console: the (stdout, stderr) fds to write to, or None to keep this rank off the console."""
         self.rank = rank
         self.command = command
         self.supervisor = supervisor
         self.grace = grace
-        self.prefix = f"[rank={rank}] ".encode()
+        self.prefix = f"[rank={rank}] ".encode() if prefix is None else prefix
+        self.next_output_note = 0.0  # when to tell the supervisor again that the rank wrote output
         self.pid: int | None = None
         self.status: int | None = None
         self.ended_at = 0.0
@@ -389,6 +394,8 @@ class WrappedRank:
             prefixer, output, is_stderr = streams[fd]
             if data:
                 output.write(prefixer.feed(data))
+                if self.supervisor is not None:
+                    self.note_output()
                 if is_stderr:
                     self.tail = (self.tail + data)[-rank_protocol.TAIL_BYTES:]
             else:
@@ -465,6 +472,16 @@ class WrappedRank:
                 events_only.poll(gather * 1000)
         return self.finish()
 
+    def note_output(self) -> None:
+        """Tell the supervisor the rank wrote output (for `detlaunch status`), at most once a second."""
+        now = time.time()
+        if now >= self.next_output_note and self.supervisor is not None:
+            self.next_output_note = now + rank_protocol.OUTPUT_EVERY
+            try:
+                self.supervisor.send({"t": rank_protocol.OUTPUT, "at": now})
+            except OSError:
+                pass  # the supervisor is gone: its socket's end stops the rank
+
     def exit_code(self) -> tuple[int, int | None]:
         assert self.status is not None
         code = os.waitstatus_to_exitcode(self.status)
@@ -503,7 +520,9 @@ def main(argv: list[str] | None = None) -> int:
         # This attempt's variables (DETLAUNCH_RESTART_COUNT...), over any a launcher set (torchrun's own count).
         os.environ.update({str(k): str(v) for k, v in (node.get("env") or {}).items()})
         log = RankLog(log_dir, rank, warn_fd=console_fds[1])
-        wrapper = WrappedRank(rank, command, supervisor, console, log, opts["grace"])
+        prefix = str(node.get("prefix") or opts["prefix"]).format(
+            rank=rank, node=node.get("node", ""), host=node.get("host") or socket.gethostname())
+        wrapper = WrappedRank(rank, command, supervisor, console, log, opts["grace"], prefix.encode())
         return wrapper.run()
     except (UsageError, ValueError) as e:
         os.write(2, f"detlaunch rank wrapper: error: {e}\n".encode())

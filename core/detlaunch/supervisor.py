@@ -15,6 +15,7 @@ grace period, and exits with the first failing rank's own exit code.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import os
 import random
@@ -25,10 +26,14 @@ import time
 from typing import Any, TextIO
 
 from . import rank_protocol, restart
+from .config import DEDUPE_MIN_RANKS, DEFAULT_PREFIX
+from .console import FoldingConsole
 from .control import ControlRequests, write_job_file
 from .dial import SshdProbe
+from .emitter import EventEmitter, EventHook
 from .errors import LaunchError
 from .eventloop import EventLoop, Timer
+from .events import EventKind
 from .joblink import ChiefLink, WorkerLink
 from .plan import LaunchPlan
 from .process_table import Child, ProcessTable
@@ -36,6 +41,7 @@ from .rank_registry import RankEntry, RankRegistry, RankRules
 from .report import Failure, FailureKind, JobResult, RankStatus, describe_exit, signal_name
 from .rundirs import RunDir, create_run_dir
 from .safefs import ensure_private_dir, write_private_file
+from .sampler import ProcessTreeSampler
 from .verdict import (
     ChiefLost,
     ChiefVerdict,
@@ -53,6 +59,7 @@ from .verdict import (
 )
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+SAMPLE_EVERY = 2.0  # seconds between CPU/RSS samples of the ranks (for `detlaunch status`), while they run
 
 
 class Phase(enum.Enum):
@@ -106,7 +113,8 @@ class Phase(enum.Enum):
 
 
 class NodeSupervisor:
-    def __init__(self, plan: LaunchPlan, *, err: TextIO | None = None, debug: bool = False):
+    def __init__(self, plan: LaunchPlan, *, err: TextIO | None = None, debug: bool = False,
+                 on_event: EventHook | None = None):
         self.plan = plan
         self.err = err or sys.stderr
         self.debug = debug
@@ -127,6 +135,10 @@ class NodeSupervisor:
         self.control = ControlRequests(self.loop, plan.cluster.job_id, self.node)  # questions from other shells
         self.control.handle("status", self._status)
         self.run_dir: RunDir | None = None
+        self.events = EventEmitter(plan.cluster.job_id, self.node, path=plan.events_path, hook=on_event,
+                                   warn=lambda why: self.say(f"warning: {why}; the job goes on"))
+        self.console = self._folding_console()  # the job's console, folding repeated lines (--dedupe)
+        self.sampler: ProcessTreeSampler | None = None
         self._new_attempt_parts()
 
     def _new_attempt_parts(self) -> None:
@@ -144,8 +156,9 @@ class NodeSupervisor:
                           local_slots=c.local_slots, check_range=plan.stage.expected_ranks is None)
         self.ranks = RankRegistry(self.loop, rules, c.node_addr or socket.gethostname(),
                                   accepting=lambda: self.phase.active, welcome=self._welcome,
-                                  console_fds=(1, 2), on_registered=self._on_registered,
-                                  on_exit=self._on_rank_exit, trace=self.trace, on_request=self._on_client_request)
+                                  console_fds=self.console.fds if self.console else (1, 2),
+                                  on_registered=self._on_registered, on_exit=self._on_rank_exit, trace=self.trace,
+                                  on_request=self._on_client_request, on_started=self._on_rank_started)
         self.probes: list[SshdProbe] = []
         self.kill_timer: Timer | None = None
         self.start_timer: Timer | None = None
@@ -159,6 +172,19 @@ class NodeSupervisor:
     def trace(self, message: str) -> None:
         if self.debug:
             self.say(f"[node {self.node}] {message}")
+
+    def _folding_console(self) -> FoldingConsole | None:
+        """--dedupe: this node's rank output goes through the supervisor (console.py); else it does not."""
+        plan = self.plan
+        c = plan.cluster
+        console = plan.console_ranks
+        printing = plan.expected_ranks if console is None else max(1, sum(
+            1 for r in console if c.first_rank <= r < c.first_rank + c.local_slots))
+        dedupe = plan.dedupe
+        if dedupe is None:
+            dedupe = (plan.prefix == DEFAULT_PREFIX and printing > DEDUPE_MIN_RANKS
+                      and os.isatty(1) and os.isatty(2))
+        return FoldingConsole(self.loop, printing, plan.dedupe_window) if dedupe else None
 
     def _enter(self, phase: Phase) -> None:
         if phase is not self.phase:
@@ -201,9 +227,12 @@ class NodeSupervisor:
         command = self.plan.stage.commands[command_index]
         child = self.processes.start(command, self.env)
         self.trace(f"started {command.name} (pid {child.pid})")
+        self.events.emit(EventKind.LAUNCHER_STARTED, name=command.name, pid=child.pid)
 
     # -- the run -----------------------------------------------------------------------------
     def run(self) -> JobResult:
+        c = self.plan.cluster
+        self.events.emit(EventKind.JOB_PLANNED, layer=self.plan.layer, nodes=c.num_nodes, ranks=sum(c.slots))
         try:
             self._prepare()
             if self.plan.cluster.num_nodes > 1:
@@ -219,7 +248,14 @@ class NodeSupervisor:
                 self.loop.run(done=lambda: self.phase is Phase.DONE, after_each=self._advance)
         finally:
             self._cleanup()
-        return self._result()
+        result = self._result()
+        if result.failure is not None:
+            f = result.failure
+            self.events.emit(EventKind.ROOT_CAUSE, f.rank.rank if f.rank else None, what=f.what,
+                             exit_code=f.exit_code, at=f.at)
+        self.events.emit(EventKind.JOB_FINISHED, exit_code=result.exit_code, duration=result.duration)
+        self.events.close()
+        return dataclasses.replace(result, warnings=(*result.warnings, *self.events.warnings()))
 
     def _start_stage(self) -> None:
         """One attempt's processes: the daemons, then (once every peer's sshd answers) the launchers.
@@ -241,6 +277,8 @@ class NodeSupervisor:
         if self.phase is not Phase.STARTING:
             return
         self._enter(Phase.RUNNING)
+        self.sampler = ProcessTreeSampler()
+        self.loop.call_later(SAMPLE_EVERY, self._sample)
         try:
             self._run_steps(self.plan.stage.prelaunch)
             for i, cmd in enumerate(self.plan.stage.commands):
@@ -251,6 +289,7 @@ class NodeSupervisor:
 
     def _on_peer_ready(self, probe: SshdProbe) -> None:
         self.trace(f"sshd {probe.host}:{probe.port} answered")
+        self.events.emit(EventKind.SSHD_READY, host=probe.host, port=probe.port)
         if all(p.ready for p in self.probes):
             self._start_when_ready()
 
@@ -281,16 +320,23 @@ class NodeSupervisor:
     def _welcome(self) -> dict[str, Any]:
         log_dir = os.path.abspath(self.processes.log_dir) if self.processes.log_dir else None
         ranks = self.plan.console_ranks
-        welcome: dict[str, Any] = {"log_dir": log_dir, "console_ranks": list(ranks) if ranks is not None else None}
+        welcome: dict[str, Any] = {"log_dir": log_dir, "console_ranks": list(ranks) if ranks is not None else None,
+                                   "prefix": self.plan.prefix, "node": self.node, "host": self.ranks.host}
         if self.policy.enabled:  # the wrapper sets them in front of the rank, over torchrun's own count
             welcome["env"] = restart.attempt_env(self.attempt, self.policy.max_restarts)
         return welcome
 
     def _on_registered(self, entry: RankEntry) -> None:
         self.trace(f"rank {entry.rank} registered (wrapper pid {entry.peer_pid})")
+        self.events.emit(EventKind.RANK_REGISTERED, entry.rank, host=self.ranks.host, pid=entry.peer_pid)
+
+    def _on_rank_started(self, entry: RankEntry) -> None:
+        self.events.emit(EventKind.RANK_STARTED, entry.rank, pid=entry.rank_pid)
 
     def _on_rank_exit(self, status: RankStatus) -> None:
         self.trace(f"rank {status.rank} ended: {status.describe()}")
+        self.events.emit(EventKind.RANK_EXITED, status.rank, code=None if status.signal else status.exit_code,
+                         signal=status.signal, wall=status.wall, stopped=status.stopped)
         if self.link is not None:
             self.link.rank_exited(status)
         self._fail(RankEnded(status))
@@ -365,6 +411,7 @@ class NodeSupervisor:
 
     def node_lost(self, node: int, addr: str, why: str) -> None:
         """Chief: a worker node's supervisor vanished."""
+        self.events.emit(EventKind.NODE_LOST, node=node, host=addr, reason=why)
         self.control.node_gone(node)
         if self.phase.active or self.phase is Phase.BACKOFF:
             self._fail(NodeLost(node, addr, why, time.time()))
@@ -388,6 +435,10 @@ class NodeSupervisor:
         self.control.close()  # questions passed to it will get no answer
         if self.phase.active or self.phase is Phase.BACKOFF:
             self._fail(ChiefLost(self.plan.cluster.chief_addr, why, self.node, time.time()))
+
+    def node_joined(self, node: int, addr: str) -> None:
+        """Chief: a worker node's supervisor joined the job link."""
+        self.events.emit(EventKind.NODE_JOINED, node=node, host=addr)
 
     def link_failed_to_start(self, what: str) -> None:
         self.fail_to_start(what)
@@ -434,21 +485,37 @@ class NodeSupervisor:
         self.control.answered(key, data)
 
     def _status(self, args: Any, done: Any) -> None:
-        """This node's part of `detlaunch status`."""
+        """This node's part of `detlaunch status`: its StatusTracker's snapshot (status.py), as JSON."""
+        tracker = self.events.tracker
+        for rank, entry in self.ranks.ranks.items():
+            if entry.last_output is not None:
+                tracker.last_output[rank] = entry.last_output
+        snapshot = tracker.snapshot(time.time())
         failure = self.verdict.failure
-        ranks = [{"rank": r, "pid": e.rank_pid, "wrapper_pid": e.peer_pid,
-                  "state": ("running" if e.rank_pid else "starting") if e.status is None
-                  else ("stopped" if e.status.stopped else "exited"),
-                  "exit_code": e.status.exit_code if e.status else None}
-                 for r, e in sorted(self.ranks.ranks.items())]
-        done({"host": self.ranks.host, "phase": self.phase.value, "ranks": ranks, "restarts": self.attempt - 1,
-              "root_cause": failure.what if failure else None})
+        done({"host": self.ranks.host, "phase": snapshot.phase, "taken_at": snapshot.taken_at,
+              "root_cause": failure.what if failure else snapshot.root_cause,
+              "ranks": [{**dataclasses.asdict(r), "restarts": self.attempt - 1} for r in snapshot.ranks]})
+
+    def _sample(self) -> None:
+        """CPU % and RSS of each running rank's process tree, every SAMPLE_EVERY s while ranks run."""
+        if not (self.phase.active or self.phase.stopping) or self.sampler is None:
+            return
+        usage = self.events.tracker.usage
+        for rank, entry in self.ranks.ranks.items():
+            if entry.status is None and entry.rank_pid:
+                sample = self.sampler.sample(entry.rank_pid)
+                if sample is not None:
+                    usage[rank] = (sample.cpu_percent, sample.rss)
+        self.loop.call_later(SAMPLE_EVERY, self._sample)
 
     # -- deciding and stopping -------------------------------------------------------------------
     def _fail(self, event: Event) -> None:
         """Feed the verdict; the first failure stops the job at once (see verdict.py for the rules)."""
         decision = self.verdict.add(event)
         failure = self.verdict.failure
+        if decision in (Decision.FIRST, Decision.EARLIER) and failure is not None:
+            self.events.emit(EventKind.FAILURE, failure.rank.rank if failure.rank else None, what=failure.what,
+                             exit_code=failure.exit_code, at=failure.at)
         if decision is Decision.FIRST and failure is not None:
             self.say(f"{failure.what}: stopping the job")
             self._tell_link(event)
@@ -489,6 +556,7 @@ class NodeSupervisor:
             return
         if not self.phase.active:
             return
+        self.events.emit(EventKind.STOP_REQUESTED, reason=self._stop_reason())
         asked = self.ranks.signal_live(rank_signal)
         if ranks_first and asked:
             self._enter(Phase.STOPPING_RANKS)
@@ -496,6 +564,16 @@ class NodeSupervisor:
             self._enter(Phase.STOPPING)
             self._stop_children()
         self.kill_timer = self.loop.call_later(self.plan.grace_period, self._kill_all)
+
+    def _stop_reason(self) -> str:
+        v = self.verdict
+        if v.decided_by_chief:
+            return "chief"
+        if v.failure is not None:
+            return "failure"
+        if v.interrupted_by is not None:
+            return f"signal {signal_name(v.interrupted_by)}"
+        return "finished"
 
     def _stop_children(self) -> None:
         clean = not self.verdict.stopping
@@ -510,10 +588,12 @@ class NodeSupervisor:
         if self.phase is Phase.SWEEPING or self.phase.over:
             return  # sweeping: the sweep's own deadline kills what is left, and says so
         self._enter(Phase.KILLING)
+        left = self.processes.leftovers()
         self.ranks.kill_live()
         count = self.processes.kill_all()
         if count:
             self.trace(f"SIGKILLed {count} process(es)")
+            self.events.emit(EventKind.SIGKILL_SENT, pids=left)
 
     def _advance(self) -> None:
         """After every batch of events: move through the phases as far as the state allows."""
@@ -575,6 +655,7 @@ class NodeSupervisor:
         if leftovers:
             self.say(f"killing process(es) that outlived the job: {leftovers}")
             self.processes.kill_all()
+            self.events.emit(EventKind.SIGKILL_SENT, pids=leftovers)
             self.processes.reap()
         self._enter(Phase.LOCAL_DONE)
 
@@ -667,6 +748,8 @@ class NodeSupervisor:
         self.processes.reap()
         for probe in self.probes:
             probe.close()
+        if self.console is not None:
+            self.console.close()
         self.control.close()
         self.ranks.close()
         self.processes.close()

@@ -1,8 +1,9 @@
-"""An always-on plugin (``detlaunch.plugins``) for tests: an option of its own, and two observers.
+"""An always-on plugin (``detlaunch.plugins``) for tests: an option of its own, and three observers.
 
 Each observer appends one JSON line to the file named by TOY_OBSERVER_LOG; with
 TOY_OBSERVER_RAISE set, job_finished raises after logging (an observer's failure must be
-reported and must not change the exit code).
+reported and must not change the exit code). detlaunch_event appends each event to the file
+named by TOY_OBSERVER_EVENTS, and raises after it too when TOY_OBSERVER_RAISE is set.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import json
 import os
 from typing import Any
 
-from detlaunch import JobResult, Stage, StageContext, hookimpl
+from detlaunch import Event, JobResult, Stage, StageContext, hookimpl
 
 
 @hookimpl
@@ -40,3 +41,14 @@ def detlaunch_job_finished(ctx: StageContext, result: JobResult) -> None:
                "ranks": sorted(s.rank for s in result.ranks), "root_cause_rank": root})
     if ctx.env.get("TOY_OBSERVER_RAISE"):
         raise RuntimeError("the toy observer fails on purpose")
+
+
+@hookimpl
+def detlaunch_event(event: Event) -> None:
+    path = os.environ.get("TOY_OBSERVER_EVENTS")
+    if path:
+        with open(path, "a") as f:
+            f.write(json.dumps({"kind": event.kind, "rank": event.rank, "details": dict(event.details),
+                                "pid": os.getpid()}) + "\n")
+    if os.environ.get("TOY_OBSERVER_RAISE"):
+        raise RuntimeError("the toy event observer fails on purpose")

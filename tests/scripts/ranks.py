@@ -7,6 +7,8 @@ Environment knobs (all optional):
   LINES=N                   every rank prints N numbered lines first
   TRIGGER=FIFO              FAIL_RANK/KILL_RANK first print "rank R waiting" and block until
                             the test writes to the FIFO (so every rank is up when the fault hits)
+  SAME=N                    every rank prints the same N lines ("warning: the same on every rank, i")
+  IGNORE_TERM=1             the ranks ignore SIGTERM (so a stopping job lasts its grace period)
 """
 
 import os
@@ -17,6 +19,10 @@ import time
 rank = int(os.environ.get("RANK") or os.environ.get("HOROVOD_RANK") or os.environ.get("OMPI_COMM_WORLD_RANK") or 0)
 for i in range(int(os.environ.get("LINES", "0"))):
     print(f"line {i} of rank {rank}")
+for i in range(int(os.environ.get("SAME", "0"))):
+    print(f"warning: the same on every rank, {i}")
+if os.environ.get("IGNORE_TERM"):
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
 print(f"rank {rank} started pid={os.getpid()}", flush=True)
 
 def wait_for_trigger() -> None:

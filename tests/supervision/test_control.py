@@ -46,8 +46,10 @@ def test_status_on_two_nodes_from_either_node(launcher: Launcher) -> None:
             cmdline = Path(f"/proc/{r['pid']}/cmdline").read_bytes()
             assert b"ranks.py" in cmdline and b"rank_wrapper" not in cmdline
     text = status(launcher, job_id)
-    assert text.returncode == 0 and "node 1 (127.0.0.2): running" in text.stdout
-    assert text.stdout.count(" running\n") + text.stdout.endswith(" running") >= 4, text.stdout
+    assert text.returncode == 0 and text.stdout.startswith(f"job {data['job']}: running, 4 rank(s) on 2 node(s)\n")
+    rows = [line.split() for line in text.stdout.splitlines()[2:]]
+    assert [(r[0], r[1], r[2], r[4]) for r in rows] == [(str(i // 2), f"127.0.0.{i // 2 + 1}", str(i), "running")
+                                                        for i in range(4)], text.stdout
     job = json.loads(runs[0].stdout)["job"]
     assert job == job_id
     for j in jobs:

@@ -1,0 +1,1 @@
+"""A Prometheus exporter for detlaunch (entry point ``detlaunch.plugins: prometheus``)."""
