@@ -34,6 +34,7 @@ _EXPORTS = {
     "add_ssh_options": "ssh",
     "sshd_parts": "ssh",
     "ssh_client_parts": "ssh",
+    "progress": "progress",
 }
 
 __all__ = [
@@ -58,6 +59,7 @@ __all__ = [
     "add_ssh_options",
     "sshd_parts",
     "ssh_client_parts",
+    "progress",
 ]
 assert set(__all__) == {"__version__", *_EXPORTS}
 
@@ -67,6 +69,7 @@ if TYPE_CHECKING:
     from .errors import ClusterError, ConfigError, DetlaunchError, LaunchError
     from .hookspecs import hookimpl
     from .netutil import check_port_free
+    from .progress import progress
     from .report import Failure, JobResult, RankStatus
     from .ssh import SshLayout, SshParts, add_ssh_options, ssh_client_parts, sshd_parts
     from .stage import Command, RankWrapper, Stage, StageContext
