@@ -136,7 +136,7 @@ def ptrace_policy() -> str:
         with open(YAMA_SCOPE) as f:
             scope = f.read().strip()
     except OSError:
-        return "no Yama here: only another user's process, or a missing CAP_SYS_PTRACE (containers), can refuse it"
+        return "no Yama on this kernel: it belongs to another user, or a container withholds CAP_SYS_PTRACE"
     meaning = {"0": "any process of the same user", "1": "only descendants, or processes that allowed it "
                "(PR_SET_PTRACER)", "2": "only with CAP_SYS_PTRACE", "3": "nobody"}.get(scope, "unknown")
     return f"kernel.yama.ptrace_scope={scope}: {meaning}"
@@ -149,7 +149,7 @@ def classify_failure(pid: int, returncode: int, stderr: str) -> Unavailable:
         return Unavailable(pid, "gone", "the process has exited")
     low = stderr.lower()
     if "permission denied" in low or "operation not permitted" in low or "os error 1)" in low:
-        return Unavailable(pid, "permission", f"permission denied: py-spy may not read it ({ptrace_policy()})")
+        return Unavailable(pid, "permission", f"permission denied: py-spy may not ptrace it ({ptrace_policy()})")
     if "python version" in low or "python interpreter" in low or "python_version" in low:
         return Unavailable(pid, "not-python", "not a Python process (or an interpreter py-spy does not know)")
     lines = [ln.strip() for ln in stderr.splitlines() if ln.strip() and not ln.startswith(" ")]
