@@ -77,7 +77,8 @@ def test_a_hundred_ranks_read_as_a_few_lines_with_the_odd_one_out_marked() -> No
     report = group_stacks(results)
     assert format_text(report) == [
         "ranks 0,2-97 (node 0, 1): work.wait <- all_reduce <- step (train.py:88)",
-        "rank 1 (node 0): time.sleep <- load_batch (data.py:41)  [suspect: stack differs from the majority's (97 ranks)]",
+        "rank 1 (node 0): time.sleep <- load_batch (data.py:41)  "
+        "[suspect: stack differs from the majority's (97 ranks)]",
         "ranks 98,99 (node 1): no stack: permission denied: py-spy may not ptrace it (...)",
     ]
     assert [(s.rank, s.node) for s in report.suspects] == [(1, 0)]
@@ -103,7 +104,8 @@ def test_with_no_majority_the_rank_outside_the_collective_is_the_suspect() -> No
 
 
 def test_a_stopped_rank_is_a_suspect_even_with_the_others_stack() -> None:
-    report = group_stacks({(0, 0): in_all_reduce(), (1, 0): in_all_reduce(), (2, 0): dataclass_stopped(in_all_reduce())})
+    stopped = dataclass_stopped(in_all_reduce())
+    report = group_stacks({(0, 0): in_all_reduce(), (1, 0): in_all_reduce(), (2, 0): stopped})
     assert format_text(report)[1] == \
         "rank 2 (node 0): [SIGSTOPped] work.wait <- all_reduce <- step (train.py:88)  [suspect: SIGSTOPped]"
 
@@ -111,7 +113,8 @@ def test_a_stopped_rank_is_a_suspect_even_with_the_others_stack() -> None:
 def test_the_rank_that_stopped_making_progress_first_is_named() -> None:
     results = {(r, 0): in_all_reduce() for r in range(4)}
     report = group_stacks(results, last_progress={0: 100.0, 1: 100.4, 2: 95.0, 3: 100.2})
-    assert [(s.rank, s.why) for s in report.suspects] == [(2, "stopped making progress first (5.0 s before the next rank)")]
+    assert [(s.rank, s.why) for s in report.suspects] == [
+        (2, "stopped making progress first (5.0 s before the next rank)")]
     assert not group_stacks(results, last_progress={0: 100.0, 1: 100.4, 2: 99.5, 3: 100.2}).suspects
 
 
@@ -131,4 +134,5 @@ def test_json_has_the_groups_the_reasons_and_the_suspects() -> None:
 def test_full_text_shows_the_main_threads_frames_under_each_group() -> None:
     lines = format_text(group_stacks({(0, 0): sleeping()}), full=True)
     assert lines == ["rank 0 (node 0): time.sleep <- load_batch (data.py:41)",
-                     "    load_batch (data.py:41): time.sleep(30)", "    step (train.py:80)", "    <module> (train.py:120)"]
+                     "    load_batch (data.py:41): time.sleep(30)", "    step (train.py:80)",
+                     "    <module> (train.py:120)"]

@@ -27,6 +27,7 @@ from detlaunch.stacks import (
     find_py_spy,
     from_json,
     parse_dump,
+    parse_faulthandler,
     to_json,
 )
 from helpers import free_port, wait_until
@@ -261,3 +262,19 @@ def test_a_user_without_privileges_reads_its_own_ranks_and_is_told_why_not_other
     assert main_functions(got[stopped.pid]) == ["inner", "outer", "<module>"]
     denied = got[root_owned.pid]
     assert isinstance(denied, Unavailable) and denied.kind == "permission", denied
+
+
+# ---- the faulthandler fallback: a real dump, from a rank started with PYTHONFAULTHANDLER --------
+
+def test_a_faulthandler_dump_on_sigabrt_parses_like_a_py_spy_stack(start) -> None:  # type: ignore[no-untyped-def]
+    threaded = ("import threading, time\nt = threading.Thread(target=time.sleep, args=(300,), daemon=True)\n"
+                f"t.start()\n{SLEEPER}")
+    proc = start(threaded, stderr=subprocess.PIPE, env={**os.environ, "PYTHONFAULTHANDLER": "1"})
+    os.kill(proc.pid, signal.SIGABRT)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == -signal.SIGABRT
+    stack = parse_faulthandler(proc.pid, err)
+    assert stack is not None and len(stack.threads) == 2, err
+    assert main_functions(stack) == ["inner", "outer", "<module>"]
+    assert stack.main and stack.main.frames[0].line in (6, 7)  # print('ready') or time.sleep(300)
+    assert parse_faulthandler(1, "Traceback (most recent call last):\n  File \"x.py\", line 1, in <module>\n") is None

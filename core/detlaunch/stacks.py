@@ -16,6 +16,7 @@ import dataclasses
 import json
 import linecache
 import os
+import re
 import selectors
 import shutil
 import signal
@@ -118,6 +119,35 @@ def _thread(t: Mapping[str, Any]) -> ThreadStack:
                            os_thread_id=t.get("os_thread_id"))
     except (KeyError, TypeError, ValueError) as e:
         raise ValueError(f"py-spy's JSON lacks a thread's {e}") from None
+
+
+_FAULTHANDLER_FRAME = re.compile(r'^  File "(.*)", line (\d+) in (.*)$')
+
+
+def parse_faulthandler(pid: int, text: str) -> ProcessStack | None:
+    """The stacks in a faulthandler dump (`PYTHONFAULTHANDLER` and a fatal signal, or
+    `faulthandler.register`), for when py-spy cannot read a process; None if `text` holds none.
+
+    faulthandler names threads by id only; the one that took the signal ("Current thread") is
+    the main thread for a signal sent to the process (the kernel delivers it to the leader).
+    """
+    threads: list[ThreadStack] = []
+    frames: list[Frame] | None = None
+    for line in text.splitlines():
+        head = re.match(r"^(Current thread|Thread) (0x[0-9a-f]+) \(most recent call first\):$", line)
+        if head or line == "Stack (most recent call first):":
+            frames = []
+            current = head is None or head.group(1) == "Current thread"
+            tid = int(head.group(2), 16) if head else 0
+            threads.append(ThreadStack("MainThread" if current else hex(tid), tid, False, ()))
+            continue
+        m = _FAULTHANDLER_FRAME.match(line)
+        if m and frames is not None:
+            frames.append(Frame(m.group(3), m.group(1), int(m.group(2))))
+            threads[-1] = dataclasses.replace(threads[-1], frames=tuple(frames))
+        elif not line.startswith("  "):
+            frames = None
+    return ProcessStack(pid, tuple(threads)) if threads else None
 
 
 def process_state(pid: int) -> str | None:
