@@ -17,6 +17,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from detlaunch.progress import create_progress_file, read_progress
 from detlaunch.stackgroups import format_text, group_stacks
 from detlaunch.stacks import (
     ProcessStack,
@@ -225,6 +226,67 @@ def test_a_torchrun_rank_blocked_in_all_reduce_and_the_one_that_never_came(tmp_p
             os.kill(pid, signal.SIGKILL)
         os.killpg(job.pid, signal.SIGKILL)
         job.wait()
+
+
+HEALTHY = """\
+import os, sys, time
+import torch
+import torch.distributed as dist
+
+rank = int(os.environ["RANK"])
+os.environ["DETLAUNCH_PROGRESS_FILE"] = os.path.join(sys.argv[1], f"progress-{rank}")  # the wrapper's part
+import detlaunch
+
+dist.init_process_group("gloo")
+with open(os.path.join(sys.argv[1], f"pid-{rank}.tmp"), "w") as f:
+    f.write(str(os.getpid()))
+os.rename(os.path.join(sys.argv[1], f"pid-{rank}.tmp"), os.path.join(sys.argv[1], f"pid-{rank}"))
+t = torch.ones(1)
+for step in range(STEPS):
+    dist.all_reduce(t)
+    assert t.item() == 2.0, t
+    t.fill_(1.0)
+    detlaunch.progress(step)
+    time.sleep(0.005)
+print(f"rank {rank} done", flush=True)
+"""
+
+
+@needs_py_spy
+@pytest.mark.timeout(180)
+def test_stacks_taken_while_a_job_runs_collectives_do_not_disturb_it_and_its_heartbeats_move(
+        tmp_path: Path) -> None:
+    steps = 400
+    script = tmp_path / "train.py"
+    script.write_text(HEALTHY.replace("STEPS", str(steps)))
+    files = {rank: create_progress_file(str(tmp_path), rank) for rank in (0, 1)}
+    torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
+    env = {**os.environ, "TMPDIR": str(tmp_path), "OMP_NUM_THREADS": "1", "PYTHONPATH": CORE}
+    job = subprocess.Popen([torchrun, "--nproc-per-node", "2", "--master-port", str(free_port()), str(script),
+                            str(tmp_path)], env=env, start_new_session=True, stdout=subprocess.PIPE,
+                           stderr=subprocess.DEVNULL, text=True)
+    try:
+        pids = [int(wait_until(lambda r=rank: (tmp_path / f"pid-{r}").exists() and  # type: ignore[misc]
+                               (tmp_path / f"pid-{r}").read_text(), 120, f"rank {rank} to start")) for rank in (0, 1)]
+        counts = []
+        for _ in range(5):
+            got = collect_stacks(pids, budget=10)
+            if any(isinstance(r, Unavailable) and r.kind == "gone" for r in got.values()):
+                break  # the job is over
+            assert all(isinstance(r, ProcessStack) for r in got.values()), got
+            beat = read_progress(files[0])
+            counts.append(beat.count if beat else 0)
+        out, _ = job.communicate(timeout=120)
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+            job.wait()
+    assert job.returncode == 0
+    assert sorted(out.splitlines()) == ["rank 0 done", "rank 1 done"]
+    assert counts == sorted(counts) and len(set(counts)) > 1, counts  # the heartbeats moved meanwhile
+    for path in files.values():
+        beat = read_progress(path)
+        assert beat is not None and (beat.count, beat.step) == (steps, steps - 1)
 
 
 # ---- another user, with the kernel's ptrace policy of this machine --------------------------------
