@@ -136,3 +136,13 @@ def test_full_text_shows_the_main_threads_frames_under_each_group() -> None:
     assert lines == ["rank 0 (node 0): time.sleep <- load_batch (data.py:41)",
                      "    load_batch (data.py:41): time.sleep(30)", "    step (train.py:80)",
                      "    <module> (train.py:120)"]
+
+
+def test_the_blocking_call_is_read_from_the_innermost_source_line() -> None:
+    def first(code: str) -> str:
+        return describe_stack(stack(Frame("f", "/job/t.py", 1, code)))
+
+    assert first("x = queue.get(timeout=5)") == "queue.get <- f (t.py:1)"
+    assert first("print(line, flush=True)") == "print <- f (t.py:1)"  # a full stdout pipe blocks here
+    assert first("return fut.result()") == "fut.result <- f (t.py:1)"
+    assert first("while not done:") == "f (t.py:1)"

@@ -25,6 +25,7 @@ RankKey = tuple[int, int]  # (rank, node rank)
 LIBRARY_MARKERS = ("/site-packages/", "/dist-packages/")
 _STDLIB = re.compile(r"/lib/python\d+\.\d+/")
 _CALL = re.compile(r"([A-Za-z_][\w.]*)\s*\(")
+_KEYWORDS = {"if", "elif", "while", "for", "return", "yield", "await", "assert", "not", "and", "or", "in", "with"}
 COLLECTIVE_MARKERS = ("/torch/distributed/", "/horovod/", "/deepspeed/comm/")
 
 
@@ -109,7 +110,7 @@ def describe_stack(stack: ProcessStack) -> str:
 def _callee(frame: Frame) -> str:
     """The function called on the innermost frame's line (time.sleep), when its source line is known."""
     m = _CALL.search(frame.code)
-    if not m or m.group(1) in ("print", "return", "if", "while", "for"):
+    if not m or m.group(1) in _KEYWORDS:
         return ""
     return m.group(1)
 
