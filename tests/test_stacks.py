@@ -131,6 +131,8 @@ def test_busy_sleeping_and_sigstopped_processes_all_give_their_stacks(start) -> 
     os.kill(stopped.pid, signal.SIGSTOP)
     wait_until(lambda: psutil.Process(stopped.pid).status() == psutil.STATUS_STOPPED, 10, "the stop")
     got = collect_stacks([busy.pid, sleeping.pid, stopped.pid], budget=10)
+    assert collect_stacks([sleeping.pid, stopped.pid], budget=10, max_parallel=1) == \
+        {sleeping.pid: got[sleeping.pid], stopped.pid: got[stopped.pid]}  # in batches: the same answers
     assert main_functions(got[busy.pid])[-2:] == ["spin", "<module>"]
     assert main_functions(got[sleeping.pid]) == ["inner", "outer", "<module>"]
     assert main_functions(got[stopped.pid]) == ["inner", "outer", "<module>"]

@@ -13,6 +13,7 @@ or py-spy did not answer in time.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
 import linecache
 import os
@@ -197,15 +198,28 @@ class _Dump:
     open_fds: int = 3  # stdout, stderr, pidfd: done when all three have closed or fired
 
 
-def collect_stacks(pids: Iterable[int], budget: float = 2.0, py_spy: str | None = None) -> dict[int, StackResult]:
-    """Every pid's stacks, dumped in parallel; what has not answered after `budget` seconds is killed.
+MAX_PARALLEL = 64  # py-spy runs at once: three descriptors each, well under the usual limit of 1024
+
+
+def collect_stacks(pids: Iterable[int], budget: float = 2.0, py_spy: str | None = None,
+                   max_parallel: int = MAX_PARALLEL) -> dict[int, StackResult]:
+    """Every pid's stacks, dumped in parallel (`max_parallel` at a time); what has not answered
+    when `budget` seconds have passed since the call is killed.
 
     One selector waits on every py-spy's output pipes and on a pidfd for its exit: no polling.
     """
+    deadline = time.monotonic() + budget
     pids = list(dict.fromkeys(pids))
     py_spy = py_spy or find_py_spy()
     if py_spy is None:
         return {p: Unavailable(p, "missing", "py-spy is not installed (pip install py-spy)") for p in pids}
+    results: dict[int, StackResult] = {}
+    for i in range(0, len(pids), max_parallel):
+        results.update(_dump_batch(py_spy, pids[i:i + max_parallel], deadline, budget))
+    return {p: results[p] for p in pids}
+
+
+def _dump_batch(py_spy: str, pids: list[int], deadline: float, budget: float) -> dict[int, StackResult]:
     results: dict[int, StackResult] = {}
     dumps: list[_Dump] = []
     env = {**os.environ, "RUST_BACKTRACE": "0"}
@@ -219,10 +233,10 @@ def collect_stacks(pids: Iterable[int], budget: float = 2.0, py_spy: str | None 
             proc = subprocess.Popen(dump_argv(py_spy, pid, stopped), stdin=subprocess.DEVNULL,
                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
         except OSError as e:
-            results[pid] = Unavailable(pid, "missing", f"cannot run {py_spy}: {e.strerror}")
+            kind = "missing" if e.errno in (errno.ENOENT, errno.EACCES, errno.ENOEXEC) else "error"
+            results[pid] = Unavailable(pid, kind, f"cannot run {py_spy}: {e.strerror}")
             continue
         dumps.append(_Dump(pid, stopped, proc))
-    deadline = time.monotonic() + budget
     with selectors.DefaultSelector() as sel:
         for d in dumps:
             assert d.proc.stdout and d.proc.stderr
@@ -259,7 +273,7 @@ def collect_stacks(pids: Iterable[int], budget: float = 2.0, py_spy: str | None 
         for pipe in (d.proc.stdout, d.proc.stderr):
             if pipe:
                 pipe.close()
-    return {p: results[p] for p in pids}
+    return results
 
 
 def _result(d: _Dump, returncode: int) -> StackResult:
