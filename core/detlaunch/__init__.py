@@ -32,6 +32,7 @@ _EXPORTS = {
     "ClusterError": "errors",
     "LaunchError": "errors",
     "check_port_free": "netutil",
+    "progress": "progress",
 }
 __all__ = ["__version__", *_EXPORTS]
 
@@ -44,6 +45,7 @@ if TYPE_CHECKING:  # `X as X`: an explicit re-export, for type checkers
     from .errors import LaunchError as LaunchError
     from .hookspecs import hookimpl as hookimpl
     from .netutil import check_port_free as check_port_free
+    from .progress import progress as progress
     from .report import Failure as Failure
     from .report import JobResult as JobResult
     from .report import RankStatus as RankStatus
