@@ -22,7 +22,7 @@ from importlib import metadata
 from pathlib import Path
 
 from . import launch, memory, multinode, report, scale, teardown, throughput
-from .common import BENCH, DET_PY, ROOT, Section, Table, base_env, become_subreaper, kill_descendants, say
+from .common import BENCH, DET_PY, ROOT, Section, Table, base_env, become_subreaper, nothing_left, say
 
 MEASUREMENTS: dict[str, Callable[..., Section]] = {
     "throughput": lambda env, reps, quick, tmp: throughput.main(env, reps, quick),
@@ -53,8 +53,11 @@ def header(args: argparse.Namespace, reps: int, started: float, wall: float, loa
         except metadata.PackageNotFoundError:
             return "not installed"
 
-    det = subprocess.run([DET_PY, "-c", "import determined; print(determined.__version__)"],
-                         capture_output=True, text=True).stdout.strip() or "not installed"
+    try:
+        det = subprocess.run([DET_PY, "-c", "import determined; print(determined.__version__)"],
+                             capture_output=True, text=True).stdout.strip() or "not installed"
+    except FileNotFoundError:
+        det = "not installed"
     rev = subprocess.run(["git", "-C", str(ROOT), "describe", "--always", "--dirty"],
                          capture_output=True, text=True).stdout.strip()
     load = f"{os.getloadavg()[0]:.2f}"
@@ -71,43 +74,54 @@ def header(args: argparse.Namespace, reps: int, started: float, wall: float, loa
     ]
 
 
+def measure_all(args: argparse.Namespace, reps: int, env: dict[str, str], tmp: Path,
+                sections: list[Section]) -> bool:
+    """Run the chosen measurements into `sections`; True when one of them failed."""
+    failed = False
+    for name, measure in MEASUREMENTS.items():
+        if args.only and name not in args.only:
+            continue
+        n = min(reps, 1 if args.quick else 3) if name == "scale" else reps  # scale: 8 jobs a repetition
+        try:
+            sections.append(measure(env, n, args.quick, tmp))
+        except Exception as e:  # one broken measurement must not lose the others
+            failed = True
+            traceback.print_exc()
+            sections.append(Section(name, [Table(f"{name}: FAILED", ["error"], [[str(e).splitlines()[0]]])], [], []))
+    return failed
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     reps = args.reps or (2 if args.quick else 5)
     become_subreaper()
     started, wall = time.monotonic(), time.time()
     load_at_start = f"{os.getloadavg()[0]:.2f}"
-    tmp = Path(tempfile.mkdtemp(prefix="detlaunch-bench-"))
-    env = base_env(tmp)
     sections: list[Section] = []
-    failed = False
+    tmp = Path(tempfile.mkdtemp(prefix="detlaunch-bench-"))
     try:
-        for name, measure in MEASUREMENTS.items():
-            if args.only and name not in args.only:
-                continue
-            n = min(reps, 1 if args.quick else 3) if name == "scale" else reps  # scale: 8 jobs a repetition
-            try:
-                sections.append(measure(env, n, args.quick, tmp))
-            except Exception as e:  # one broken measurement must not lose the others
-                failed = True
-                traceback.print_exc()
-                sections.append(Section(name, [Table(f"{name}: FAILED", ["error"], [[str(e).splitlines()[0]]])],
-                                        [], []))
+        with nothing_left():  # Ctrl-C, SIGTERM, SIGHUP or the end: every process the bench started is gone
+            failed = measure_all(args, reps, base_env(tmp), tmp, sections)
     finally:
-        leftovers = kill_descendants()
-        if leftovers:
-            say(f"killed leftover processes {leftovers}")
-        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(tmp, ignore_errors=True)  # once nothing writes there any more
 
     args.out.mkdir(parents=True, exist_ok=True)
     text = report.markdown(sections, header(args, reps, started, wall, load_at_start))
     (args.out / "results.md").write_text(text)
     (args.out / "results.json").write_text(json.dumps([dataclasses.asdict(s) for s in sections], indent=1))
-    report.chart(sections, args.out / "results.png")
+    try:
+        report.chart(sections, args.out / "results.png")
+        charted = f" and {args.out / 'results.png'}"
+    except ImportError:
+        charted = " (no chart: matplotlib is not installed)"
     print(text)
-    say(f"wrote {args.out / 'results.md'} and {args.out / 'results.png'}")
+    say(f"wrote {args.out / 'results.md'}{charted}")
     return 1 if failed else 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:
+        say("interrupted: stopped every process the bench had started")
+        sys.exit(130)

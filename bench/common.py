@@ -10,6 +10,7 @@ SIGCHLD here), and whatever a job leaves behind can be killed by PID.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import dataclasses
 import json
 import os
@@ -21,7 +22,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import psutil
@@ -111,21 +112,94 @@ class Run:
         return self
 
 
-def live_descendants() -> list[psutil.Process]:
+SESSION_VAR = "DETLAUNCH_BENCH_SESSION"  # every process the bench starts inherits it: the last leak check
+_services: set[int] = set()
+_libc = ctypes.CDLL(None, use_errno=True)  # processes the bench keeps up across jobs (a standalone sshd): not a job's
+
+
+def live_descendants(services: bool = False) -> list[psutil.Process]:
+    """Live processes below the bench; without `services`, not the services nor what they started."""
+    skip: set[int] = set()
+    if not services:
+        for pid in _services:
+            skip.add(pid)
+            with contextlib.suppress(psutil.NoSuchProcess):
+                skip.update(c.pid for c in psutil.Process(pid).children(recursive=True))
     found = []
     for p in psutil.Process().children(recursive=True):
         try:
-            if p.status() != psutil.STATUS_ZOMBIE:
+            if p.pid not in skip and p.status() != psutil.STATUS_ZOMBIE:
                 found.append(p)
         except psutil.NoSuchProcess:
             pass
     return found
 
 
-def kill_descendants() -> list[int]:
-    """SIGKILL every live process below the bench, by PID; return their PIDs."""
+def start_service(argv: Sequence[str], log: Path) -> subprocess.Popen[bytes]:
+    """Start a helper the jobs use (not part of any job), in a session of its own, for the bench's life.
+
+    It gets SIGTERM if the bench dies, however it dies (PR_SET_PDEATHSIG); stop it with stop_service().
+    """
+    bench = os.getpid()
+
+    def die_with_the_bench() -> None:
+        _libc.prctl(procs.PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+        if os.getppid() != bench:  # the bench died before the line above
+            os._exit(1)
+
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=out, stderr=out,
+                                start_new_session=True, preexec_fn=die_with_the_bench)
+    _services.add(proc.pid)
+    return proc
+
+
+def stop_service(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM the service's process group, SIGKILL it after 5 s, and reap it."""
+    for sig, wait in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 10.0)):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, sig)
+        try:
+            proc.wait(wait)
+            break
+        except subprocess.TimeoutExpired:
+            continue
+    _services.discard(proc.pid)
+
+
+@contextlib.contextmanager
+def nothing_left() -> Iterator[None]:
+    """Run the bench so that it leaves no process behind, however it ends.
+
+    SIGTERM and SIGHUP end it as Ctrl-C does (through every finally block); at the end every process
+    below the bench is SIGKILLed by PID, then any process that escaped the tree but carries this run's
+    session variable (as the tests check with their marker).
+    """
+    session = uuid.uuid4().hex
+    os.environ[SESSION_VAR] = session  # before any job's environment is made: everything inherits it
+
+    def stop(signum: int, _frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    old = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+        killed = kill_descendants(services=True)
+        escaped = processes_with_marker(f"{SESSION_VAR}={session}")
+        for pid in escaped:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        if killed or escaped:
+            say(f"killed leftover processes {sorted({*killed, *escaped})}")
+
+
+def kill_descendants(services: bool = False) -> list[int]:
+    """SIGKILL every live process below the bench (with `services`, those too), by PID; return their PIDs."""
     pids = []
-    for p in live_descendants():
+    for p in live_descendants(services):
         try:
             p.kill()
             pids.append(p.pid)

@@ -3,23 +3,18 @@
 From start until the exit codes are observed and every process is gone: detlaunch on each node
 (for horovod, the worker node's detlaunch runs the per-job sshd) against the bare launcher on
 the same hosts: two torchrun agents; horovodrun reaching a standalone sshd on 127.0.0.2 that the
-bench starts with its own keys (daemonized, so it is not one of the job's processes: for bare
+bench starts with its own keys (a service of the bench, not one of the job's processes: for bare
 horovodrun, "every process gone" cannot include that sshd's sessions; horovodrun only exits once
-they have ended anyway).
+they have ended anyway). The sshd is stopped however the bench ends (common.start_service).
 """
 
 from __future__ import annotations
 
-import ctypes
-import os
 import re
-import signal
 import socket
 import subprocess
 import time
 from pathlib import Path
-
-from detlaunch import procs
 
 from .common import (
     DETLAUNCH,
@@ -35,6 +30,8 @@ from .common import (
     interleaved,
     run,
     say,
+    start_service,
+    stop_service,
 )
 
 RANK = [str(SCRIPTS / "rank.py"), "trivial"]
@@ -62,30 +59,32 @@ class StandaloneSshd:
         self.bin.mkdir()
         (self.bin / "ssh").write_text(f'#!/bin/sh\nexec /usr/bin/ssh -F {client} "$@"\n')
         (self.bin / "ssh").chmod(0o700)
-        # The bench is a child subreaper: for sshd to daemonize away from it, stop being one for a moment.
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(procs.PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)
+        # A service of the bench (not a job's process), stopped in stop(), and by its death signal if the
+        # bench itself is killed: never left running.
+        self.proc = start_service(["/usr/sbin/sshd", "-D", "-e", "-f", str(config)], folder / "sshd.log")
         try:
-            subprocess.run(["/usr/sbin/sshd", "-f", str(config)], check=True)
-        finally:
-            procs.become_subreaper()
-        self.pid = int((folder / "sshd.pid").read_text())
+            self._wait_for_greeting()
+        except BaseException:
+            self.stop()
+            raise
+
+    def _wait_for_greeting(self) -> None:
         deadline = time.monotonic() + 10
         while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"the standalone sshd exited {self.proc.returncode}: "
+                                   f"{(self.folder / 'sshd.log').read_text(errors='replace').strip()}")
             try:
                 with socket.create_connection(("127.0.0.2", self.port), timeout=1) as s:
                     if s.recv(4).startswith(b"SSH-"):
-                        break
+                        return
             except OSError:
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.02)
 
     def stop(self) -> None:
-        try:
-            os.kill(self.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
+        stop_service(self.proc)
 
 
 def detlaunch_two_nodes(layer: str, *extra: str) -> list[str]:

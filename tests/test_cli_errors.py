@@ -137,7 +137,7 @@ def test_hosts_and_master_addr_disagree(launcher: Launcher, script: str) -> None
 
 def test_nproc_per_node_zero(launcher: Launcher, script: str) -> None:
     check_one_line_error(launcher, ["--layer", "torchrun", "--nproc-per-node", "0", script],
-                         "argument --nproc-per-node: invalid positive integer value: '0' (see detlaunch --help)")
+                         "argument --nproc-per-node: '0' is out of range; valid: 1..4096 (see detlaunch --help)")
 
 
 def test_two_nodes_without_master_addr(launcher: Launcher, script: str) -> None:
@@ -146,18 +146,18 @@ def test_two_nodes_without_master_addr(launcher: Launcher, script: str) -> None:
 
 
 @pytest.mark.parametrize(("name", "value", "expected"), [
-    ("DETLAUNCH_NPROC_PER_NODE", "abc", "DETLAUNCH_NPROC_PER_NODE='abc' is not a valid positive integer; "
+    ("DETLAUNCH_NPROC_PER_NODE", "abc", "DETLAUNCH_NPROC_PER_NODE='abc': 'abc' is not an integer; valid: 1..4096; "
      "fix or unset DETLAUNCH_NPROC_PER_NODE"),
-    ("DETLAUNCH_NPROC_PER_NODE", "0", "DETLAUNCH_NPROC_PER_NODE='0' is not a valid positive integer; "
+    ("DETLAUNCH_NPROC_PER_NODE", "0", "DETLAUNCH_NPROC_PER_NODE='0': '0' is out of range; valid: 1..4096; "
      "fix or unset DETLAUNCH_NPROC_PER_NODE"),
-    ("DETLAUNCH_MASTER_PORT", "70000", "DETLAUNCH_MASTER_PORT='70000' is not a valid port number; "
+    ("DETLAUNCH_MASTER_PORT", "70000", "DETLAUNCH_MASTER_PORT='70000': '70000' is out of range; valid: 1..65535; "
      "fix or unset DETLAUNCH_MASTER_PORT"),
-    ("DETLAUNCH_GRACE_PERIOD", "-1", "DETLAUNCH_GRACE_PERIOD='-1' is not a valid number of seconds; "
+    ("DETLAUNCH_GRACE_PERIOD", "-1", "DETLAUNCH_GRACE_PERIOD='-1': '-1' is out of range; valid: 0..3600 s; "
      "fix or unset DETLAUNCH_GRACE_PERIOD"),
     ("DETLAUNCH_DRY_RUN", "maybe", "DETLAUNCH_DRY_RUN='maybe' is not a yes/no value: write 1 or 0; "
      "fix or unset DETLAUNCH_DRY_RUN"),
     ("DETLAUNCH_FORMAT", "xml", "DETLAUNCH_FORMAT='xml': choose one of text, json; fix or unset DETLAUNCH_FORMAT"),
-    ("DETLAUNCH_RANKS", "0,x", "DETLAUNCH_RANKS='0,x' is not a valid comma-separated list of ranks; "
+    ("DETLAUNCH_RANKS", "0,x", "DETLAUNCH_RANKS='0,x': 'x' is not an integer; valid: 0..2147483647; "
      "fix or unset DETLAUNCH_RANKS"),
 ], ids=["nproc-abc", "nproc-0", "port", "grace", "dry-run", "format", "ranks"])
 def test_bad_environment_variable_is_named(launcher: Launcher, script: str, name: str, value: str,
@@ -197,7 +197,7 @@ def test_config_file_value_is_checked_like_the_flag(launcher: Launcher, script: 
     path = tmp_path / "detlaunch.toml"
     path.write_text("[detlaunch]\nnproc_per_node = 0\n")
     check_one_line_error(launcher, ["--layer", "torchrun", "--config", str(path), script],
-                         f"[detlaunch] nproc_per_node=0 is not a valid positive integer; fix it in {path}")
+                         f"[detlaunch] nproc_per_node=0: '0' is out of range; valid: 1..4096; fix it in {path}")
 
 
 def test_missing_config_file(launcher: Launcher, script: str, tmp_path: Path) -> None:

@@ -178,7 +178,8 @@ def test_a_single_host_needs_no_node_rank() -> None:
 @pytest.mark.parametrize(("argv", "message"), [
     (["--hosts", "a:1,b:1"], "--hosts lists 2 hosts: say which one this node is with --node-rank 0..1"),
     (["--hosts", "a:1,b:1", "--node-rank", "2"], "--node-rank 2 is outside --hosts (2 hosts: valid ranks 0..1)"),
-    (["--hosts", "a:1,b:1", "--node-rank", "-1"], "--node-rank -1 is outside --hosts (2 hosts: valid ranks 0..1)"),
+    (["--hosts", "a:1,b:1", "--node-rank", "-1"],  # the option's own range comes first
+     "argument --node-rank: '-1' is out of range; valid: 0..65535 (see detlaunch --help)"),
     (["--hosts", "a:1,b:1", "--node-rank", "0", "--nnodes", "3"],
      "--nnodes 3 disagrees with --hosts, which lists 2 hosts"),
     (["--hosts", "a:1", "--hostfile", "hf"], "give --hosts or --hostfile, not both"),

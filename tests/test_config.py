@@ -104,9 +104,9 @@ def test_an_empty_environment_variable_counts_as_unset() -> None:
 
 @pytest.mark.parametrize(("sections", "message"), [
     ({"detlaunch": {"nproc_per_node": 0}},
-     "[detlaunch] nproc_per_node=0 is not a valid positive integer; fix it in detlaunch.toml"),
+     "[detlaunch] nproc_per_node=0: '0' is out of range; valid: 1..4096; fix it in detlaunch.toml"),
     ({"detlaunch": {"master_port": 70000}},
-     "[detlaunch] master_port=70000 is not a valid port number; fix it in detlaunch.toml"),
+     "[detlaunch] master_port=70000: '70000' is out of range; valid: 1..65535; fix it in detlaunch.toml"),
     ({"detlaunch": {"grace_period": True}},
      "[detlaunch] grace_period=True: write a single value (a string or a number); fix it in detlaunch.toml"),
     ({"detlaunch": {"format": "xml"}},
@@ -186,7 +186,7 @@ def test_an_unknown_option_without_separator_is_an_error() -> None:
 def test_a_bad_flag_value_is_one_line() -> None:
     with pytest.raises(ConfigError) as e:
         parse_options(["--master-port", "http", "train.py"])
-    assert str(e.value) == "argument --master-port: invalid port number value: 'http' (see detlaunch --help)"
+    assert str(e.value) == "argument --master-port: 'http' is not an integer; valid: 1..65535 (see detlaunch --help)"
 
 
 def dry_run_json(argv: list[str], capsys: pytest.CaptureFixture[str], env: dict[str, str] | None = None) -> Any:

@@ -20,6 +20,7 @@ _EXPORTS = {
     "hookimpl": "hookspecs",
     "ClusterInfo": "cluster",
     "Config": "config",
+    "Number": "config",
     "StageContext": "stage",
     "Stage": "stage",
     "Command": "stage",
@@ -39,6 +40,7 @@ __all__ = ["__version__", *_EXPORTS]
 if TYPE_CHECKING:  # `X as X`: an explicit re-export, for type checkers
     from .cluster import ClusterInfo as ClusterInfo
     from .config import Config as Config
+    from .config import Number as Number
     from .errors import ClusterError as ClusterError
     from .errors import ConfigError as ConfigError
     from .errors import DetlaunchError as DetlaunchError

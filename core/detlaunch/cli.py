@@ -7,6 +7,7 @@ import dataclasses
 import json
 import os
 import sys
+import tempfile
 import traceback
 from collections.abc import Mapping, Sequence
 
@@ -26,6 +27,7 @@ from .errors import ConfigError, DetlaunchError
 from .plugins import LAYERS, PLUGINS, PluginSet
 
 SUBCOMMANDS = ("layers", "plugins", "info")
+CONTROL_COMMANDS = ("status",)  # questions to a running job (control.py): no plugin is loaded for them
 
 
 def _truthy(value: str | None) -> bool:
@@ -64,6 +66,8 @@ def _pre_parse(argv: Sequence[str], env: Mapping[str, str]) -> argparse.Namespac
 def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     env = dict(os.environ if env is None else env)
+    if argv and argv[0] in CONTROL_COMMANDS:
+        return control_command(argv[0], argv[1:], env)
     args = argv[1:] if argv and argv[0] in SUBCOMMANDS else argv
     try:
         debug = _pre_parse(args, env).debug
@@ -125,6 +129,9 @@ def run(argv: list[str], env: dict[str, str]) -> int:
     from .plan import build_plan, render_json, render_text
 
     cluster = hooks.discover_cluster(config)
+    if cluster.num_nodes > 1 and not options.get("control_port") and options["master_port"] >= 65535:
+        raise ConfigError(f"--master-port {options['master_port']} leaves no port for the link between nodes "
+                          "(master port + 1): give --control-port PORT or a lower --master-port")
     plan = build_plan(hooks, config, cluster)
     if options.get("dry_run"):
         print(render_json(plan) if options.get("format") == "json" else render_text(plan))
@@ -134,10 +141,16 @@ def run(argv: list[str], env: dict[str, str]) -> int:
         _prepare_log_dir(options["log_dir"])
 
     from .isolation import run_isolated
+    from .jobdir import lock_job_dir
     from .report import format_report, format_warnings
+    from .rundirs import remove_stale_run_dirs
     from .supervisor import NodeSupervisor
 
-    hooks.job_started(plan.context, plan.stage)  # scheduler side effects; a failure is one error line
+    for tmpdir in {os.path.dirname(plan.run_dir), tempfile.gettempdir()}:
+        remove_stale_run_dirs(tmpdir)  # left by a detlaunch of ours that was SIGKILLed
+    job_lock = None
+    if cluster.num_nodes > 1 or options.get("job_dir"):  # held by this process until it exits
+        job_lock = lock_job_dir(plan.shared_dir, cluster.node_rank, cluster.job_id, bool(options.get("job_dir")))
 
     def supervise() -> int:
         result = NodeSupervisor(plan, debug=bool(options.get("debug"))).run()
@@ -147,9 +160,55 @@ def run(argv: list[str], env: dict[str, str]) -> int:
             print(line, file=sys.stderr)
         return result.exit_code
 
-    if options.get("no_pid_namespace"):
-        return supervise()
-    return run_isolated(supervise, warn=lambda line: print(f"detlaunch: warning: {line}", file=sys.stderr))
+    try:
+        hooks.job_started(plan.context, plan.stage)  # scheduler side effects; a failure is one error line
+        if options.get("no_pid_namespace"):
+            return supervise()
+        return run_isolated(supervise, warn=lambda line: print(f"detlaunch: warning: {line}", file=sys.stderr))
+    finally:
+        if job_lock is not None:
+            job_lock.release()
+
+
+def control_command(what: str, argv: list[str], env: Mapping[str, str]) -> int:
+    """``detlaunch status [JOB] [--format json]``: ask a running job on this node, and print its answer."""
+    from . import control
+
+    p = Parser(prog=f"detlaunch {what}", description=f"Ask this user's running job (on this node) for its {what}.")
+    p.add_argument("job", nargs="?", help="the job id (default: your only running job on this node)")
+    p.add_argument("--format", choices=("text", "json"), default=env.get("DETLAUNCH_FORMAT") or "text")
+    try:
+        ns = p.parse_args(argv)
+        job, path = control.find_job(ns.job)
+        data = control.ask(path, what)
+    except ConfigError as e:
+        print(f"detlaunch: error: {e}", file=sys.stderr)
+        return e.exit_code
+    except SystemExit as e:  # --help
+        return e.code if isinstance(e.code, int) else 0
+    except (control.NotRunning, OSError) as e:
+        print(f"detlaunch: {e}", file=sys.stderr)
+        return 1
+    try:
+        print(json.dumps(data, indent=2, sort_keys=True) if ns.format == "json" else format_status(data), flush=True)
+    except BrokenPipeError:  # `detlaunch status | head`
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return 0
+
+
+def format_status(data: Mapping[str, object]) -> str:
+    """The plain table of `detlaunch status`: one line per rank of every node that answered."""
+    lines = [f"job {data.get('job')}"]
+    for node in data.get("nodes") or []:  # type: ignore[attr-defined]
+        lines.append(f"node {node.get('node')} ({node.get('host')}): {node.get('phase')}"
+                     + (f"; root cause: {node['root_cause']}" if node.get("root_cause") else ""))
+        for r in node.get("ranks") or []:
+            code = f" (exit {r['exit_code']})" if r.get("exit_code") is not None else ""
+            lines.append(f"  rank {r['rank']:<4} pid {r.get('pid') or '-':<8} {r['state']}{code}")
+    missing = data.get("missing") or []
+    if missing:
+        lines.append(f"no answer from node(s) {', '.join(map(str, missing))}")  # type: ignore[call-overload]
+    return "\n".join(lines)
 
 
 def _prepare_log_dir(path: str) -> None:

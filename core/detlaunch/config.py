@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import os
 import shutil
 import sys
@@ -27,6 +28,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, NoReturn
 
 from .errors import ConfigError
+from .safefs import read_regular_file
 
 ENV_PREFIX = "DETLAUNCH_"
 CORE_SECTION = "detlaunch"
@@ -57,41 +59,71 @@ class Parser(argparse.ArgumentParser):
         raise ConfigError(f"{message} (see detlaunch --help)")
 
 
-def positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise ValueError(text)
-    return value
+@dataclasses.dataclass(frozen=True)
+class Number:
+    """A numeric option's one definition: its kind, default and valid range.
+
+    It is the option's argparse ``type``, so the flag, its DETLAUNCH_* variable and the
+    config file are all checked by it: nan, inf and values out of range are one clear line
+    naming the option, the value and the valid range, never a traceback or a hang later.
+    """
+
+    kind: type[int] | type[float]
+    low: float
+    high: float
+    default: int | float | None = None
+    unit: str = ""
+
+    @property
+    def __name__(self) -> str:  # argparse and _convert name the kind of value by it
+        return "integer" if self.kind is int else "number"
+
+    def describe(self) -> str:
+        """The valid range as the error lines show it: ``1..65535``, ``0..3600 s``."""
+        low, high = (f"{int(self.low)}", f"{int(self.high)}") if self.kind is int else (f"{self.low:g}",
+                                                                                        f"{self.high:g}")
+        return f"{low}..{high}" + (f" {self.unit}" if self.unit else "")
+
+    def __call__(self, text: str) -> int | float:
+        try:
+            value = self.kind(text.strip())
+        except (TypeError, ValueError):
+            raise argparse.ArgumentTypeError(f"{text!r} is not {'an' if self.kind is int else 'a'} "
+                                             f"{self.__name__}; valid: {self.describe()}") from None
+        if not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"{text!r} is not a finite number; valid: {self.describe()}")
+        if not self.low <= value <= self.high:
+            raise argparse.ArgumentTypeError(f"{text!r} is out of range; valid: {self.describe()}")
+        return value
 
 
-positive_int.__name__ = "positive integer"
+def ports(default: int | None = None) -> Number:
+    return Number(int, 1, 65535, default)
 
 
-def port(text: str) -> int:
-    value = int(text)
-    if not 0 <= value <= 65535:
-        raise ValueError(text)
-    return value
+# Every numeric core option, its default and its range: the one place each is defined.
+NUMBERS: Mapping[str, Number] = {
+    "nproc_per_node": Number(int, 1, 4096),
+    "nnodes": Number(int, 1, 65536),
+    "node_rank": Number(int, 0, 65535),
+    "master_port": ports(29500),
+    "control_port": ports(),
+    "grace_period": Number(float, 0, 3600, 5.0, "s"),
+    "start_timeout": Number(float, 0.001, 7 * 86400, 300.0, "s"),
+    "heartbeat": Number(float, 0.01, 60, 1.0, "s"),
+    "ssh_port": ports(),  # ssh.py's --ssh-port (the ssh layers' option)
+}
+RANK = Number(int, 0, 2**31 - 1)
 
 
-port.__name__ = "port number"
-
-
-def seconds(text: str) -> float:
-    value = float(text)
-    if value < 0:
-        raise ValueError(text)
-    return value
-
-
-seconds.__name__ = "number of seconds"
+def number(dest: str) -> dict[str, Any]:
+    """argparse keywords for a numeric core option: its checked type, and its default."""
+    n = NUMBERS[dest]
+    return {"type": n} if n.default is None else {"type": n, "default": n.default}
 
 
 def rank_list(text: str) -> tuple[int, ...]:
-    return tuple(int(r) for r in text.split(",") if r.strip())
-
-
-rank_list.__name__ = "comma-separated list of ranks"
+    return tuple(int(RANK(r)) for r in text.split(",") if r.strip())
 
 
 def build_parser(layer_names: Sequence[str] = (), add_help: bool = True) -> Parser:
@@ -117,30 +149,30 @@ def build_parser(layer_names: Sequence[str] = (), add_help: bool = True) -> Pars
     g.add_argument("--debug", action="store_true", help="tracebacks and launcher verbosity")
 
     g = p.add_argument_group("cluster (torchrun-style flags, or --hosts/--hostfile)")
-    g.add_argument("--nproc-per-node", type=positive_int, metavar="N",
+    g.add_argument("--nproc-per-node", **number("nproc_per_node"), metavar="N",
                    help="ranks on this node (default: visible GPUs, else 1)")
-    g.add_argument("--nnodes", type=positive_int, metavar="N", help="number of nodes")
-    g.add_argument("--node-rank", type=int, metavar="R", help="this node's rank (0 is the chief)")
+    g.add_argument("--nnodes", **number("nnodes"), metavar="N", help="number of nodes")
+    g.add_argument("--node-rank", **number("node_rank"), metavar="R", help="this node's rank (0 is the chief)")
     g.add_argument("--master-addr", metavar="ADDR", help="the chief's address")
-    g.add_argument("--master-port", type=port, default=29500, metavar="PORT",
-                   help="rendezvous port on the chief (default 29500)")
+    g.add_argument("--master-port", **number("master_port"), metavar="PORT",
+                   help="rendezvous port on the chief (default %(default)s)")
     g.add_argument("--node-addr", metavar="ADDR", help="this node's own address (default: from the host list)")
     g.add_argument("--hosts", metavar="H:S,...", help="every node and its slots: 10.0.0.1:8,10.0.0.2:8")
     g.add_argument("--hostfile", metavar="FILE", help="MPI-style hostfile: 'host slots=N' per line")
     g.add_argument("--cluster", metavar="PROVIDER", help="force a discovery provider (see detlaunch plugins)")
 
     g = p.add_argument_group("supervision")
-    g.add_argument("--grace-period", type=seconds, default=5.0, metavar="S",
-                   help="after asking processes to stop, SIGKILL them this many seconds later (default 5)")
-    g.add_argument("--start-timeout", type=seconds, default=300.0, metavar="S",
-                   help="give up when the ranks (or peers) have not started after this long (default 300)")
+    g.add_argument("--grace-period", **number("grace_period"), metavar="S",
+                   help="after asking processes to stop, SIGKILL them this many seconds later (default %(default)g)")
+    g.add_argument("--start-timeout", **number("start_timeout"), metavar="S",
+                   help="give up when the ranks (or peers) have not started after this long (default %(default)g)")
     g.add_argument("--no-pid-namespace", action="store_true",
                    help="do not run the job in a PID namespace of its own (by default every process of the job "
                    "is in one, so nothing it starts can outlive detlaunch, even a SIGKILLed one)")
-    g.add_argument("--control-port", type=port, metavar="PORT",
+    g.add_argument("--control-port", **number("control_port"), metavar="PORT",
                    help="multi-node: the chief's port for the other nodes' supervisors (default: master port + 1)")
-    g.add_argument("--heartbeat", type=seconds, default=1.0, metavar="S",
-                   help="multi-node: heartbeat interval; a node silent for 5 intervals is lost (default 1)")
+    g.add_argument("--heartbeat", **number("heartbeat"), metavar="S",
+                   help="multi-node: heartbeat interval; a node silent for 5 intervals is lost (default %(default)g)")
     g.add_argument("--job-dir", metavar="DIR",
                    help="job directory shared by all nodes, for per-job ssh keys "
                    "(default ~/.cache/detlaunch/jobs/JOB_ID)")
@@ -169,6 +201,8 @@ def _convert(action: argparse.Action, raw: Any, where: str, fix: str) -> Any:
     if action.type is not None:
         try:
             value = action.type(value)  # type: ignore[operator]
+        except argparse.ArgumentTypeError as e:
+            raise ConfigError(f"{where}={raw!r}: {e}; {fix}") from None
         except (TypeError, ValueError):
             kind = getattr(action.type, "__name__", "value")
             raise ConfigError(f"{where}={raw!r} is not a valid {kind}; {fix}") from None
@@ -181,10 +215,13 @@ def read_config_file(path: str | None) -> dict[str, dict[str, Any]]:
     if not path:
         return {}
     try:
-        with open(path, "rb") as f:
-            data = tomllib.load(f)
+        data = tomllib.loads(read_regular_file(path).decode("utf-8"))
     except FileNotFoundError:
         raise ConfigError(f"config file not found: {path}") from None
+    except OSError as e:
+        raise ConfigError(f"cannot read config file {path}: {e.strerror}; give a TOML file") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"config file {path} is not valid TOML: it is not UTF-8 text") from None
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"config file {path} is not valid TOML: {e}") from None
     for section, values in data.items():

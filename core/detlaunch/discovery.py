@@ -17,6 +17,7 @@ from .cluster import ClusterInfo, Host, parse_hostfile, parse_hosts
 from .config import Config
 from .errors import ClusterError, ConfigError
 from .hookspecs import hookimpl
+from .safefs import read_regular_file
 
 
 def visible_gpus(env: Mapping[str, str]) -> int:
@@ -44,6 +45,16 @@ def derived_job_id(*parts: object) -> str:
     """Every node computes the same id from the same flags, without talking to the others."""
     digest = hashlib.sha256("\0".join(map(str, parts)).encode()).hexdigest()[:12]
     return f"dl-{digest}"
+
+
+def given_control_port(config: Config) -> tuple[int, ...]:
+    """The control port when given, as a part of a derived job id (with the master port, always a part).
+
+    Two jobs on the same hosts cannot share these ports, so they get different ids and job directories.
+    Without --control-port it is the master port + 1: leaving it out keeps the ids of older versions.
+    """
+    control = config.options.get("control_port")
+    return (control,) if control else ()
 
 
 def _wanted(config: Config, name: str) -> bool:
@@ -76,10 +87,11 @@ class StaticProvider:
         else:
             path = o["hostfile"]
             try:
-                with open(path) as f:
-                    text = f.read()
+                text = read_regular_file(path).decode("utf-8")
             except OSError as e:
                 raise ConfigError(f"cannot read --hostfile {path}: {e.strerror}") from None
+            except UnicodeDecodeError:
+                raise ConfigError(f"cannot read --hostfile {path}: it is not UTF-8 text") from None
             hosts, source = parse_hostfile(text, path), "--hostfile"
         if o.get("nnodes") and o["nnodes"] != len(hosts):
             raise ConfigError(f"--nnodes {o['nnodes']} disagrees with {source}, which lists {len(hosts)} hosts")
@@ -101,13 +113,13 @@ class StaticProvider:
         if o.get("master_addr") and o["master_addr"] != addrs[0]:
             raise ConfigError(f"--master-addr {o['master_addr']} disagrees with {source}, whose first host "
                               f"(the chief) is {addrs[0]}: drop --master-addr or list the chief first")
-        port = o.get("master_port")
         return ClusterInfo(
             node_addrs=addrs,
             slots=tuple(h.slots or slots for h in hosts),
             node_rank=node_rank,
             chief_addr=addrs[0],
-            job_id=job_id_for(config, derived_job_id(*addrs, port) if len(hosts) > 1 else random_job_id()),
+            job_id=job_id_for(config, derived_job_id(*addrs, o.get("master_port"), *given_control_port(config))
+                              if len(hosts) > 1 else random_job_id()),
             provider=self.name,
             sources={"nodes": source, "node_rank": "--node-rank", "chief": f"first host of {source}"},
         )
@@ -135,7 +147,7 @@ class StaticProvider:
             slots=(default_slots(config),) * nnodes,
             node_rank=node_rank,
             chief_addr=chief,
-            job_id=job_id_for(config, derived_job_id(chief, o.get("master_port"), nnodes)
+            job_id=job_id_for(config, derived_job_id(chief, o.get("master_port"), nnodes, *given_control_port(config))
                               if nnodes > 1 else random_job_id()),
             provider=self.name,
             sources={"nodes": "--nnodes", "node_rank": "--node-rank", "chief": chief_source},

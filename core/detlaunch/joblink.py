@@ -69,6 +69,8 @@ class ChiefEvents(Protocol):
     def remote_rank_exit(self, status: RankStatus) -> None: ...
     def remote_failure(self, failure: Failure) -> None: ...
     def node_lost(self, node: int, addr: str, why: str) -> None: ...
+    def remote_ask(self, node: int, key: int, what: str, args: dict[str, Any]) -> None: ...
+    def remote_reply(self, node: int, key: int, data: Any) -> None: ...
 
 
 class WorkerEvents(Protocol):
@@ -78,6 +80,8 @@ class WorkerEvents(Protocol):
     def link_failed_to_start(self, what: str) -> None: ...
     def chief_verdict(self, failure: Failure | None) -> None: ...
     def chief_lost(self, why: str) -> None: ...
+    def chief_request(self, key: int, what: str, args: dict[str, Any]) -> None: ...
+    def chief_answer(self, key: int, data: dict[str, Any]) -> None: ...
 
 
 class PeerConnection:
@@ -266,6 +270,10 @@ class ChiefLink:
             failure = _message_failure(m)
             if failure is not None:
                 self.events.remote_failure(failure)
+        elif kind == "ask" and line.node is not None:  # a client asked that node (control.py)
+            self.events.remote_ask(line.node, int(m["id"]), str(m.get("what")), dict(m.get("args") or {}))
+        elif kind == "reply" and line.node is not None:
+            self.events.remote_reply(line.node, int(m["id"]), m.get("data"))
         elif kind == "bye":
             for d in m.get("ranks") or ():
                 status = RankStatus.from_json(d)
@@ -336,6 +344,18 @@ class ChiefLink:
         self.stop_message = {"t": "stop", "failure": failure.to_json()}
         for line in self.nodes.values():
             line.send(self.stop_message)
+
+    def live_nodes(self) -> set[int]:
+        """The worker nodes that joined and are still connected."""
+        return {n for n, line in self.nodes.items() if not line.closed}
+
+    def request(self, node: int, key: int, what: str, args: dict[str, Any]) -> None:
+        self.nodes[node].send({"t": "request", "id": key, "what": what, "args": args})
+
+    def answer(self, node: int, key: int, data: dict[str, Any]) -> None:
+        line = self.nodes.get(node)
+        if line is not None:
+            line.send({"t": "answer", "id": key, "data": data})
 
     def ready_to_finish(self) -> bool:
         """Every node that joined has said goodbye or was lost (one that never joined: nothing to wait for)."""
@@ -415,6 +435,10 @@ class WorkerLink:
         elif kind == "stop":
             self.stopped_by_chief = True
             self.events.chief_verdict(_message_failure(m))
+        elif kind == "request":  # the chief gathers every node's answer to a client's question
+            self.events.chief_request(int(m["id"]), str(m.get("what")), dict(m.get("args") or {}))
+        elif kind == "answer":
+            self.events.chief_answer(int(m["id"]), dict(m.get("data") or {}))
         elif kind == "end":
             self.chief_ended = True
             failure = _message_failure(m)
@@ -469,6 +493,17 @@ class WorkerLink:
     def rank_exited(self, status: RankStatus) -> None:
         if self.line is not None:
             self.line.send({"t": "rank_exit", "status": status.to_json()})
+
+    def ask(self, key: int, what: str, args: dict[str, Any]) -> bool:
+        """Pass a client's question to the chief; False when there is no chief to ask."""
+        if self.line is None or not self.line.authed:
+            return False
+        self.line.send({"t": "ask", "id": key, "what": what, "args": args})
+        return True
+
+    def reply(self, key: int, data: Any) -> None:
+        if self.line is not None:
+            self.line.send({"t": "reply", "id": key, "data": data})
 
     def failed(self, failure: Failure) -> None:
         if self.line is not None and not self.stopped_by_chief:

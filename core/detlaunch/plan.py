@@ -20,6 +20,7 @@ from typing import Any
 from .cluster import ClusterInfo
 from .config import Config
 from .errors import PluginLoadError
+from .joblink import SECRET_ENV
 from .plugins import Hooks
 from .report import signal_name
 from .stage import SOCKET_NAME, SSHD_SUPERVISOR_ENV, Command, Stage, StageContext
@@ -124,7 +125,7 @@ class LaunchPlan:
 
 def wrapper_argv(config: Config, job_id: str, rank_env: tuple[str, ...]) -> tuple[str, ...]:
     argv = [sys.executable, "-S", WRAPPER_PATH, "--job", job_id,
-            "--grace", f"{config.options.get('grace_period', 5.0):g}"]
+            "--grace", f"{config.options['grace_period']:g}"]
     if rank_env:
         argv += ["--rank-env", ",".join(rank_env)]
     if config.options.get("ranks"):
@@ -180,12 +181,11 @@ def build_plan(hooks: Hooks, config: Config, cluster: ClusterInfo) -> LaunchPlan
                               f"{type(stage).__name__}, not a detlaunch.Stage")
     return LaunchPlan(
         layer=config.layer, role=role, stage=stage, env=env,
-        unset_env=(SSHD_SUPERVISOR_ENV, *stage.unset_env), wrapper_argv=wrapper,
-        grace_period=config.options.get("grace_period", 5.0),
-        start_timeout=config.options.get("start_timeout", 300.0),
+        unset_env=(SSHD_SUPERVISOR_ENV, SECRET_ENV, *stage.unset_env), wrapper_argv=wrapper,
+        grace_period=config.options["grace_period"], start_timeout=config.options["start_timeout"],
         log_dir=config.options.get("log_dir"), console_ranks=config.options.get("ranks") or None, context=ctx,
-        control_port=config.options.get("control_port") or (config.options.get("master_port", 29500) + 1),
-        heartbeat=config.options.get("heartbeat", 1.0),
+        control_port=config.options.get("control_port") or config.options["master_port"] + 1,
+        heartbeat=config.options["heartbeat"],
     )
 
 

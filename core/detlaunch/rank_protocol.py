@@ -24,7 +24,8 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:  # never at run time: typing alone costs the wrapper about 1 MB
     from typing import Any
 
-TAIL_LINES = 20  # stderr lines a rank's report carries, and a launcher's failure shows
+TAIL_LINES = 40  # stderr lines a rank's report carries: room for a deep traceback with warnings after it
+SHOWN_LINES = 20  # at most this many of them (or of a launcher's output) appear in the end report
 TAIL_BYTES = 16384  # how much of a stream is kept to find those lines in
 
 HELLO, OK, REJECT, STARTED, EXIT = "hello", "ok", "reject", "started", "exit"

@@ -36,6 +36,8 @@ class RankEntry:
     status: RankStatus | None = None
     stopped: bool = False  # detlaunch asked it to stop
     killed: bool = False  # detlaunch SIGKILLed it
+    asked: bool = False  # a control client (control.py) that has sent its one question
+    outbox: bytes = b""  # the answer still to send it
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,11 +57,13 @@ class RankRegistry:
     def __init__(self, loop: EventLoop, rules: RankRules, host: str, *,
                  accepting: Callable[[], bool], welcome: Callable[[], dict[str, Any]],
                  console_fds: tuple[int, int], on_registered: Callable[[RankEntry], None],
-                 on_exit: Callable[[RankStatus], None], trace: Callable[[str], None]) -> None:
+                 on_exit: Callable[[RankStatus], None], trace: Callable[[str], None],
+                 on_request: Callable[[RankEntry, dict[str, Any]], None] = lambda _e, _m: None) -> None:
         self.loop, self.rules, self.host = loop, rules, host
         self.accepting, self.welcome = accepting, welcome
         self.console_fds = console_fds
         self.on_registered, self.on_exit, self.trace = on_registered, on_exit, trace
+        self.on_request = on_request  # a question from another shell (control.py), not a wrapper
         self.conns: dict[socket.socket, RankEntry] = {}
         self.ranks: dict[int, RankEntry] = {}
         self.listener: socket.socket | None = None
@@ -161,6 +165,9 @@ class RankRegistry:
             self._on_hello(entry, message)
         elif kind == rank_protocol.STARTED and entry.rank is not None:
             entry.rank_pid = int(message["pid"])
+        elif kind == "request" and entry.rank is None and not entry.asked:
+            entry.asked = True
+            self.on_request(entry, message)
         elif kind == rank_protocol.EXIT and entry.rank is not None and entry.status is None:
             entry.status = RankStatus(
                 rank=entry.rank, node_rank=self.rules.node_rank, exit_code=int(message["code"]),
@@ -205,6 +212,25 @@ class RankRegistry:
             entry.sock.setblocking(False)
         except OSError:
             pass
+
+    def answer(self, entry: RankEntry, data: Any) -> None:
+        """Answer a control client without ever blocking the loop: a reader that stalls only stalls itself."""
+        if entry.sock not in self.conns:
+            return
+        entry.outbox = rank_protocol.encode({"t": "reply", "data": data})
+        self.loop.remove(entry.sock)
+        self.loop.add_writer(entry.sock, Priority.PROBE, functools.partial(self._write_answer, entry))
+
+    def _write_answer(self, entry: RankEntry) -> None:
+        try:
+            sent = entry.sock.send(entry.outbox)
+        except BlockingIOError:
+            return
+        except OSError:
+            sent = len(entry.outbox)
+        entry.outbox = entry.outbox[sent:]
+        if not entry.outbox:
+            self._close(entry)
 
     def _closed(self, entry: RankEntry) -> None:
         self._close(entry)

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import re
 import signal
+from collections.abc import Sequence
 from typing import Any
 
 from . import rank_protocol
@@ -112,6 +114,40 @@ class JobResult:
         return self.exit_code == 0
 
 
+TRACEBACK = re.compile(r"^(?:\s*\+ )?(?:Exception Group )?Traceback \(most recent call last\):")
+FRAME = re.compile(r"^\s+File \"")
+NO_STDERR = "(nothing on stderr)"
+
+
+def explaining_lines(tail: Sequence[str], limit: int = rank_protocol.SHOWN_LINES) -> tuple[str, ...]:
+    """The lines of a rank's stderr tail that explain its exit, for the report.
+
+    The last Python traceback, from its first line through the exception line, if there is
+    one: what a library warned about after it is noise. Else the last `limit` lines; else a
+    note that the rank wrote nothing. A traceback whose first lines fell out of the tail
+    starts at its first frame left, marked as cut. Progress bars (\r) count as lines.
+    """
+    lines = [part for line in tail for part in line.replace("\r", "\n").split("\n") if part.strip()]
+    if not lines:
+        return (NO_STDERR,)
+    start = next((i for i in range(len(lines) - 1, -1, -1) if TRACEBACK.match(lines[i])), None)
+    header: list[str] = []
+    if start is None:
+        start = next((i for i, line in enumerate(lines) if FRAME.match(line)), None)
+        header = ["Traceback (most recent call last): (its first lines are cut)"]
+    if start is None:
+        return tuple(lines[-limit:])
+    # The exception line is the first one not indented after the frames; an exception group's
+    # traceback is indented throughout, so it ends before the first line that is not.
+    group = not header and lines[start][:1].isspace()
+    end = next((i - group for i in range(start + 1, len(lines)) if not lines[i][:1].isspace()
+                and not lines[i].startswith("+")), len(lines) - 1)
+    if header and end == len(lines) - 1 and lines[end][:1].isspace():
+        return tuple(lines[-limit:])  # frames without an exception line: not a traceback after all
+    picked = [*header, *lines[start : end + 1]]
+    return tuple(picked if len(picked) <= limit else [picked[0], "...", *picked[-(limit - 2):]])
+
+
 def format_report(result: JobResult) -> list[str]:
     """The end-of-job report: a line per rank, and for a failure the root cause with its stderr."""
     lines = []
@@ -123,8 +159,11 @@ def format_report(result: JobResult) -> list[str]:
     if result.failure:
         lines.append(f"detlaunch: job failed: {result.failure.what}")
         f = result.failure
-        if f.tail:
-            lines.append(f"detlaunch: last {'stderr' if f.rank else 'output'} lines of {f.tail_of}:")
+        if f.rank and not f.rank.lost:  # a lost rank's wrapper sent no tail: say nothing of its stderr
+            lines.append(f"detlaunch: last stderr lines of {f.tail_of}:")
+            lines.extend(f"detlaunch:   | {line}" for line in explaining_lines(f.tail))
+        elif f.tail:
+            lines.append(f"detlaunch: last output lines of {f.tail_of}:")
             lines.extend(f"detlaunch:   | {line}" for line in f.tail)
     elif result.interrupted_by:
         lines.append(f"detlaunch: job interrupted by {signal_name(result.interrupted_by)}")

@@ -52,3 +52,26 @@ def read_private_file(path: str) -> str:
         if st.st_uid != os.getuid() or st.st_mode & 0o077:
             raise PermissionError(1, f"{path} is not a private file of yours")
         return f.read().decode().strip()
+
+
+def read_regular_file(path: str) -> bytes:
+    """Read a file the user named (--config, --hostfile): never block on a FIFO or a device.
+
+    Opened non-blocking, then checked to be a regular file before a single byte is read;
+    anything else raises OSError (EINVAL) with a message saying what the path is.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+    with os.fdopen(fd, "rb") as f:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise OSError(22, f"{_kind(mode)}, not a regular file")
+        os.set_blocking(fd, True)
+        return f.read()
+
+
+def _kind(mode: int) -> str:
+    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device")):
+        if test(mode):
+            return name
+    return "not a plain file"

@@ -24,6 +24,7 @@ import shlex
 import shutil
 import sys
 
+from .config import NUMBERS
 from .errors import ConfigError
 from .safefs import write_private_file
 from .stage import SOCKET_NAME, SSHD_SUPERVISOR_ENV, Command, Stage, StageContext
@@ -38,7 +39,7 @@ SSH_PORT_ENV = "DTRAIN_SSH_PORT"
 def add_ssh_options(parser: argparse.ArgumentParser, layer: str) -> None:
     """Add --ssh-port and --ssh-dir to a layer's option group (for layers that use ssh)."""
     g = parser.add_argument_group(f"{layer}: ssh between nodes")
-    g.add_argument("--ssh-port", type=int, metavar="PORT",
+    g.add_argument("--ssh-port", type=NUMBERS["ssh_port"], metavar="PORT",
                    help=f"port of the per-job sshd on each node (default: ${SSH_PORT_ENV}, else {DEFAULT_SSH_PORT})")
     g.add_argument("--ssh-dir", metavar="DIR",
                    help="directory shared by all nodes for the per-job ssh keys (default: the job dir)")
@@ -59,9 +60,9 @@ class SshLayout:
     def for_job(cls, ctx: StageContext) -> SshLayout:
         port = ctx.option("ssh_port") or ctx.env.get(SSH_PORT_ENV) or DEFAULT_SSH_PORT
         try:
-            port = int(port)
-        except ValueError:
-            raise ConfigError(f"{SSH_PORT_ENV}={port!r} is not a port number") from None
+            port = int(NUMBERS["ssh_port"](str(port)))
+        except argparse.ArgumentTypeError as e:
+            raise ConfigError(f"{SSH_PORT_ENV}={port!r}: {e}") from None
         root = ctx.option("ssh_dir") or os.path.join(ctx.shared_dir, "ssh")
         return cls(os.path.abspath(root), port)
 

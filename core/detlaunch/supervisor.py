@@ -24,6 +24,7 @@ import time
 from typing import Any, TextIO
 
 from . import rank_protocol
+from .control import ControlRequests, write_job_file
 from .dial import SshdProbe
 from .errors import LaunchError
 from .eventloop import EventLoop, Timer
@@ -32,6 +33,7 @@ from .plan import LaunchPlan
 from .process_table import Child, ProcessTable
 from .rank_registry import RankEntry, RankRegistry, RankRules
 from .report import Failure, JobResult, RankStatus, describe_exit, signal_name
+from .rundirs import RunDir, create_run_dir
 from .safefs import ensure_private_dir, write_private_file
 from .verdict import (
     ChiefLost,
@@ -116,7 +118,10 @@ class NodeSupervisor:
         self.ranks = RankRegistry(self.loop, rules, c.node_addr or socket.gethostname(),
                                   accepting=lambda: self.phase.active, welcome=self._welcome,
                                   console_fds=(1, 2), on_registered=self._on_registered,
-                                  on_exit=self._on_rank_exit, trace=self.trace)
+                                  on_exit=self._on_rank_exit, trace=self.trace, on_request=self._on_client_request)
+        self.control = ControlRequests(self.loop, c.job_id, self.node)
+        self.control.handle("status", self._status)
+        self.run_dir: RunDir | None = None
         self.link: ChiefLink | WorkerLink | None = None
         self.probes: list[SshdProbe] = []
         self.kill_timer: Timer | None = None
@@ -138,8 +143,9 @@ class NodeSupervisor:
     # -- setup -------------------------------------------------------------------------------
     def _prepare(self) -> None:
         try:
-            os.mkdir(self.plan.run_dir, 0o700)  # fails if anything already sits at this random path
+            self.run_dir = create_run_dir(self.plan.run_dir)  # fails if anything already sits at this random path
             os.mkdir(os.path.join(self.plan.run_dir, "tmp"), 0o700)  # a private TMPDIR for the job
+            write_job_file(self.plan.run_dir, self.plan.cluster.job_id, self.node)
             self.ranks.listen(self.plan.socket_path)
         except OSError as e:
             raise LaunchError(f"cannot set up {self.plan.run_dir}: {e.strerror or e}") from None
@@ -304,6 +310,7 @@ class NodeSupervisor:
 
     def node_lost(self, node: int, addr: str, why: str) -> None:
         """Chief: a worker node's supervisor vanished."""
+        self.control.node_gone(node)
         if self.phase.active:
             self._fail(NodeLost(node, addr, why, time.time()))
 
@@ -317,11 +324,64 @@ class NodeSupervisor:
 
     def chief_lost(self, why: str) -> None:
         """Worker: the chief's supervisor vanished before the job ended."""
+        self.control.close()  # questions passed to it will get no answer
         if self.phase.active:
             self._fail(ChiefLost(self.plan.cluster.chief_addr, why, self.node, time.time()))
 
     def link_failed_to_start(self, what: str) -> None:
         self.fail_to_start(what)
+
+    # -- questions from another shell (control.py) ----------------------------------------------
+    def _on_client_request(self, entry: RankEntry, message: dict[str, Any]) -> None:
+        what, args = str(message.get("what")), dict(message.get("args") or {})
+
+        def answer(data: dict[str, Any]) -> None:
+            for node in data.get("nodes") or []:  # the client translates this node's pids into its own
+                node["answered_here"] = node.get("node") == self.node
+            self.ranks.answer(entry, data)
+
+        self._ask_job(what, args, answer)
+
+    def _ask_job(self, what: str, args: dict[str, Any], answer: Any) -> None:
+        """The job's answer: the chief gathers every node's; a worker asks the chief (or answers alone)."""
+        link = self.link
+        if isinstance(link, WorkerLink) and link.ask(self.control.forward(answer), what, args):
+            return
+        nodes = link.live_nodes() if isinstance(link, ChiefLink) else set()
+        self.control.gather(what, args, nodes, ask=lambda n, key: self._ask_node(n, key, what, args), answer=answer)
+
+    def _ask_node(self, node: int, key: int, what: str, args: dict[str, Any]) -> None:
+        assert isinstance(self.link, ChiefLink)
+        self.link.request(node, key, what, args)
+
+    def remote_ask(self, node: int, key: int, what: str, args: dict[str, Any]) -> None:
+        """Chief: a worker's client asked; the answer goes back to that worker."""
+        link = self.link
+        assert isinstance(link, ChiefLink)
+        self._ask_job(what, args, lambda data: link.answer(node, key, data))
+
+    def remote_reply(self, node: int, key: int, data: Any) -> None:
+        self.control.part(key, node, data)
+
+    def chief_request(self, key: int, what: str, args: dict[str, Any]) -> None:
+        """Worker: the chief gathers; this node's own answer goes back to it."""
+        link = self.link
+        assert isinstance(link, WorkerLink)
+        self.control.local(what, args, lambda data: link.reply(key, data))
+
+    def chief_answer(self, key: int, data: dict[str, Any]) -> None:
+        self.control.answered(key, data)
+
+    def _status(self, args: Any, done: Any) -> None:
+        """This node's part of `detlaunch status`."""
+        failure = self.verdict.failure
+        ranks = [{"rank": r, "pid": e.rank_pid, "wrapper_pid": e.peer_pid,
+                  "state": ("running" if e.rank_pid else "starting") if e.status is None
+                  else ("stopped" if e.status.stopped else "exited"),
+                  "exit_code": e.status.exit_code if e.status else None}
+                 for r, e in sorted(self.ranks.ranks.items())]
+        done({"host": self.ranks.host, "phase": self.phase.value, "ranks": ranks,
+              "root_cause": failure.what if failure else None})
 
     # -- deciding and stopping -------------------------------------------------------------------
     def _fail(self, event: Event) -> None:
@@ -458,6 +518,7 @@ class NodeSupervisor:
         self.processes.reap()
         for probe in self.probes:
             probe.close()
+        self.control.close()
         self.ranks.close()
         self.processes.close()
         self.loop.close()
@@ -473,6 +534,8 @@ class NodeSupervisor:
                 pass
         for d in [*stage.dirs, self.plan.run_dir]:
             _remove_tree(self._path(d))
+        if self.run_dir is not None:
+            self.run_dir.close()
         # The shared job dir and its folders go when the last node leaves them empty.
         top = os.path.dirname(self.plan.shared_dir)
         for d in sorted({os.path.dirname(self._path(d)) for d in stage.dirs}, key=len, reverse=True):
@@ -487,8 +550,9 @@ class NodeSupervisor:
         cause = self.verdict.cause
         if failure is not None and isinstance(cause, ChildExited):  # its output may have grown since
             child = self.processes.children[cause.pid]
-            failure = Failure(failure.what, failure.exit_code, tail=tuple(rank_protocol.last_lines(child.tail)),
-                              tail_of=child.command.name, at=failure.at, kind=failure.kind)
+            tail = tuple(rank_protocol.last_lines(child.tail, rank_protocol.SHOWN_LINES))
+            failure = Failure(failure.what, failure.exit_code, tail=tail, tail_of=child.command.name, at=failure.at,
+                              kind=failure.kind)
         return JobResult(exit_code=self.verdict.exit_code, ranks=ranks, failure=failure,
                          interrupted_by=self.verdict.interrupted_by,
                          duration=time.monotonic() - self.started_at, node_rank=self.node,

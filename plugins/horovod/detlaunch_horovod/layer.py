@@ -20,6 +20,7 @@ from collections.abc import Sequence
 
 from detlaunch import (
     Command,
+    Number,
     RankWrapper,
     Stage,
     StageContext,
@@ -98,16 +99,16 @@ def _horovodrun() -> str:
 @hookimpl
 def detlaunch_add_options(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("horovod layer (also read from the config file's [horovod] section)")
-    g.add_argument("--fusion-threshold-mb", type=int, default=FUSION_THRESHOLD_MB, metavar="MB",
-                   help=f"tensor fusion buffer (default {FUSION_THRESHOLD_MB})")
-    g.add_argument("--cycle-time-ms", type=float, default=CYCLE_TIME_MS, metavar="MS",
+    g.add_argument("--fusion-threshold-mb", type=Number(int, 0, 65536, unit="MB"), default=FUSION_THRESHOLD_MB,
+                   metavar="MB", help=f"tensor fusion buffer (default {FUSION_THRESHOLD_MB})")
+    g.add_argument("--cycle-time-ms", type=Number(float, 0, 60000, unit="ms"), default=CYCLE_TIME_MS, metavar="MS",
                    help=f"tensor fusion cycle time (default {CYCLE_TIME_MS})")
     g.add_argument("--autotune", action="store_true", help="let horovod tune fusion (replaces the two above)")
     g.add_argument("--autotune-log-file", metavar="FILE", help="autotune log (default: "
                    "horovod_autotune_log.csv in --log-dir, else in the current directory)")
     g.add_argument("--network-interface", metavar="NIC", help="inter-node interface, e.g. eth0 (multi-node)")
-    g.add_argument("--gloo-timeout", type=int, default=GLOO_TIMEOUT_SECONDS, metavar="S",
-                   help=f"horovodrun --gloo-timeout-seconds (default {GLOO_TIMEOUT_SECONDS})")
+    g.add_argument("--gloo-timeout", type=Number(int, 1, 7 * 86400, unit="s"), default=GLOO_TIMEOUT_SECONDS,
+                   metavar="S", help=f"horovodrun --gloo-timeout-seconds (default {GLOO_TIMEOUT_SECONDS})")
     g.add_argument("--controller", choices=("gloo", "mpi"), default="gloo",
                    help="horovodrun's controller (default gloo, the build scripts/setup.sh makes)")
     g.add_argument("--auto", action="store_true",

@@ -1,0 +1,110 @@
+"""`detlaunch status` from another shell: every rank of every node, only for the job's user, and a
+clear line once the job is not running."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+from conftest import SCRIPTS, Launcher
+from detlaunch.control import ControlRequests, running_jobs
+from detlaunch.eventloop import EventLoop
+from helpers import free_port
+
+RANKS = str(SCRIPTS / "ranks.py")
+
+
+def status(launcher: Launcher, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "detlaunch", "status", *args], env=launcher.env,
+                          capture_output=True, text=True, timeout=30)
+
+
+@pytest.mark.timeout(200)
+def test_status_on_two_nodes_from_either_node(launcher: Launcher) -> None:
+    common = ["--layer", "torchrun", "--nnodes", "2", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
+              "--master-port", str(free_port())]
+    env = {"SLEEP": "300"}
+    jobs = [launcher.start(*common, "--node-rank", str(n), "--node-addr", f"127.0.0.{n + 1}", RANKS, env=env)
+            for n in (0, 1)]
+    for rank in range(4):
+        jobs[rank // 2].wait_for_output(f"[rank={rank}] rank {rank} sleeping", timeout=150)
+    runs = [status(launcher, "--format", "json") for _ in range(3)]  # whichever node's socket is found
+    for run in runs:
+        assert run.returncode == 0, run.stderr
+        data = json.loads(run.stdout)
+        assert [n["node"] for n in data["nodes"]] == [0, 1] and data["missing"] == []
+        ranks = [r for n in data["nodes"] for r in n["ranks"]]
+        assert [(r["rank"], r["state"]) for r in ranks] == [(i, "running") for i in range(4)]
+        here = next(n for n in data["nodes"] if n["answered_here"])
+        for r in here["ranks"]:  # this shell's pids: the rank's own process
+            cmdline = Path(f"/proc/{r['pid']}/cmdline").read_bytes()
+            assert b"ranks.py" in cmdline and b"rank_wrapper" not in cmdline
+    text = status(launcher)
+    assert text.returncode == 0 and "node 1 (127.0.0.2): running" in text.stdout
+    assert text.stdout.count(" running\n") + text.stdout.endswith(" running") >= 4, text.stdout
+    job = json.loads(runs[0].stdout)["job"]
+    for j in jobs:
+        j.send_signal(2)
+    for j in jobs:
+        j.wait(60)
+    gone = status(launcher, job)
+    assert gone.returncode == 1 and gone.stderr.strip() == f"detlaunch: job {job} is not running on this node"
+    assert status(launcher).stderr.strip() == "detlaunch: no detlaunch job of yours is running on this node"
+
+
+@pytest.mark.timeout(120)
+def test_another_user_cannot_ask(launcher: Launcher) -> None:
+    job_id = f"test-{uuid.uuid4().hex[:8]}"
+    job = launcher.start("--layer", "torchrun", "--nproc-per-node", "1", "--master-port", str(free_port()),
+                         "--job-id", job_id, RANKS, env={"SLEEP": "300"})
+    job.wait_for_output("[rank=0] rank 0 sleeping", timeout=60)
+    sock = running_jobs((str(launcher.tmpdir), "/tmp"))[job_id]
+    user = f"dl{uuid.uuid4().hex[:8]}"
+    subprocess.run(["useradd", "-M", "-s", "/bin/sh", user], check=True)
+    try:
+        code = ("import socket, sys\ns = socket.socket(socket.AF_UNIX)\ntry:\n    s.connect(sys.argv[1])\n"
+                "except OSError as e:\n    print(e.errno)\nelse:\n    print('connected')")
+        out = subprocess.run(["runuser", "-u", user, "--", "/usr/bin/python3", "-c", code, str(sock)],
+                             capture_output=True, text=True, timeout=30, cwd="/")
+        assert out.stdout.strip() == "13", out  # EACCES: the run dir is the job user's only
+    finally:
+        subprocess.run(["userdel", user], check=True)
+    job.send_signal(15)
+    job.wait(60)
+
+
+def test_the_chief_answers_with_whatever_came_within_the_budget() -> None:
+    now = [0.0]
+    loop = EventLoop(clock=lambda: now[0])
+    control = ControlRequests(loop, "job-1", node=0, budget=3.0)
+    control.handle("status", lambda args, done: done({"phase": "running"}))
+    asked: list[int] = []
+    answers: list[dict[str, object]] = []
+    control.gather("status", {}, {1, 2}, ask=lambda node, key: asked.append(node), answer=answers.append)
+    assert asked == [1, 2] and answers == []
+    control.part(1, 2, {"phase": "stopping"})
+    now[0] = 3.5
+    loop.run_once(timeout=0)
+    assert answers == [{"job": "job-1", "what": "status", "missing": [1],
+                        "nodes": [{"node": 0, "phase": "running"}, {"node": 2, "phase": "stopping"}]}]
+    control.part(1, 1, {"phase": "late"})  # too late: already answered
+    assert len(answers) == 1
+    loop.close()
+
+
+def test_a_lost_node_is_not_waited_for_and_unknown_questions_say_so() -> None:
+    loop = EventLoop()
+    control = ControlRequests(loop, "job-1", node=0)
+    answers: list[dict[str, object]] = []
+    control.gather("nosuch", {}, {1}, ask=lambda node, key: None, answer=answers.append)
+    control.node_gone(1)
+    (answer,) = answers
+    assert answer["missing"] == [1]
+    assert "unknown question 'nosuch'" in str(answer["nodes"])
+    loop.close()
+    assert os.getuid() == 0  # the suite runs as root (useradd, sshd): say so if that ever changes

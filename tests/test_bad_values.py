@@ -1,0 +1,199 @@
+"""Bad numbers and bad paths: one line naming what is wrong, exit 2, never a traceback, never a hang.
+
+Everything runs the real ``detlaunch.cli.main`` in-process (milliseconds a case); the cases that get past
+option checking stop before any process starts (--dry-run, or an error found before the supervisor).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from detlaunch.cli import main
+from detlaunch.config import NUMBERS
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str, env: dict[str, str] | None = None) -> tuple[int, str]:
+    code = main(list(argv), env={"PATH": os.environ["PATH"], **(env or {})})
+    return code, capsys.readouterr().err
+
+
+@pytest.fixture
+def script(tmp_path: Path) -> str:
+    path = tmp_path / "train.py"
+    path.write_text("print('trained')\n")
+    return str(path)
+
+
+@pytest.mark.parametrize(("args", "line"), [
+    (["--grace-period", "nan"], "argument --grace-period: 'nan' is not a finite number; valid: 0..3600 s"),
+    (["--grace-period", "-1"], "argument --grace-period: '-1' is out of range; valid: 0..3600 s"),
+    (["--start-timeout", "inf"], "argument --start-timeout: 'inf' is not a finite number; valid: 0.001..604800 s"),
+    (["--start-timeout", "1e400"], "argument --start-timeout: '1e400' is not a finite number; valid: 0.001..604800 s"),
+    (["--heartbeat", "0"], "argument --heartbeat: '0' is out of range; valid: 0.01..60 s"),
+    (["--master-port", "0"], "argument --master-port: '0' is out of range; valid: 1..65535"),
+    (["--master-port", "70000"], "argument --master-port: '70000' is out of range; valid: 1..65535"),
+    (["--control-port", "-5"], "argument --control-port: '-5' is out of range; valid: 1..65535"),
+    (["--nproc-per-node", "0"], "argument --nproc-per-node: '0' is out of range; valid: 1..4096"),
+    (["--nnodes", "two"], "argument --nnodes: 'two' is not an integer; valid: 1..65536"),
+    (["--ranks", "0,-1"], "argument --ranks: '-1' is out of range; valid: 0..2147483647"),
+])
+def test_a_bad_number_on_the_command_line(capsys: pytest.CaptureFixture[str], script: str, args: list[str],
+                                          line: str) -> None:
+    assert run(capsys, "--layer", "torchrun", "--dry-run", *args, script) == (
+        2, f"detlaunch: error: {line} (see detlaunch --help)\n")
+
+
+@pytest.mark.parametrize("port", ["70000", "-5", "0"])
+def test_a_bad_ssh_port_is_refused_before_sshd_sees_it(capsys: pytest.CaptureFixture[str], script: str,
+                                                       port: str) -> None:
+    what = "is out of range"
+    assert run(capsys, "--layer", "horovod", "--dry-run", "--ssh-port", port, script) == (
+        2, f"detlaunch: error: argument --ssh-port: '{port}' {what}; valid: 1..65535 (see detlaunch --help)\n")
+    code, err = run(capsys, "--layer", "horovod", "--dry-run", "--hosts", "127.0.0.1:1,127.0.0.2:1",
+                    "--node-rank", "0", script, env={"DTRAIN_SSH_PORT": port})
+    assert (code, err) == (2, f"detlaunch: error: DTRAIN_SSH_PORT='{port}': '{port}' {what}; valid: 1..65535\n")
+
+
+def test_the_highest_master_port_leaves_none_for_the_link(capsys: pytest.CaptureFixture[str], script: str) -> None:
+    two = ["--layer", "torchrun", "--dry-run", "--nnodes", "2", "--master-addr", "127.0.0.1", "--master-port", "65535"]
+    assert run(capsys, *two, script) == (
+        2, "detlaunch: error: --master-port 65535 leaves no port for the link between nodes (master port + 1): "
+           "give --control-port PORT or a lower --master-port\n")
+    assert run(capsys, *two, "--control-port", "65534", script)[0] == 0
+    assert run(capsys, "--layer", "torchrun", "--dry-run", "--master-port", "65535", script)[0] == 0  # one node
+
+
+def test_a_layers_number_is_checked_too(capsys: pytest.CaptureFixture[str], script: str) -> None:
+    assert run(capsys, "--layer", "horovod", "--dry-run", "--cycle-time-ms", "nan", script) == (
+        2, "detlaunch: error: argument --cycle-time-ms: 'nan' is not a finite number; valid: 0..60000 ms "
+           "(see detlaunch --help)\n")
+
+
+def test_the_environment_and_the_config_file_are_checked_by_the_same_table(
+        capsys: pytest.CaptureFixture[str], script: str, tmp_path: Path) -> None:
+    assert run(capsys, "--layer", "torchrun", "--dry-run", script, env={"DETLAUNCH_GRACE_PERIOD": "nan"}) == (
+        2, "detlaunch: error: DETLAUNCH_GRACE_PERIOD='nan': 'nan' is not a finite number; valid: 0..3600 s; "
+           "fix or unset DETLAUNCH_GRACE_PERIOD\n")
+    config = tmp_path / "d.toml"
+    config.write_text("[detlaunch]\nstart_timeout = inf\n")  # a TOML float
+    assert run(capsys, "--layer", "torchrun", "--config", str(config), "--dry-run", script) == (
+        2, f"detlaunch: error: [detlaunch] start_timeout=inf: 'inf' is not a finite number; valid: 0.001..604800 s; "
+           f"fix it in {config}\n")
+
+
+def test_defaults_come_from_the_table(capsys: pytest.CaptureFixture[str], script: str) -> None:
+    import json
+    assert run(capsys, "--layer", "torchrun", "--dry-run", "--format", "json", script)[0] == 0
+    # (the plan went to stdout; read it again)
+    main(["--layer", "torchrun", "--dry-run", "--format", "json", script], env={"PATH": os.environ["PATH"]})
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["supervisor"]["grace_period"] == NUMBERS["grace_period"].default == 5.0
+    assert plan["supervisor"]["start_timeout"] == NUMBERS["start_timeout"].default == 300.0
+    assert plan["supervisor"]["heartbeat"] == NUMBERS["heartbeat"].default == 1.0
+    assert NUMBERS["master_port"].default == 29500
+
+
+# -- paths -------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def odd(tmp_path: Path) -> Iterator[dict[str, str]]:
+    """Paths of every odd kind: a directory, a FIFO, a socket, a device, a dangling link, a missing file."""
+    (tmp_path / "dir").mkdir()
+    os.mkfifo(tmp_path / "fifo")
+    (tmp_path / "file").write_text("x = 1\n")
+    os.symlink(tmp_path / "nowhere", tmp_path / "dangling")
+    # a Unix socket path must be short
+    with tempfile.TemporaryDirectory(prefix="dl-") as short:
+        sock = socket.socket(socket.AF_UNIX)
+        sock.bind(os.path.join(short, "s"))
+        try:
+            yield {"dir": str(tmp_path / "dir"), "fifo": str(tmp_path / "fifo"), "file": str(tmp_path / "file"),
+                   "dangling": str(tmp_path / "dangling"), "missing": str(tmp_path / "missing"),
+                   "socket": os.path.join(short, "s"), "device": "/dev/null"}
+        finally:
+            sock.close()
+
+
+@pytest.mark.parametrize(("kind", "why"), [
+    ("dir", "Is a directory"), ("fifo", "a FIFO, not a regular file"),
+    ("device", "a character device, not a regular file"), ("socket", "No such device or address"),
+])
+def test_config_and_hostfile_must_be_regular_files(capsys: pytest.CaptureFixture[str], script: str,
+                                                   odd: dict[str, str], kind: str, why: str) -> None:
+    path = odd[kind]
+    assert run(capsys, "--layer", "torchrun", "--config", path, "--dry-run", script) == (
+        2, f"detlaunch: error: cannot read config file {path}: {why}; give a TOML file\n")
+    assert run(capsys, "--layer", "torchrun", "--hostfile", path, "--dry-run", script) == (
+        2, f"detlaunch: error: cannot read --hostfile {path}: {why}\n")
+
+
+def test_job_dir_that_is_a_file(capsys: pytest.CaptureFixture[str], script: str, odd: dict[str, str]) -> None:
+    path = odd["file"]
+    assert run(capsys, "--layer", "torchrun", "--job-dir", path, script) == (
+        2, f"detlaunch: error: --job-dir {path} exists and is not a directory; choose another --job-dir\n")
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="needs root to give a directory to another user")
+def test_job_dir_of_another_user(capsys: pytest.CaptureFixture[str], script: str, tmp_path: Path) -> None:
+    theirs = tmp_path / "theirs"
+    theirs.mkdir(mode=0o700)
+    os.chown(theirs, 65534, 65534)
+    assert run(capsys, "--layer", "torchrun", "--job-dir", str(theirs), script) == (
+        2, f"detlaunch: error: --job-dir {theirs} belongs to uid 65534, not to you (uid 0); choose another --job-dir\n")
+    assert sorted(os.listdir(theirs)) == []  # nothing written into it
+
+
+def test_job_dir_under_a_file(capsys: pytest.CaptureFixture[str], script: str, odd: dict[str, str]) -> None:
+    path = os.path.join(odd["file"], "sub")
+    assert run(capsys, "--layer", "torchrun", "--job-dir", path, script) == (
+        2, f"detlaunch: error: cannot use --job-dir {path}: Not a directory; choose another --job-dir\n")
+
+
+# -- the property: whatever the values, exit 0/1/2, one line, no traceback, no hang ---------------------
+
+NUMERIC = ["--grace-period", "--start-timeout", "--heartbeat", "--master-port", "--control-port",
+           "--nproc-per-node", "--nnodes", "--node-rank", "--ranks"]
+TEXT = ["--master-addr", "--node-addr", "--hosts", "--cluster", "--job-id", "--format"]
+PATHS = ["--config", "--hostfile", "--job-dir", "--log-dir"]
+PATH_KINDS = ["dir", "fifo", "file", "dangling", "missing", "socket", "device"]
+
+numbers = st.one_of(st.integers(-2**70, 2**70).map(str), st.floats(allow_nan=True, allow_infinity=True).map(str),
+                    st.sampled_from(["nan", "-inf", "1e400", "0x10", "1_000", " 3 ", "", "٣", "1,2", ",", "-0"]))
+texts = st.text(alphabet=st.characters(blacklist_categories=["Cs"], blacklist_characters="\0"), max_size=30)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_random_option_values_never_crash_or_hang(capsys: pytest.CaptureFixture[str], script: str,
+                                                   odd: dict[str, str], data: st.DataObject) -> None:
+    args: list[str] = []
+    for _ in range(data.draw(st.integers(1, 3))):
+        kind = data.draw(st.sampled_from(["number", "text", "path"]))
+        if kind == "number":
+            args += [data.draw(st.sampled_from(NUMERIC)), data.draw(numbers)]
+        elif kind == "text":
+            args += [data.draw(st.sampled_from(TEXT)), data.draw(texts)]
+        else:
+            args += [data.draw(st.sampled_from(PATHS)), odd[data.draw(st.sampled_from(PATH_KINDS))]]
+    as_env = data.draw(st.booleans())
+    env = {}
+    if as_env:  # the same values as DETLAUNCH_* variables
+        env = {"DETLAUNCH_" + k[2:].upper().replace("-", "_"): v for k, v in zip(args[::2], args[1::2], strict=True)}
+        args = []
+    code = main(["--layer", "torchrun", "--dry-run", *args, "--", script], env={"PATH": os.environ["PATH"], **env})
+    captured = capsys.readouterr()
+    assert code in (0, 1, 2), (args, env, captured.err)
+    assert "Traceback" not in captured.err, (args, env, captured.err)
+    if code != 0:
+        lines = captured.err.splitlines()
+        assert len(lines) == 1 and lines[0].startswith("detlaunch: error: "), (args, env, captured.err)
