@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from detlaunch.progress import SIZE, Beat, create_progress_file, read_progress
+from detlaunch.progress import FILE_SIZE, Beat, create_progress_file, read_progress
 
 CORE = str(Path(__file__).resolve().parent.parent / "core")
 
@@ -26,7 +26,7 @@ def test_the_file_is_private_sized_and_reads_as_no_beat_yet(tmp_path: Path) -> N
     path = create_progress_file(str(tmp_path), 3)
     assert path == str(tmp_path / "progress-3")
     st = os.lstat(path)
-    assert stat.S_IMODE(st.st_mode) == 0o600 and st.st_size == SIZE
+    assert stat.S_IMODE(st.st_mode) == 0o600 and st.st_size == FILE_SIZE
     assert read_progress(path) is None
 
 

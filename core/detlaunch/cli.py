@@ -27,7 +27,8 @@ from .errors import ConfigError, DetlaunchError
 from .plugins import LAYERS, PLUGINS, PluginSet
 
 SUBCOMMANDS = ("layers", "plugins", "info")
-CONTROL_COMMANDS = ("status",)  # questions to a running job (control.py): no plugin is loaded for them
+CONTROL_COMMANDS = ("status", "stacks")  # questions to a running job (control.py): no plugin is loaded for them
+CONTROL_ARGS = {"stacks": {"budget": 2.0}}  # py-spy's budget on every node (the answer comes within it + 1 s)
 
 
 def _truthy(value: str | None) -> bool:
@@ -177,10 +178,12 @@ def control_command(what: str, argv: list[str], env: Mapping[str, str]) -> int:
     p = Parser(prog=f"detlaunch {what}", description=f"Ask this user's running job (on this node) for its {what}.")
     p.add_argument("job", nargs="?", help="the job id (default: your only running job on this node)")
     p.add_argument("--format", choices=("text", "json"), default=env.get("DETLAUNCH_FORMAT") or "text")
+    if what == "stacks":
+        p.add_argument("--full", action="store_true", help="every frame of each group's main thread")
     try:
         ns = p.parse_args(argv)
         job, path = control.find_job(ns.job)
-        data = control.ask(path, what)
+        data = control.ask(path, what, CONTROL_ARGS.get(what))
     except ConfigError as e:
         print(f"detlaunch: error: {e}", file=sys.stderr)
         return e.exit_code
@@ -190,7 +193,11 @@ def control_command(what: str, argv: list[str], env: Mapping[str, str]) -> int:
         print(f"detlaunch: {e}", file=sys.stderr)
         return 1
     try:
-        print(json.dumps(data, indent=2, sort_keys=True) if ns.format == "json" else format_status(data), flush=True)
+        if what == "stacks":
+            print(format_stacks(data, ns.format == "json", full=ns.full), flush=True)
+        else:
+            print(json.dumps(data, indent=2, sort_keys=True) if ns.format == "json" else format_status(data),
+                  flush=True)
     except BrokenPipeError:  # `detlaunch status | head`
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return 0
@@ -208,6 +215,23 @@ def format_status(data: Mapping[str, object]) -> str:
     missing = data.get("missing") or []
     if missing:
         lines.append(f"no answer from node(s) {', '.join(map(str, missing))}")  # type: ignore[call-overload]
+    return "\n".join(lines)
+
+
+def format_stacks(data: Mapping[str, object], as_json: bool, full: bool = False) -> str:
+    """`detlaunch stacks`: every node's answer, grouped (stackgroups.py)."""
+    from .stackgroups import format_json, format_text
+    from .stackquery import report_of
+
+    report = report_of(data)
+    missing = list(data.get("missing") or [])  # type: ignore[call-overload]
+    if as_json:
+        return json.dumps({"job": data.get("job"), "missing": missing, **format_json(report)}, indent=2)
+    lines = [f"job {data.get('job')}", *format_text(report, full=full)]
+    if not report.groups and not report.unavailable:
+        lines.append("no rank is running")
+    if missing:
+        lines.append(f"no answer from node(s) {', '.join(map(str, missing))}")
     return "\n".join(lines)
 
 

@@ -51,6 +51,8 @@ class LaunchPlan:
     context: StageContext
     control_port: int = 0
     heartbeat: float = 1.0
+    hang_timeout: float = 0.0  # 0: no hang watch
+    dump_budget: float = 0.0  # seconds to take the survivors' stacks before stopping them (0: stop at once)
 
     @property
     def cluster(self) -> ClusterInfo:
@@ -105,7 +107,8 @@ class LaunchPlan:
             "supervisor": {"socket": self.socket_path, "grace_period": self.grace_period,
                            "start_timeout": self.start_timeout, "expected_ranks": self.expected_ranks,
                            "control": f"{c.chief_addr}:{self.control_port}" if c.num_nodes > 1 else None,
-                           "heartbeat": self.heartbeat},
+                           "heartbeat": self.heartbeat, "hang_timeout": self.hang_timeout,
+                           "dump_budget": self.dump_budget},
             "dirs": list(self.stage.dirs),
             "files": sorted([*self.stage.files, *self.stage.executables]),
             "setup": [list(s) for s in self.stage.setup],
@@ -186,6 +189,7 @@ def build_plan(hooks: Hooks, config: Config, cluster: ClusterInfo) -> LaunchPlan
         log_dir=config.options.get("log_dir"), console_ranks=config.options.get("ranks") or None, context=ctx,
         control_port=config.options.get("control_port") or config.options["master_port"] + 1,
         heartbeat=config.options["heartbeat"],
+        hang_timeout=config.options.get("hang_timeout") or 0.0, dump_budget=config.options.get("dump_budget") or 0.0,
     )
 
 

@@ -28,8 +28,11 @@ ENV = "DETLAUNCH_PROGRESS_FILE"
 NO_STEP = -(1 << 63)  # the step stored for progress() without one
 # Native byte order and alignment, so each field is one 8-byte store or load.
 _RECORD = struct.Struct("@qqddq")  # count (first copy), step, monotonic, wall, count (last copy)
-SIZE = 64  # the file's size: the record, rounded up
+SIZE = 64  # the heartbeat's record, rounded up: what progress() maps
+OUTPUT_RECORD = 64  # offset of the second record: the wrapper's time of the rank's last output
+FILE_SIZE = 128  # both records
 READ_ATTEMPTS = 100
+
 
 class Beat:
     """One reading of a rank's heartbeat file (a plain class: dataclasses would cost the wrapper an import)."""
@@ -105,13 +108,18 @@ def _forget_in_child() -> None:
 os.register_at_fork(after_in_child=_forget_in_child)
 
 
+def progress_path(directory: str, rank: int) -> str:
+    """Where rank's heartbeat file lives in its node's run dir (the supervisor reads it there)."""
+    return os.path.join(directory, f"progress-{rank}")
+
+
 def create_progress_file(directory: str, rank: int) -> str:
     """Create rank's heartbeat file in the node's private run dir (0600, fresh, sized); return its path.
 
     For the rank wrapper, before it starts the rank. A file left by an earlier attempt of the
     same rank is replaced; O_EXCL|O_NOFOLLOW makes sure the one we size is the one we made.
     """
-    path = os.path.join(directory, f"progress-{rank}")
+    path = progress_path(directory, rank)
     flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
     try:
         fd = os.open(path, flags, 0o600)
@@ -119,15 +127,38 @@ def create_progress_file(directory: str, rank: int) -> str:
         os.unlink(path)
         fd = os.open(path, flags, 0o600)
     try:
-        os.ftruncate(fd, SIZE)  # zeros: count 0, no beat yet
+        os.ftruncate(fd, FILE_SIZE)  # zeros: count 0, no beat yet
     finally:
         os.close(fd)
     return path
 
 
-def read_progress(path: str) -> Beat | None:
+class OutputMark:
+    """The wrapper's half of "progress is any output line": the monotonic time of the rank's last
+    output, written into the file's second record (the same seqlock) on every read of its pipes.
+
+    One pack_into, no system call: the wrapper's throughput does not change.
+    """
+
+    def __init__(self, path: str) -> None:
+        import mmap
+
+        fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            self.buf = mmap.mmap(fd, FILE_SIZE, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        finally:
+            os.close(fd)
+        self.count = 0
+
+    def touch(self) -> None:
+        self.count += 1
+        _pack(self.buf, OUTPUT_RECORD, self.count, NO_STEP, _monotonic(), _time(), self.count)
+
+
+def read_progress(path: str, record: int = 0) -> Beat | None:
     """The rank's last heartbeat; None when there is none yet, the file is missing or short, or no
     whole record could be read (the rank stopped in the middle of a write): keep the previous reading.
+    record: 0 for the heartbeat, OUTPUT_RECORD for the wrapper's time of the last output.
 
     A read that races a write sees the two counter copies disagree and is retried.
     """
@@ -138,14 +169,14 @@ def read_progress(path: str) -> Beat | None:
     except OSError:
         return None
     try:
-        if os.fstat(fd).st_size < SIZE:
+        if os.fstat(fd).st_size < record + SIZE:
             return None
-        buf = mmap.mmap(fd, SIZE, mmap.MAP_SHARED, mmap.PROT_READ)
+        buf = mmap.mmap(fd, record + SIZE, mmap.MAP_SHARED, mmap.PROT_READ)
     except (OSError, ValueError):
         return None
     finally:
         os.close(fd)
-    with buf, memoryview(buf) as view, view.cast("q") as q, view.cast("d") as d:
+    with buf, memoryview(buf)[record:] as view, view.cast("q") as q, view.cast("d") as d:
         for _ in range(READ_ATTEMPTS):  # _RECORD in 8-byte slots: first, step, monotonic, wall, last
             last = q[4]  # written last; then the data; then the copy written first
             step, mono, wall = q[1], d[2], d[3]

@@ -6,6 +6,8 @@ One JSON object per line over the supervisor's Unix socket:
     supervisor -> wrapper   {"t": "ok", "log_dir": DIR|null, "console_ranks": [..]|null}  + 2 fds (SCM_RIGHTS)
                             {"t": "reject", "why": "..."}
     wrapper -> supervisor   {"t": "started", "pid": RANK_PID}
+    wrapper -> supervisor   {"t": "traceback", "tail": [...], "wall": T}   (the rank printed a whole Python
+                             traceback and is still running: it may hang in atexit; see ends_traceback)
     wrapper -> supervisor   {"t": "exit", "code": C, "signal": S|null, "tail": [...], "wall": T,
                              "log_error": "rank-1.log is incomplete: ..." (only when the log failed)}
 
@@ -28,7 +30,8 @@ TAIL_LINES = 40  # stderr lines a rank's report carries: room for a deep traceba
 SHOWN_LINES = 20  # at most this many of them (or of a launcher's output) appear in the end report
 TAIL_BYTES = 16384  # how much of a stream is kept to find those lines in
 
-HELLO, OK, REJECT, STARTED, EXIT = "hello", "ok", "reject", "started", "exit"
+HELLO, OK, REJECT, STARTED, EXIT, TRACEBACK = "hello", "ok", "reject", "started", "exit", "traceback"
+TRACEBACK_HEADER = b"Traceback (most recent call last):"
 
 
 def encode(message: dict[str, Any]) -> bytes:
@@ -56,6 +59,16 @@ def last_lines(data: bytes, count: int = TAIL_LINES) -> list[str]:
     """The last `count` non-blank lines of `data` (``\\r`` ends a line too: progress bars)."""
     lines = data.replace(b"\r", b"\n").decode("utf-8", "replace").splitlines()
     return [line for line in lines if line.strip()][-count:]
+
+
+def ends_traceback(data: bytes) -> bool:
+    """Whether `data` (a rank's stderr tail) ends its last Python traceback with the exception line:
+    a whole line after the header that is not indented (a frame) and not blank."""
+    start = data.rfind(TRACEBACK_HEADER)
+    if start < 0:
+        return False
+    lines = data[start:].split(b"\n")[1:-1]  # the whole lines after the header
+    return any(line[:1] not in (b" ", b"\t", b"") for line in lines)
 
 
 def exit_message(code: int, signal: int | None, tail: list[str], wall: float) -> dict[str, Any]:

@@ -58,12 +58,14 @@ class RankRegistry:
                  accepting: Callable[[], bool], welcome: Callable[[], dict[str, Any]],
                  console_fds: tuple[int, int], on_registered: Callable[[RankEntry], None],
                  on_exit: Callable[[RankStatus], None], trace: Callable[[str], None],
-                 on_request: Callable[[RankEntry, dict[str, Any]], None] = lambda _e, _m: None) -> None:
+                 on_request: Callable[[RankEntry, dict[str, Any]], None] = lambda _e, _m: None,
+                 on_traceback: Callable[[RankEntry, dict[str, Any]], None] = lambda _e, _m: None) -> None:
         self.loop, self.rules, self.host = loop, rules, host
         self.accepting, self.welcome = accepting, welcome
         self.console_fds = console_fds
         self.on_registered, self.on_exit, self.trace = on_registered, on_exit, trace
         self.on_request = on_request  # a question from another shell (control.py), not a wrapper
+        self.on_traceback = on_traceback  # a rank printed a whole traceback and still runs
         self.conns: dict[socket.socket, RankEntry] = {}
         self.ranks: dict[int, RankEntry] = {}
         self.listener: socket.socket | None = None
@@ -168,6 +170,8 @@ class RankRegistry:
         elif kind == "request" and entry.rank is None and not entry.asked:
             entry.asked = True
             self.on_request(entry, message)
+        elif kind == rank_protocol.TRACEBACK and entry.rank is not None and entry.status is None:
+            self.on_traceback(entry, message)
         elif kind == rank_protocol.EXIT and entry.rank is not None and entry.status is None:
             entry.status = RankStatus(
                 rank=entry.rank, node_rank=self.rules.node_rank, exit_code=int(message["code"]),

@@ -35,8 +35,12 @@ import time
 
 try:
     from . import rank_protocol  # imported as detlaunch.rank_wrapper
+    from .progress import ENV as PROGRESS_ENV
+    from .progress import OutputMark, create_progress_file
 except ImportError:  # run as a script (python -S rank_wrapper.py): its folder is sys.path[0]
     import rank_protocol  # type: ignore[no-redef]
+    from progress import ENV as PROGRESS_ENV  # type: ignore[no-redef]
+    from progress import OutputMark, create_progress_file  # type: ignore[no-redef]
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # never at run time: the typing module alone costs about 1 MB
@@ -320,6 +324,8 @@ class WrappedRank:
         self.tail = b""
         self.log = log
         self.reported = False
+        self.output_mark: OutputMark | None = None  # the time of the last output, for the hang watch
+        self.traceback_started = self.told_traceback = False
         out, err = console if console else (None, None)
         self.outputs = {1: Output(out, log), 2: Output(err, log)}
 
@@ -389,8 +395,14 @@ class WrappedRank:
             prefixer, output, is_stderr = streams[fd]
             if data:
                 output.write(prefixer.feed(data))
+                if self.output_mark is not None:
+                    self.output_mark.touch()
                 if is_stderr:
                     self.tail = (self.tail + data)[-rank_protocol.TAIL_BYTES:]
+                    if not self.told_traceback and (b"Traceback" in data or self.traceback_started):
+                        self.traceback_started = True  # its exception line may come in a later read
+                        if rank_protocol.ends_traceback(self.tail):
+                            self.tell_traceback()
             else:
                 output.write(prefixer.flush())
                 poller.unregister(fd)
@@ -465,6 +477,16 @@ class WrappedRank:
                 events_only.poll(gather * 1000)
         return self.finish()
 
+    def tell_traceback(self) -> None:
+        """The rank printed a whole Python traceback: if it does not exit soon, the supervisor counts it as failed."""
+        self.told_traceback = True
+        if self.supervisor and self.status is None:
+            try:
+                self.supervisor.send({"t": rank_protocol.TRACEBACK, "tail": rank_protocol.last_lines(self.tail),
+                                      "wall": time.time()})
+            except OSError:
+                pass
+
     def exit_code(self) -> tuple[int, int | None]:
         assert self.status is not None
         code = os.waitstatus_to_exitcode(self.status)
@@ -489,6 +511,19 @@ class WrappedRank:
         return self.exit_code()[0]
 
 
+def watch_progress(run_dir: str, rank: int) -> OutputMark | None:
+    """The rank's progress file in its node's run dir, named in DETLAUNCH_PROGRESS_FILE for
+    detlaunch.progress(); None (no hang watch for this rank) when it cannot be made."""
+    try:
+        path = create_progress_file(run_dir, rank)
+        mark = OutputMark(path)
+    except (OSError, ValueError) as e:
+        os.write(2, f"detlaunch rank wrapper: warning: no progress file for rank {rank}: {e}\n".encode())
+        return None
+    os.environ[PROGRESS_ENV] = path
+    return mark
+
+
 def main(argv: list[str] | None = None) -> int:
     try:
         opts, command = parse_args(sys.argv[1:] if argv is None else argv)
@@ -502,6 +537,8 @@ def main(argv: list[str] | None = None) -> int:
         log_dir = node.get("log_dir", opts["log_dir"])
         log = RankLog(log_dir, rank, warn_fd=console_fds[1])
         wrapper = WrappedRank(rank, command, supervisor, console, log, opts["grace"])
+        if supervisor and path:
+            wrapper.output_mark = watch_progress(os.path.dirname(path), rank)
         return wrapper.run()
     except (UsageError, ValueError) as e:
         os.write(2, f"detlaunch rank wrapper: error: {e}\n".encode())

@@ -277,7 +277,9 @@ def _dump_batch(py_spy: str, pids: list[int], deadline: float, budget: float) ->
 
 
 def _result(d: _Dump, returncode: int) -> StackResult:
-    if returncode != 0:
+    # A supervisor reaps every child that exits (waitpid(-1)), py-spy included: Popen then sees 0.
+    # A py-spy that printed nothing on stdout failed, whatever its code says; its stderr tells why.
+    if returncode != 0 or (not d.out.strip() and d.err.strip()):
         return classify_failure(d.pid, returncode, d.err.decode(errors="replace"))
     try:
         stack = parse_dump(d.pid, d.out.decode(errors="replace"), d.stopped)

@@ -28,6 +28,7 @@ from .control import ControlRequests, write_job_file
 from .dial import SshdProbe
 from .errors import LaunchError
 from .eventloop import EventLoop, Timer
+from .hangs import HangPolicy
 from .joblink import ChiefLink, WorkerLink
 from .plan import LaunchPlan
 from .process_table import Child, ProcessTable
@@ -118,9 +119,16 @@ class NodeSupervisor:
         self.ranks = RankRegistry(self.loop, rules, c.node_addr or socket.gethostname(),
                                   accepting=lambda: self.phase.active, welcome=self._welcome,
                                   console_fds=(1, 2), on_registered=self._on_registered,
-                                  on_exit=self._on_rank_exit, trace=self.trace, on_request=self._on_client_request)
+                                  on_exit=self._on_rank_exit, trace=self.trace, on_request=self._on_client_request,
+                                  on_traceback=self._on_traceback)
         self.control = ControlRequests(self.loop, c.job_id, self.node)
         self.control.handle("status", self._status)
+        self.hangs = HangPolicy(self.loop, node=self.node, host=self.ranks.host, run_dir=plan.run_dir,
+                                is_chief=c.is_chief, hang_timeout=plan.hang_timeout, dump_budget=plan.dump_budget,
+                                ask_job=self._ask_job, fail=self._fail, say=self.say, live_ranks=self._live_ranks,
+                                active=lambda: self.phase.active)
+        self.control.handle("stacks", self.hangs.answer_stacks)
+        self.control.handle("progress", self.hangs.answer_progress)
         self.run_dir: RunDir | None = None
         self.link: ChiefLink | WorkerLink | None = None
         self.probes: list[SshdProbe] = []
@@ -207,6 +215,7 @@ class NodeSupervisor:
         if self.phase is not Phase.STARTING:
             return
         self._enter(Phase.RUNNING)
+        self.hangs.job_started()
         try:
             self._run_steps(self.plan.stage.prelaunch)
             for i, cmd in enumerate(self.plan.stage.commands):
@@ -243,6 +252,18 @@ class NodeSupervisor:
 
     def _on_registered(self, entry: RankEntry) -> None:
         self.trace(f"rank {entry.rank} registered (wrapper pid {entry.peer_pid})")
+        if entry.rank is not None:
+            self.hangs.registered(entry.rank)
+
+    def _on_traceback(self, entry: RankEntry, message: dict[str, Any]) -> None:
+        assert entry.rank is not None
+        self.trace(f"rank {entry.rank} printed a traceback")
+        self.hangs.traceback(entry.rank, [str(t) for t in message.get("tail") or ()],
+                             float(message.get("wall") or time.time()))
+
+    def _live_ranks(self) -> list[tuple[int, int]]:
+        """(rank, pid) of this node's ranks that run (the pids are this supervisor's namespace's)."""
+        return [(r, e.rank_pid) for r, e in sorted(self.ranks.ranks.items()) if e.status is None and e.rank_pid]
 
     def _on_rank_exit(self, status: RankStatus) -> None:
         self.trace(f"rank {status.rank} ended: {status.describe()}")
@@ -317,6 +338,7 @@ class NodeSupervisor:
     def chief_verdict(self, failure: Failure | None) -> None:
         """Worker: the chief decided the job is over; its verdict is this node's too."""
         was_active = self.phase.active
+        self.hangs.stopped()
         self.verdict.add(ChiefVerdict(failure))
         if was_active and failure is not None:
             self.say(f"the chief stopped the job: {failure.what}")
@@ -390,12 +412,22 @@ class NodeSupervisor:
         failure = self.verdict.failure
         if decision is Decision.FIRST and failure is not None:
             self.say(f"{failure.what}: stopping the job")
-            self._tell_link(event)
+            dumping = self.hangs.dump_before_stop(failure, lambda: self._stop_after_dump(event))
+            if not dumping or not self.plan.cluster.is_chief:  # the chief tells the others after the dump
+                self._tell_link(event)
+            if dumping:
+                return
         elif decision is Decision.EARLIER and failure is not None:
             self.trace(f"an earlier failure came in: {failure.what}")
             self._tell_link(event)
-        if decision is not Decision.IGNORED:
+        if decision is not Decision.IGNORED and not self.hangs.dumping:
             self._stop(signal.SIGTERM)
+
+    def _stop_after_dump(self, event: Event) -> None:
+        """The survivors' stacks are taken (hangs.py): now stop them."""
+        if self.plan.cluster.is_chief:
+            self._tell_link(event)
+        self._stop(signal.SIGTERM)
 
     def fail_to_start(self, what: str) -> None:
         event = StartFailed(what, self.node, time.time())
@@ -519,6 +551,7 @@ class NodeSupervisor:
         for probe in self.probes:
             probe.close()
         self.control.close()
+        self.hangs.close()
         self.ranks.close()
         self.processes.close()
         self.loop.close()
@@ -556,7 +589,7 @@ class NodeSupervisor:
         return JobResult(exit_code=self.verdict.exit_code, ranks=ranks, failure=failure,
                          interrupted_by=self.verdict.interrupted_by,
                          duration=time.monotonic() - self.started_at, node_rank=self.node,
-                         warnings=tuple(self.processes.log_errors))
+                         warnings=tuple(self.processes.log_errors), stacks=self.hangs.dumped)
 
 
 def _split(code: int) -> tuple[int | None, int | None]:
