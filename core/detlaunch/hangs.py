@@ -132,6 +132,10 @@ class HangPolicy:
             self.timers.append(self.loop.call_later(self.dump_budget + 1.5, then))
         return True
 
+    def hold_time(self) -> float:
+        """How long a wrapper whose rank failed waits for the dump (rank_wrapper.hold_exit); 0: not at all."""
+        return self.dump_budget + 2.5 if self.dump_budget > 0 else 0.0
+
     def stopped(self) -> None:
         """The job is being stopped anyway (the chief's verdict, a signal): no dump to wait for."""
         self.dumping = False

@@ -3,7 +3,9 @@
 One JSON object per line over the supervisor's Unix socket:
 
     wrapper -> supervisor   {"t": "hello", "job": ID, "rank": N, "pid": P}
-    supervisor -> wrapper   {"t": "ok", "log_dir": DIR|null, "console_ranks": [..]|null}  + 2 fds (SCM_RIGHTS)
+    supervisor -> wrapper   {"t": "ok", "log_dir": DIR|null, "console_ranks": [..]|null, "hold": S}  + 2 fds
+                            (SCM_RIGHTS); hold: after a failure of its own rank, the wrapper stays up to S
+                            seconds, until the supervisor's {"t": "release"} (the others' stacks are taken)
                             {"t": "reject", "why": "..."}
     wrapper -> supervisor   {"t": "started", "pid": RANK_PID}
     wrapper -> supervisor   {"t": "traceback", "tail": [...], "wall": T}   (the rank printed a whole Python
@@ -30,7 +32,8 @@ TAIL_LINES = 40  # stderr lines a rank's report carries: room for a deep traceba
 SHOWN_LINES = 20  # at most this many of them (or of a launcher's output) appear in the end report
 TAIL_BYTES = 16384  # how much of a stream is kept to find those lines in
 
-HELLO, OK, REJECT, STARTED, EXIT, TRACEBACK = "hello", "ok", "reject", "started", "exit", "traceback"
+HELLO, OK, REJECT, STARTED, EXIT = "hello", "ok", "reject", "started", "exit"
+TRACEBACK, RELEASE = "traceback", "release"
 TRACEBACK_HEADER = b"Traceback (most recent call last):"
 
 

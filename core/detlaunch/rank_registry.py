@@ -109,6 +109,15 @@ class RankRegistry:
             if entry.rank_pid:
                 procs.signal_group(entry.rank_pid, signal.SIGKILL)
 
+    def release(self) -> None:
+        """Let the wrappers of ranks that ended go (one whose rank failed waits to be told: rank_wrapper.hold_exit)."""
+        for entry in self.ranks.values():
+            if entry.status is not None and entry.sock in self.conns:
+                try:
+                    entry.sock.send(rank_protocol.encode({"t": rank_protocol.RELEASE}))
+                except OSError:
+                    pass
+
     def drain(self) -> None:
         """Read whatever the wrappers have sent (a rank's report beats its launcher's exit)."""
         for entry in list(self.conns.values()):

@@ -326,11 +326,15 @@ class WrappedRank:
         self.reported = False
         self.output_mark: OutputMark | None = None  # the time of the last output, for the hang watch
         self.traceback_started = self.told_traceback = False
+        self.hold = 0.0  # seconds to stay after a failure of the rank's own, while the others' stacks are taken
+        self.asked_to_stop = False  # a signal came: the rank's end is not a failure of its own
+        self.released = False  # the supervisor let it go already
         out, err = console if console else (None, None)
         self.outputs = {1: Output(out, log), 2: Output(err, log)}
 
     # -- signals --------------------------------------------------------------
     def on_signal(self, signum: int, frame: FrameType | None) -> None:
+        self.asked_to_stop = True
         if self.pid is None:
             self.pending_signal = signum
         elif self.status is None:
@@ -347,6 +351,7 @@ class WrappedRank:
     def stop_rank(self) -> None:
         """Ask the rank's group to stop now and make sure it is gone after the grace period."""
         self.signal_rank(signal.SIGTERM)
+        self.signal_rank(signal.SIGCONT)  # a SIGSTOPped rank (a hung one, stopped to look at) can take it now
         if self.kill_deadline is None and not self.killed:
             self.kill_deadline = time.monotonic() + self.grace
 
@@ -462,6 +467,7 @@ class WrappedRank:
                         data = supervisor.sock.recv(4096)
                     except OSError:  # reset: the supervisor died with our messages unread
                         data = b""
+                    self.released = self.released or bool(data)  # its only message: rank_protocol.RELEASE
                     if not data:
                         poller.unregister(sup_fd)
                         events_only.unregister(sup_fd)
@@ -508,7 +514,22 @@ class WrappedRank:
 
     def finish(self) -> int:
         self.report()
+        self.hold_exit()
         return self.exit_code()[0]
+
+    def hold_exit(self) -> None:
+        """The rank failed on its own: stay until the supervisor says so (any message, or its socket closing),
+        at most `hold` seconds. A launcher (torchrun) kills the other ranks as soon as one of its workers
+        exits: the supervisor takes their stacks first (dump before kill)."""
+        supervisor = self.supervisor
+        if supervisor is None or self.hold <= 0 or self.asked_to_stop or self.released or self.exit_code()[0] == 0:
+            return
+        poller = select.poll()
+        poller.register(supervisor.sock.fileno(), select.POLLIN)
+        try:
+            poller.poll(self.hold * 1000)
+        except OSError:
+            pass
 
 
 def watch_progress(run_dir: str, rank: int) -> OutputMark | None:
@@ -537,6 +558,7 @@ def main(argv: list[str] | None = None) -> int:
         log_dir = node.get("log_dir", opts["log_dir"])
         log = RankLog(log_dir, rank, warn_fd=console_fds[1])
         wrapper = WrappedRank(rank, command, supervisor, console, log, opts["grace"])
+        wrapper.hold = float(node.get("hold") or 0)
         if supervisor and path:
             wrapper.output_mark = watch_progress(os.path.dirname(path), rank)
         return wrapper.run()

@@ -174,13 +174,13 @@ def format_report(result: JobResult) -> list[str]:
             lines.append(f"detlaunch: last output lines of {f.tail_of}:")
             lines.extend(f"detlaunch:   | {line}" for line in f.tail)
         if result.stacks:
-            lines.append("detlaunch: the other ranks' stacks before they were stopped:")
+            lines.append("detlaunch: the running ranks' stacks before they were stopped:")
             lines.extend(f"detlaunch:   {line}" for line in result.stacks)
     elif result.interrupted_by:
         lines.append(f"detlaunch: job interrupted by {signal_name(result.interrupted_by)}")
     for r in sorted(result.ranks, key=lambda r: r.rank):
         cause = result.failure and result.failure.rank and result.failure.rank.rank == r.rank
-        note = " (root cause)" if cause else (" (stopped by detlaunch)" if r.stopped else "")
+        note = " (root cause)" if cause else (" (stopped by detlaunch)" if r.stopped and not r.killed else "")
         lines.append(f"detlaunch:   rank {r.rank} (node {r.node_rank}): {r.describe()}{note}")
     lines.append(f"detlaunch: exit code {result.exit_code}")
     return lines

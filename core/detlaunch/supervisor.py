@@ -248,7 +248,8 @@ class NodeSupervisor:
     def _welcome(self) -> dict[str, Any]:
         log_dir = os.path.abspath(self.plan.log_dir) if self.plan.log_dir else None
         ranks = self.plan.console_ranks
-        return {"log_dir": log_dir, "console_ranks": list(ranks) if ranks is not None else None}
+        return {"log_dir": log_dir, "console_ranks": list(ranks) if ranks is not None else None,
+                "hold": self.hangs.hold_time()}
 
     def _on_registered(self, entry: RankEntry) -> None:
         self.trace(f"rank {entry.rank} registered (wrapper pid {entry.peer_pid})")
@@ -456,6 +457,7 @@ class NodeSupervisor:
         """
         if not self.phase.active:
             return
+        self.ranks.release()
         asked = self.ranks.signal_live(rank_signal)
         if ranks_first and asked:
             self._enter(Phase.STOPPING_RANKS)

@@ -3,7 +3,8 @@
 HANG (what HANG_RANK does after its steps, while the others wait in the next all_reduce):
   sleep    sleeps 300 s before the collective
   stop     SIGSTOPs itself
-  raise    raises, and hangs in an atexit handler (sleeps 300 s)
+  raise    raises, and hangs in an atexit handler (linger: sleeps 300 s)
+  exit     exits 3 (the others wait in the collective: dump before kill)
   loop     (every rank) all_reduces forever, printing each step: a test SIGSTOPs one from outside
   beat     rank 0 calls detlaunch.progress() every 0.2 s for BEAT_FOR s, then prints a line every
            0.2 s without beating; the other ranks wait in the collective, silent
@@ -18,10 +19,14 @@ import sys
 import time
 from datetime import timedelta
 
+import detlaunch
 import torch
 import torch.distributed as dist
 
-import detlaunch
+
+def linger() -> None:
+    time.sleep(300)  # an atexit handler that never returns (destroy_process_group, a thread's join)
+
 
 dist.init_process_group("gloo", timeout=timedelta(seconds=600))
 rank = dist.get_rank()
@@ -55,8 +60,11 @@ if rank == who:
     elif mode == "stop":
         os.kill(os.getpid(), signal.SIGSTOP)
     elif mode == "raise":
-        atexit.register(time.sleep, 300)
+        atexit.register(linger)
         raise RuntimeError(f"rank {rank} broke")
+    elif mode == "exit":
+        print(f"rank {rank} failing", file=sys.stderr, flush=True)
+        sys.exit(3)
 dist.all_reduce(torch.ones(1))
 if not quiet or rank == 0:
     print(f"rank {rank} done", flush=True)

@@ -1,0 +1,238 @@
+"""Issue 12: a hung job is found, explained and stopped.
+
+The parts first, in milliseconds (the progress watch with scripted ages and a fake clock, the
+wrapper's output mark and traceback detection, the verdict's hang events, the report), then
+real jobs: torchrun ranks in real gloo all_reduces, one of them SIGSTOPped, asleep, or hanging
+in atexit after its traceback; heartbeats from one rank only; `detlaunch stacks` on a healthy job.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from conftest import SCRIPTS, Launcher
+from detlaunch.eventloop import EventLoop
+from detlaunch.progress import OUTPUT_RECORD, OutputMark, create_progress_file, read_progress
+from detlaunch.progresswatch import NodeProgress, ProgressWatch, latest_progress, parse_ages
+from detlaunch.rank_protocol import ends_traceback
+from detlaunch.report import HANG_EXIT_CODE, JobResult, RankStatus, format_report
+from detlaunch.stackquery import StackCollector, node_answer, report_of
+from detlaunch.stacks import ProcessStack
+from detlaunch.verdict import Decision, Hung, RankEnded, StuckAfterTraceback, Verdict
+from helpers import free_port, report_line
+
+HANG = str(SCRIPTS / "hang.py")
+RANKS = str(SCRIPTS / "ranks.py")
+
+
+# -- the parts ----------------------------------------------------------------------------------
+
+
+def test_the_job_hangs_only_when_no_rank_anywhere_moved_for_the_timeout() -> None:
+    watch = ProgressWatch(10.0, started=100.0)
+    assert watch.deadline() == 110.0 and not watch.hung(109.9) and watch.hung(110.0)  # ranks that never start
+    watch.update(0, [(0, 1.0), (1, 8.0)], now=109.0)  # node 0: rank 0 moved 1 s ago
+    watch.update(1, [(2, 9.5)], now=109.0)
+    assert watch.deadline() == 118.0 and not watch.hung(117.0)
+    watch.update(0, [(0, 30.0)], now=110.0)  # a late, stale answer never moves a rank back
+    assert watch.hung(118.0) and watch.idle_for(118.0) == pytest.approx(10.0)
+    assert watch.last_progress() == {0: 108.0, 1: 101.0, 2: 100.0}  # rank 2: before the job started
+
+
+def test_a_rank_that_beats_is_judged_by_its_beats_alone() -> None:
+    assert latest_progress(5.0, output=None, beat=None) == 5.0  # its start
+    assert latest_progress(5.0, output=9.0, beat=None) == 9.0  # any output line
+    assert latest_progress(5.0, output=20.0, beat=7.0) == 7.0  # it beats: printing is not progress
+    assert parse_ages({"ages": [[0, 1.5], ["x", 2], [1]]}) == [(0, 1.5)]
+
+
+def test_node_progress_reads_the_heartbeat_and_the_wrappers_output_mark(tmp_path: Path) -> None:
+    path = create_progress_file(str(tmp_path), 3)
+    node = NodeProgress(str(tmp_path))
+    node.registered(3, time.monotonic() - 50)
+    assert node.ages([3], time.monotonic())[0][1] == pytest.approx(50, abs=1)  # nothing yet: since its start
+    OutputMark(path).touch()
+    out = read_progress(path, OUTPUT_RECORD)
+    assert out is not None and read_progress(path) is None  # the output mark is not a heartbeat
+    assert node.ages([3], time.monotonic())[0][1] < 1
+
+
+@pytest.mark.parametrize(("stderr", "ended"), [
+    (b"Traceback (most recent call last):\n  File \"x.py\", line 1, in <module>\n", False),
+    (b"Traceback (most recent call last):\n  File \"x.py\", line 1, in <module>\n    f()\nValueError: no\n", True),
+    (b"warning\nValueError: old\n", False),
+    (b"Traceback (most recent call last):\n  File \"x.py\", line 1, in <module>\nValueError: no", False),  # no \n yet
+])
+def test_the_wrapper_sees_a_whole_traceback(stderr: bytes, ended: bool) -> None:
+    assert ends_traceback(stderr) is ended
+
+
+def test_a_hang_is_its_own_failure_with_its_own_exit_code_and_names_the_suspect() -> None:
+    v = Verdict()
+    event = Hung(10.0, 10.2, ("rank 1 (node 0): SIGSTOPped",), ("rank 0 (node 0): work.wait <- all_reduce",), 0, 5.0)
+    assert v.add(event) is Decision.FIRST and v.exit_code == HANG_EXIT_CODE == 124
+    assert v.failure is not None
+    assert v.failure.what == ("the job hung: no rank showed progress for 10.2 s (--hang-timeout 10); "
+                              "suspect: rank 1 (node 0): SIGSTOPped")
+    stopped = RankStatus(1, 0, 137, signal=9, stopped=True, wall=6.0)
+    assert v.add(RankEnded(stopped)) is Decision.IGNORED  # the ranks it stops are consequences
+    lines = format_report(JobResult(v.exit_code, (stopped,), v.failure))
+    assert lines[1:3] == ["detlaunch: every rank's stack when the job hung:",
+                          "detlaunch:   rank 0 (node 0): work.wait <- all_reduce"]
+
+
+def test_a_rank_stuck_after_its_traceback_is_the_root_cause_with_its_traceback_first() -> None:
+    v = Verdict()
+    tail = ("Traceback (most recent call last):", '  File "t.py", line 3, in <module>', "RuntimeError: broke")
+    assert v.add(StuckAfterTraceback(1, 0, "127.0.0.1", tail, 5.0, 3.0)) is Decision.FIRST
+    assert v.exit_code == 1 and v.failure is not None
+    result = JobResult(1, (RankStatus(1, 0, 143, signal=15, stopped=True),), v.failure,
+                       stacks=("rank 1 (node 0): time.sleep <- linger (t.py:9)",))
+    lines = format_report(result)
+    assert lines[:6] == [
+        "detlaunch: job failed: rank 1 on node 0 (127.0.0.1) printed a traceback and had not exited 5 s later",
+        "detlaunch: last stderr lines of rank 1:", "detlaunch:   | Traceback (most recent call last):",
+        'detlaunch:   |   File "t.py", line 3, in <module>', "detlaunch:   | RuntimeError: broke",
+        "detlaunch: the running ranks' stacks before they were stopped:"]
+    assert lines[6] == "detlaunch:   rank 1 (node 0): time.sleep <- linger (t.py:9)"
+
+
+@pytest.mark.timeout(30)
+def test_stacks_are_collected_off_the_loop_and_handed_back_to_it() -> None:
+    loop = EventLoop()
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time\ndef nap():\n    time.sleep(60)\nnap()"])
+    answers: list[dict[str, object]] = []
+    try:
+        time.sleep(0.5)  # the test's own process: let it reach nap()
+        node_answer(StackCollector(loop), "here", [(0, sleeper.pid), (1, 2**22 + 7)], 5.0, answers.append)
+        assert answers == []  # not on the loop's time: the answer comes through the loop
+        while not answers:
+            loop.run_once(timeout=10)
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+        loop.close()
+    report = report_of({"nodes": [{"node": 0, **answers[0]}]})
+    assert [g.ranks for g in report.groups] == [((0, 0),)] and isinstance(report.groups[0].stack, ProcessStack)
+    assert [(u.ranks, u.kind) for u in report.unavailable] == [(((1, 0),), "gone")]
+
+
+# -- real jobs ------------------------------------------------------------------------------------
+
+
+def torchrun(launcher: Launcher, job_id: str, *extra: str, nproc: int = 2) -> list[str]:
+    return ["--layer", "torchrun", "--nproc-per-node", str(nproc), "--master-port", str(free_port()),
+            "--job-id", job_id, *extra]
+
+
+def ask(launcher: Launcher, what: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "detlaunch", what, *args], env=launcher.env,
+                          capture_output=True, text=True, timeout=30)
+
+
+def rank_pid(launcher: Launcher, job_id: str, rank: int) -> int:
+    status = ask(launcher, "status", job_id, "--format", "json")
+    assert status.returncode == 0, status.stderr
+    return next(int(r["pid"]) for n in json.loads(status.stdout)["nodes"] if n["answered_here"]
+                for r in n["ranks"] if r["rank"] == rank)
+
+
+def job_id() -> str:
+    return f"hang-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.mark.timeout(200)
+def test_a_rank_sigstopped_inside_an_all_reduce_is_named_and_the_job_stops_with_124(launcher: Launcher) -> None:
+    job = job_id()
+    run = launcher.start(*torchrun(launcher, job, "--hang-timeout", "8"), HANG,
+                         env={"HANG": "loop", "STEP_SLEEP": "0.2"})
+    run.wait_for_output("[rank=1] rank 1 step 3", timeout=150)
+    os.kill(rank_pid(launcher, job, 1), signal.SIGSTOP)
+    stopped_at = time.monotonic()
+    stacks = ask(launcher, "stacks", job)  # while it hangs: a stopped rank can be read too
+    assert stacks.returncode == 0, stacks.stderr
+    assert re.search(r"^rank 1 \(node 0\): \[SIGSTOPped\] .*\[suspect: SIGSTOPped\]$", stacks.stdout, re.M), stacks
+    r = run.wait(120)
+    assert r.returncode == 124, r.output
+    assert report_line(r.stderr).startswith("detlaunch: job failed: the job hung: no rank showed progress for ")
+    assert "--hang-timeout 8); suspect: rank 1 (node 0): SIGSTOPped" in r.stderr, r.stderr
+    assert re.search(r"^detlaunch:   rank 0 \(node 0\): work\.wait <- all_reduce <- <module> \(hang\.py:\d+\)$",
+                     r.stderr, re.M), r.stderr
+    assert "detlaunch: exit code 124" in r.stderr
+    assert time.monotonic() - stopped_at < 8 + 20  # detected and stopped soon after the timeout (loaded machine)
+
+
+@pytest.mark.timeout(200)
+def test_a_rank_asleep_before_the_collective_is_the_suspect(launcher: Launcher) -> None:
+    r = launcher.start(*torchrun(launcher, job_id(), "--hang-timeout", "5"), HANG, env={"HANG": "sleep"}).wait(150)
+    assert r.returncode == 124, r.output
+    assert "suspect: rank 1 (node 0): not in the collective the others wait in" in report_line(r.stderr)
+    assert re.search(r"^detlaunch:   rank 1 \(node 0\): time\.sleep <- <module> \(hang\.py:\d+\)", r.stderr, re.M)
+    assert r.rank_lines(0)[-1].startswith("rank 0 steady")  # what it printed last before the hang
+
+
+@pytest.mark.timeout(200)
+def test_a_rank_that_raises_then_hangs_in_atexit_fails_the_job_with_its_traceback(launcher: Launcher) -> None:
+    r = launcher.start(*torchrun(launcher, job_id()), HANG, env={"HANG": "raise"}).wait(150)
+    assert r.returncode == 1, r.output
+    assert report_line(r.stderr) == ("detlaunch: job failed: rank 1 on node 0 (127.0.0.1) printed a traceback "
+                                     "and had not exited 5 s later")
+    lines = r.stderr.splitlines()
+    start = lines.index("detlaunch: last stderr lines of rank 1:")
+    assert lines[start + 1].endswith("Traceback (most recent call last):") and "RuntimeError: rank 1 broke" in \
+        lines[start + 4], r.stderr  # its traceback first
+    dump = lines.index("detlaunch: the running ranks' stacks before they were stopped:")
+    assert dump > start and re.search(r"rank 1 \(node 0\): time\.sleep <- linger \(hang\.py:\d+\)",
+                                      "\n".join(lines[dump:])), r.stderr  # where it hangs
+    assert "rank 1 (node 0): " in r.stderr and "(root cause)" in r.stderr
+
+
+@pytest.mark.timeout(200)
+def test_heartbeats_from_one_rank_keep_a_silent_job_alive_and_only_they_count(launcher: Launcher) -> None:
+    # 16 s with no output at all, rank 0 beating: not hung (timeout 8). Then rank 0 prints but stops
+    # beating: hung 8 s after its last beat, although it still prints.
+    r = launcher.start(*torchrun(launcher, job_id(), "--hang-timeout", "8"), HANG,
+                       env={"BEAT": "1", "STEPS": "80", "STEP_SLEEP": "0.2", "HANG": "beat", "BEAT_FOR": "2"}).wait(150)
+    assert r.returncode == 124, r.output
+    assert r.rank_lines(0).count("rank 0 still printing") > 20, r.output  # it printed all along
+    assert r.rank_lines(1) == [], r.output
+    assert "the job hung" in report_line(r.stderr)
+
+
+@pytest.mark.timeout(200)
+def test_stacks_of_a_healthy_job_do_not_disturb_it(launcher: Launcher) -> None:
+    job = job_id()
+    run = launcher.start(*torchrun(launcher, job), HANG, env={"STEPS": "60", "STEP_SLEEP": "0.1"})
+    run.wait_for_output("[rank=1] rank 1 step 2", timeout=150)
+    for _ in range(3):
+        answer = ask(launcher, "stacks", job, "--format", "json")
+        assert answer.returncode == 0, answer.stderr
+        data = json.loads(answer.stdout)
+        assert sorted(r for g in data["groups"] for r in g["ranks"]) == [0, 1] and data["unavailable"] == [], data
+    r = run.wait(120)
+    assert r.returncode == 0, r.output
+    for rank in (0, 1):
+        assert r.rank_lines(rank)[:60] == [f"rank {rank} step {i}" for i in range(60)]
+        assert r.rank_lines(rank)[-1] == f"rank {rank} done"
+
+
+@pytest.mark.timeout(120)
+def test_a_rank_whose_stack_cannot_be_read_says_why(launcher: Launcher) -> None:
+    job = job_id()
+    run = launcher.start(*torchrun(launcher, job, nproc=1), "/bin/sh", "-c", "echo up; exec sleep 60")
+    run.wait_for_output("[rank=0] up", timeout=60)
+    text = ask(launcher, "stacks", job)
+    assert text.returncode == 0, text.stderr
+    assert text.stdout.splitlines()[1] == ("rank 0 (node 0): no stack: not a Python process (or an interpreter "
+                                           "py-spy does not know)"), text.stdout
+    run.send_signal(signal.SIGTERM)
+    run.wait(60)
