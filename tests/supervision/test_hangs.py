@@ -27,6 +27,7 @@ from detlaunch.rank_protocol import ends_traceback
 from detlaunch.report import HANG_EXIT_CODE, JobResult, RankStatus, format_report
 from detlaunch.stackquery import StackCollector, node_answer, report_of
 from detlaunch.stacks import ProcessStack
+from detlaunch.testing.runner import MARKER_VAR
 from detlaunch.verdict import Decision, Hung, RankEnded, StuckAfterTraceback, Verdict
 from helpers import free_port, report_line
 
@@ -146,6 +147,22 @@ def rank_pid(launcher: Launcher, job_id: str, rank: int) -> int:
                 for r in n["ranks"] if r["rank"] == rank)
 
 
+def host_pid(launcher: Launcher, rank: int, script: str = "hang.py") -> int:
+    """This shell's pid of `rank` of the test's job, whichever node (PID namespace) runs it."""
+    marker, rank_var = f"{MARKER_VAR}={launcher.marker_value}".encode(), f"RANK={rank}".encode()
+    found = []
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            env = Path(f"/proc/{entry}/environ").read_bytes().split(b"\0")
+            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if marker in env and rank_var in env and script.encode() in cmdline and b"rank_wrapper" not in cmdline:
+            found.append(int(entry))
+    assert len(found) == 1, found
+    return found[0]
+
+
 def job_id() -> str:
     return f"hang-{uuid.uuid4().hex[:8]}"
 
@@ -169,6 +186,24 @@ def test_a_rank_sigstopped_inside_an_all_reduce_is_named_and_the_job_stops_with_
                      r.stderr, re.M), r.stderr
     assert "detlaunch: exit code 124" in r.stderr
     assert time.monotonic() - stopped_at < 8 + 20  # detected and stopped soon after the timeout (loaded machine)
+
+
+@pytest.mark.timeout(240)
+def test_on_two_nodes_the_chief_finds_a_sigstopped_rank_of_the_worker_and_both_exit_124(launcher: Launcher) -> None:
+    job, port = job_id(), str(free_port())
+    common = ["--layer", "torchrun", "--nnodes", "2", "--nproc-per-node", "1", "--master-addr", "127.0.0.1",
+              "--master-port", port, "--job-id", job, "--hang-timeout", "8"]
+    env = {"HANG": "loop", "STEP_SLEEP": "0.2"}
+    nodes = [launcher.start(*common, "--node-rank", str(n), "--node-addr", f"127.0.0.{n + 1}", HANG, env=env)
+             for n in (0, 1)]
+    nodes[1].wait_for_output("[rank=1] rank 1 step 3", timeout=180)
+    os.kill(host_pid(launcher, 1), signal.SIGSTOP)
+    chief, worker = nodes[0].wait(120), nodes[1].wait(120)
+    assert (chief.returncode, worker.returncode) == (124, 124), chief.output + worker.output
+    assert "suspect: rank 1 (node 1): SIGSTOPped" in report_line(chief.stderr), chief.stderr
+    assert re.search(r"^detlaunch:   rank 0 \(node 0\): work\.wait <- all_reduce", chief.stderr, re.M), chief.stderr
+    assert re.search(r"^detlaunch:   rank 1 \(node 1\): \[SIGSTOPped\]", chief.stderr, re.M), chief.stderr
+    assert "suspect: rank 1 (node 1): SIGSTOPped" in report_line(worker.stderr)  # the chief's verdict
 
 
 @pytest.mark.timeout(200)
@@ -236,3 +271,63 @@ def test_a_rank_whose_stack_cannot_be_read_says_why(launcher: Launcher) -> None:
                                            "py-spy does not know)"), text.stdout
     run.send_signal(signal.SIGTERM)
     run.wait(60)
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("layer", ["torchrun", "horovod"])
+def test_dump_before_kill_on_two_nodes_shows_the_survivors_under_the_root_cause(launcher: Launcher, tmp_path: Path,
+                                                                                 layer: str) -> None:
+    from test_faults import TwoNodes
+
+    job = TwoNodes(launcher, tmp_path, layer, RANKS, {"FAIL_RANK": "3", "FAIL_CODE": "3"})
+    job.wait_until_every_rank_is_up()
+    job.trigger()
+    chief, worker = job.chief.wait(120), job.worker.wait(120)
+    assert (chief.returncode, worker.returncode) == (3, 3), chief.output + worker.output
+    lines = chief.stderr.splitlines()
+    cause = lines.index("detlaunch: last stderr lines of rank 3:")  # the failing rank's own stderr first
+    dump = lines.index("detlaunch: the running ranks' stacks before they were stopped:")
+    assert cause < dump and lines[cause + 1] == "detlaunch:   | something broke in rank 3", chief.stderr
+    assert re.match(r"detlaunch:   ranks 0-2 \(node 0, 1\): time\.sleep <- <module> \(ranks\.py:\d+\)$",
+                    lines[dump + 1]), chief.stderr
+    for rank in (0, 1, 2):
+        assert f"rank {rank} (node {rank // 2}): killed by SIGTERM (stopped by detlaunch)" in chief.stderr
+
+
+@pytest.mark.timeout(200)
+def test_dump_budget_0_stops_at_once_without_stacks(launcher: Launcher, tmp_path: Path) -> None:
+    fifo = tmp_path / "trigger"
+    os.mkfifo(fifo)
+    run = launcher.start(*torchrun(launcher, job_id(), "--dump-budget", "0", nproc=3), RANKS,
+                         env={"FAIL_RANK": "1", "SLEEP": "300", "TRIGGER": str(fifo)})
+    for rank in (0, 2):
+        run.wait_for_output(f"[rank={rank}] rank {rank} sleeping", timeout=60)
+    run.wait_for_output("[rank=1] rank 1 waiting", timeout=60)
+    fifo.write_bytes(b"x")
+    r = run.wait(60)
+    assert r.returncode == 3 and "stacks" not in r.stderr, r.output
+    assert report_line(r.stderr) == "detlaunch: job failed: rank 1 on node 0 (127.0.0.1) exited with code 3"
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("layer", ["horovod", "deepspeed"])
+def test_stacks_of_ranks_started_over_sshd_on_two_nodes(launcher: Launcher, tmp_path: Path, layer: str) -> None:
+    from test_faults import TwoNodes
+
+    job_id = f"sshd-{uuid.uuid4().hex[:8]}"
+    job = TwoNodes(launcher, tmp_path, layer, RANKS, {"DETLAUNCH_JOB_ID": job_id})
+    job.wait_until_every_rank_is_up()
+    for fmt in ("json", "text"):
+        answer = ask(launcher, "stacks", job_id, "--format", fmt)
+        assert answer.returncode == 0, answer.stderr
+        if fmt == "json":
+            data = json.loads(answer.stdout)
+            assert data["missing"] == [] and data["unavailable"] == [], data
+            assert [(g["ranks"], g["nodes"]) for g in data["groups"]] == [([0, 1, 2, 3], [0, 1])], data
+        else:
+            assert re.match(r"ranks 0-3 \(node 0, 1\): time\.sleep <- <module> \(ranks\.py:\d+\)$",
+                            answer.stdout.splitlines()[1]), answer.stdout
+    for node in (job.chief, job.worker):
+        node.send_signal(signal.SIGTERM)
+    for node in (job.chief, job.worker):
+        node.wait(90)
