@@ -28,7 +28,7 @@ from .plugins import LAYERS, PLUGINS, PluginSet
 
 SUBCOMMANDS = ("layers", "plugins", "info")
 CONTROL_COMMANDS = ("status", "stacks")  # questions to a running job (control.py): no plugin is loaded for them
-CONTROL_ARGS = {"stacks": {"budget": 2.0}}  # py-spy's budget on every node (the answer comes within it + 1 s)
+CONTROL_ARGS = {"stacks": {"budget": 2.0}}  # py-spy's budget on every node (the answer comes within it + 2 s)
 
 
 def _truthy(value: str | None) -> bool:

@@ -111,7 +111,7 @@ NUMBERS: Mapping[str, Number] = {
     "grace_period": Number(float, 0, 3600, 5.0, "s"),
     "start_timeout": Number(float, 0.001, 7 * 86400, 300.0, "s"),
     "heartbeat": Number(float, 0.01, 60, 1.0, "s"),
-    "hang_timeout": Number(float, 0, 365 * 86400, 0.0, "s"),  # 0: off
+    "hang_timeout": Number(float, 0, 7 * 86400, 0.0, "s"),  # 0: off
     "dump_budget": Number(float, 0, 10, 1.5, "s"),  # 0: stop at once, no stacks
     "ssh_port": ports(),  # ssh.py's --ssh-port (the ssh layers' option)
 }

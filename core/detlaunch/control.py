@@ -78,7 +78,7 @@ class ControlRequests:
         g = self.gatherings[key] = Gathering(what, {self.node, *nodes}, answer)
         budget = self.budget
         if isinstance(args.get("budget"), (int, float)):  # the nodes' own work (stacks) takes this long
-            budget = max(budget, float(args["budget"]) + 1.0)
+            budget = max(budget, float(args["budget"]) + 2.0)  # + room for a loaded machine
         g.timer = self.loop.call_later(budget, lambda: self._finish(key))
         for node in sorted(nodes):
             ask(node, key)

@@ -196,6 +196,7 @@ class _Dump:
     out: bytearray = dataclasses.field(default_factory=bytearray)
     err: bytearray = dataclasses.field(default_factory=bytearray)
     open_fds: int = 3  # stdout, stderr, pidfd: done when all three have closed or fired
+    pidfd: int | None = None
 
 
 MAX_PARALLEL = 64  # py-spy runs at once: three descriptors each, well under the usual limit of 1024
@@ -236,13 +237,19 @@ def _dump_batch(py_spy: str, pids: list[int], deadline: float, budget: float) ->
             kind = "missing" if e.errno in (errno.ENOENT, errno.EACCES, errno.ENOEXEC) else "error"
             results[pid] = Unavailable(pid, kind, f"cannot run {py_spy}: {e.strerror}")
             continue
-        dumps.append(_Dump(pid, stopped, proc))
+        d = _Dump(pid, stopped, proc)
+        try:  # at once: a supervisor reaps every child that exits (waitpid(-1)), and then there is no pid
+            d.pidfd = os.pidfd_open(proc.pid)
+        except ProcessLookupError:  # it has exited (and was reaped) already: its pipes say the rest
+            d.open_fds -= 1
+        dumps.append(d)
     with selectors.DefaultSelector() as sel:
         for d in dumps:
             assert d.proc.stdout and d.proc.stderr
             sel.register(d.proc.stdout, selectors.EVENT_READ, (d, d.out))
             sel.register(d.proc.stderr, selectors.EVENT_READ, (d, d.err))
-            sel.register(os.pidfd_open(d.proc.pid), selectors.EVENT_READ, (d, None))
+            if d.pidfd is not None:
+                sel.register(d.pidfd, selectors.EVENT_READ, (d, None))
         pending = len(dumps)
         while pending:
             left = deadline - time.monotonic()

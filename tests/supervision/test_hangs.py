@@ -10,17 +10,22 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import re
 import signal
 import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from conftest import SCRIPTS, Launcher
+from detlaunch import hangs as hangs_module
+from detlaunch.errors import ConfigError
 from detlaunch.eventloop import EventLoop
+from detlaunch.hangs import HangPolicy
 from detlaunch.progress import OUTPUT_RECORD, OutputMark, create_progress_file, read_progress
 from detlaunch.progresswatch import NodeProgress, ProgressWatch, latest_progress, parse_ages
 from detlaunch.rank_protocol import ends_traceback
@@ -28,7 +33,7 @@ from detlaunch.report import HANG_EXIT_CODE, JobResult, RankStatus, format_repor
 from detlaunch.stackquery import StackCollector, node_answer, report_of
 from detlaunch.stacks import ProcessStack
 from detlaunch.testing.runner import MARKER_VAR
-from detlaunch.verdict import Decision, Hung, RankEnded, StuckAfterTraceback, Verdict
+from detlaunch.verdict import Decision, Hung, RankEnded, StuckAfterTraceback, Verdict, as_failure
 from helpers import free_port, report_line
 
 HANG = str(SCRIPTS / "hang.py")
@@ -125,6 +130,113 @@ def test_stacks_are_collected_off_the_loop_and_handed_back_to_it() -> None:
     report = report_of({"nodes": [{"node": 0, **answers[0]}]})
     assert [g.ranks for g in report.groups] == [((0, 0),)] and isinstance(report.groups[0].stack, ProcessStack)
     assert [(u.ranks, u.kind) for u in report.unavailable] == [(((1, 0),), "gone")]
+
+
+def policy(loop: EventLoop, asked: list[str], failed: list[object], answers: dict[str, dict[str, object]],
+           **kw: object) -> HangPolicy:
+    def ask_job(what: str, args: object, answer: object) -> None:
+        asked.append(what)
+        answer(answers[what])  # type: ignore[operator]
+
+    opts: dict[str, object] = {"node": 0, "host": "h", "run_dir": "/nonexistent", "is_chief": True,
+                               "hang_timeout": 0.05, "dump_budget": 1.0, "ask_job": ask_job, "fail": failed.append,
+                               "say": lambda _line: None, "live_ranks": lambda: [(0, 10), (1, 11)],
+                               "active": lambda: True, **kw}
+    return HangPolicy(loop, **opts)  # type: ignore[arg-type]
+
+
+STACK = {"pid": 10, "stopped": False, "threads": [{"name": "MainThread", "thread_id": 1, "active": False,
+         "owns_gil": False, "os_thread_id": 1, "frames": [{"function": "sleep", "file": "t.py", "line": 3,
+                                                           "code": "time.sleep(9)"}]}]}
+STOPPED = {**STACK, "pid": 11, "stopped": True}
+JOB_STACKS = {"nodes": [{"node": 0, "ranks": [{"rank": 0, "pid": 10, "stack": STACK}]},
+                        {"node": 1, "ranks": [{"rank": 1, "pid": 11, "stack": STOPPED}]}], "missing": []}
+
+
+@pytest.mark.timeout(10)
+def test_the_chief_asks_for_progress_at_the_deadline_and_rearms_while_a_rank_moves() -> None:
+    loop, asked, failed = EventLoop(), [], []  # type: ignore[var-annotated]
+    moving = {"nodes": [{"node": 0, "ages": [[0, 0.0]]}]}
+    answers: dict[str, dict[str, object]] = {"progress": moving, "stacks": JOB_STACKS}
+    hangs = policy(loop, asked, failed, answers)
+    hangs.job_started()
+    for _ in range(3):  # each check: a rank moved just now, so the timer is set again
+        loop.run_once(timeout=1)
+    assert asked == ["progress"] * 3 and failed == []
+    answers["progress"] = {"nodes": [{"node": 0, "ages": [[0, 5.0]]}, {"node": 1, "ages": [[1, 5.0]]}]}
+    while not failed:
+        loop.run_once(timeout=1)
+    assert asked[-2:] == ["progress", "stacks"]
+    (hung,) = failed
+    assert isinstance(hung, Hung) and hung.suspects == ("rank 1 (node 1): SIGSTOPped",)
+    assert hung.stacks == ("rank 0 (node 0): time.sleep <- sleep (t.py:3)",
+                           "rank 1 (node 1): [SIGSTOPped] time.sleep <- sleep (t.py:3)  [suspect: SIGSTOPped]")
+    hangs.close()
+    loop.close()
+
+
+def test_no_hang_watch_on_a_worker_or_without_a_timeout() -> None:
+    loop = EventLoop()
+    for kw in ({"is_chief": False}, {"hang_timeout": 0.0}):
+        hangs = policy(loop, [], [], {}, **kw)
+        hangs.job_started()
+        assert hangs.watch is None and loop.next_timeout() is None
+    loop.close()
+
+
+@pytest.mark.timeout(10)
+def test_dump_before_kill_the_chief_takes_the_stacks_then_stops_a_worker_waits_for_the_chief() -> None:
+    loop, asked, stops = EventLoop(), [], []  # type: ignore[var-annotated]
+    failure = as_failure(RankEnded(RankStatus(3, 1, 3, wall=1.0)))
+    assert failure is not None
+    chief = policy(loop, asked, [], {"stacks": JOB_STACKS})
+    assert chief.dump_before_stop(failure, lambda: stops.append("chief")) and stops == ["chief"]
+    assert asked == ["stacks"] and chief.dumped[0] == "rank 0 (node 0): time.sleep <- sleep (t.py:3)"
+    worker = policy(loop, asked, [], {}, is_chief=False, dump_budget=0.01)
+    assert worker.dump_before_stop(failure, lambda: stops.append("worker")) and worker.dumping
+    assert asked == ["stacks"]  # a worker asks nobody: the chief takes every node's stacks
+    while worker.dumping:
+        loop.run_once(timeout=3)  # no stop from the chief: it stops on its own after the budget
+    assert stops == ["chief", "worker"]
+    off = policy(loop, asked, [], {}, dump_budget=0.0)
+    assert not off.dump_before_stop(failure, lambda: None) and off.hold_time() == 0 and chief.hold_time() == 3.5
+    hang = as_failure(Hung(1, 1, (), (), 0, 1.0))
+    assert hang is not None and not chief.dump_before_stop(hang, lambda: None)  # its stacks are taken already
+    loop.close()
+
+
+@pytest.mark.timeout(10)
+def test_a_traceback_then_still_running_fails_after_the_delay(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(hangs_module, "TRACEBACK_DELAY", 0.01)
+    loop, failed = EventLoop(), []  # type: ignore[var-annotated]
+    live = [(0, 10), (1, 11)]
+    hangs = policy(loop, [], failed, {}, live_ranks=lambda: live)
+    hangs.traceback(1, ["Traceback (most recent call last):", "ValueError: x"], 7.0)
+    hangs.traceback(0, ["Traceback (most recent call last):", "ValueError: y"], 7.0)
+    live.remove((0, 10))  # rank 0 exited in time: its own exit is the report
+    loop.run_once(timeout=1)
+    loop.run_once(timeout=1)
+    assert failed == [StuckAfterTraceback(1, 0, "h", ("Traceback (most recent call last):", "ValueError: x"),
+                                          0.01, 7.0)]
+    loop.close()
+
+
+def test_hang_timeout_and_dump_budget_from_flag_variable_and_file() -> None:
+    from detlaunch.config import apply_defaults, build_parser, parse
+
+    def options(argv: list[str], env: dict[str, str], file: dict[str, object]) -> dict[str, object]:
+        parser = build_parser([])
+        apply_defaults(parser, env, {"detlaunch": file} if file else {}, {}, "detlaunch.toml")
+        return vars(parse(parser, [*argv, "train.py"], env)[0])
+
+    assert (options([], {}, {})["hang_timeout"], options([], {}, {})["dump_budget"]) == (0.0, 1.5)
+    assert options([], {"DETLAUNCH_HANG_TIMEOUT": "30"}, {"hang_timeout": 20})["hang_timeout"] == 30.0
+    assert options(["--hang-timeout", "40"], {}, {"hang_timeout": 20})["hang_timeout"] == 40.0
+    assert options([], {}, {"dump_budget": 0})["dump_budget"] == 0.0
+    with pytest.raises(ConfigError) as e:
+        options(["--hang-timeout", "-1"], {}, {})
+    assert str(e.value) == ("argument --hang-timeout: '-1' is out of range; valid: 0..604800 s "
+                            "(see detlaunch --help)")
 
 
 # -- real jobs ------------------------------------------------------------------------------------
@@ -331,3 +443,47 @@ def test_stacks_of_ranks_started_over_sshd_on_two_nodes(launcher: Launcher, tmp_
         node.send_signal(signal.SIGTERM)
     for node in (job.chief, job.worker):
         node.wait(90)
+
+
+@pytest.fixture
+def throwaway_user() -> Iterator[pwd.struct_passwd]:
+    """An unprivileged user, created for one test and removed after it."""
+    if os.getuid() != 0:
+        pytest.skip("needs root to create a test user")
+    name = f"dlh{uuid.uuid4().hex[:8]}"
+    subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", name], check=True)
+    try:
+        yield pwd.getpwnam(name)
+    finally:
+        subprocess.run(["userdel", name], check=True)
+
+
+@pytest.mark.timeout(240)
+def test_as_a_user_without_privileges_stacks_and_the_hang_report_work(launcher: Launcher, tmp_path: Path,
+                                                                     throwaway_user: pwd.struct_passwd) -> None:
+    # The venv's interpreter lives under /root (0700): the user runs Debian's python3 (3.11, like the
+    # venv's) with the venv's site-packages on its path; py-spy comes from the venv's bin on PATH.
+    site = next(Path(sys.prefix, "lib").glob("python3.*/site-packages"))
+    home = tmp_path / "home"
+    home.mkdir()
+    os.chown(home, throwaway_user.pw_uid, throwaway_user.pw_gid)
+    tmp_path.chmod(0o755)
+    root = Path(__file__).resolve().parents[2]
+    paths = [root / "core", root / "plugins" / "torchrun", site]
+    env = {"PYTHONPATH": ":".join(map(str, paths)), "TMPDIR": str(home), "HOME": str(home),
+           "PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "HANG": "loop", "STEP_SLEEP": "0.2"}
+    user = ["runuser", "-u", throwaway_user.pw_name, "--"]
+    python = ["/usr/bin/python3", "-m", "detlaunch"]
+    job = job_id()
+    run = launcher.start(*torchrun(launcher, job, "--hang-timeout", "8"), HANG, env=env, prefix=user,
+                         command=python, cwd=home)
+    run.wait_for_output("[rank=1] rank 1 step 3", timeout=150)
+    os.kill(host_pid(launcher, 1), signal.SIGSTOP)
+    stacks = subprocess.run([*user, *python, "stacks", job], env={**launcher.env, **env}, capture_output=True,
+                            text=True, timeout=30, cwd=home)
+    assert stacks.returncode == 0, stacks.stderr
+    assert re.search(r"^rank 0 \(node 0\): .*(all_reduce|time\.sleep)", stacks.stdout, re.M), stacks.stdout
+    assert re.search(r"^rank 1 \(node 0\): \[SIGSTOPped\] ", stacks.stdout, re.M), stacks.stdout
+    r = run.wait(120)
+    assert r.returncode == 124, r.output
+    assert "suspect: rank 1 (node 0): SIGSTOPped" in report_line(r.stderr)
