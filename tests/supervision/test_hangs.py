@@ -12,9 +12,11 @@ import json
 import os
 import pwd
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Iterator
@@ -464,21 +466,28 @@ def test_as_a_user_without_privileges_stacks_and_the_hang_report_work(launcher: 
     # The venv's interpreter lives under /root (0700): the user runs Debian's python3 (3.11, like the
     # venv's) with the venv's site-packages on its path; py-spy comes from the venv's bin on PATH.
     site = next(Path(sys.prefix, "lib").glob("python3.*/site-packages"))
-    home = tmp_path / "home"
-    home.mkdir()
+    home = Path(tempfile.mkdtemp(prefix="dlhang-"))  # pytest's own tmp dirs are root's only
     os.chown(home, throwaway_user.pw_uid, throwaway_user.pw_gid)
-    tmp_path.chmod(0o755)
+    try:
+        stacks_and_hang_as(launcher, throwaway_user, home, site)
+    finally:
+        shutil.rmtree(home)
+
+
+def stacks_and_hang_as(launcher: Launcher, throwaway_user: pwd.struct_passwd, home: Path, site: Path) -> None:
     root = Path(__file__).resolve().parents[2]
     paths = [root / "core", root / "plugins" / "torchrun", site]
     env = {"PYTHONPATH": ":".join(map(str, paths)), "TMPDIR": str(home), "HOME": str(home),
-           "PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "HANG": "loop", "STEP_SLEEP": "0.2"}
+           "PATH": f"{Path(sys.executable).parent}:/usr/sbin:/usr/bin:/sbin:/bin", "HANG": "loop", "STEP_SLEEP": "0.2"}
     user = ["runuser", "-u", throwaway_user.pw_name, "--"]
     python = ["/usr/bin/python3", "-m", "detlaunch"]
     job = job_id()
     run = launcher.start(*torchrun(launcher, job, "--hang-timeout", "8"), HANG, env=env, prefix=user,
                          command=python, cwd=home)
     run.wait_for_output("[rank=1] rank 1 step 3", timeout=150)
-    os.kill(host_pid(launcher, 1), signal.SIGSTOP)
+    pid = host_pid(launcher, 1)
+    assert os.stat(f"/proc/{pid}").st_uid == throwaway_user.pw_uid  # the ranks are that user's
+    os.kill(pid, signal.SIGSTOP)
     stacks = subprocess.run([*user, *python, "stacks", job], env={**launcher.env, **env}, capture_output=True,
                             text=True, timeout=30, cwd=home)
     assert stacks.returncode == 0, stacks.stderr
