@@ -2,7 +2,8 @@
 
 Three things, each a few timers and questions on the parts that already exist:
 
-- the hang watch (chief only, `--hang-timeout S`): a timer at the job's last known progress + S;
+- the hang watch (chief only, `--hang-timeout S`, from its first rank's start): a timer at the job's
+  last known progress + S;
   when it fires, the chief asks every node for its ranks' progress (progresswatch.py); if none
   moved, it asks every node for its ranks' stacks, prints them grouped with the suspects, and
   fails the job with a `Hung` verdict event (exit code 124);
@@ -64,13 +65,14 @@ class HangPolicy:
         node_answer(self.collector, self.host, self.live_ranks(), budget, done)
 
     def registered(self, rank: int) -> None:
+        """A rank of this node started. The chief's watch starts with its first rank: before that, the
+        launcher is still starting (torch's import alone takes seconds), and --start-timeout watches."""
         self.progress.registered(rank, self.loop.clock())
-
-    # -- the hang watch (the chief) ------------------------------------------------------------
-    def job_started(self) -> None:
         if self.is_chief and self.hang_timeout > 0 and self.watch is None:
             self.watch = ProgressWatch(self.hang_timeout, self.loop.clock())
             self._arm()
+
+    # -- the hang watch (the chief) ------------------------------------------------------------
 
     def _arm(self) -> None:
         assert self.watch is not None

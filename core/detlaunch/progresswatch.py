@@ -33,7 +33,7 @@ class ProgressWatch:
 
     def __init__(self, timeout: float, started: float) -> None:
         self.timeout = timeout
-        self.started = started  # the job's start counts as progress: ranks that never start hang too
+        self.started = started  # when watching began (the chief's first rank started): it counts as progress
         self.last: dict[RankKey, float] = {}
 
     def update(self, node: int, ages: Iterable[tuple[int, float]], now: float) -> None:

@@ -215,7 +215,6 @@ class NodeSupervisor:
         if self.phase is not Phase.STARTING:
             return
         self._enter(Phase.RUNNING)
-        self.hangs.job_started()
         try:
             self._run_steps(self.plan.stage.prelaunch)
             for i, cmd in enumerate(self.plan.stage.commands):

@@ -161,7 +161,7 @@ def test_the_chief_asks_for_progress_at_the_deadline_and_rearms_while_a_rank_mov
     moving = {"nodes": [{"node": 0, "ages": [[0, 0.0]]}]}
     answers: dict[str, dict[str, object]] = {"progress": moving, "stacks": JOB_STACKS}
     hangs = policy(loop, asked, failed, answers)
-    hangs.job_started()
+    hangs.registered(0)
     for _ in range(3):  # each check: a rank moved just now, so the timer is set again
         loop.run_once(timeout=1)
     assert asked == ["progress"] * 3 and failed == []
@@ -181,7 +181,7 @@ def test_no_hang_watch_on_a_worker_or_without_a_timeout() -> None:
     loop = EventLoop()
     for kw in ({"is_chief": False}, {"hang_timeout": 0.0}):
         hangs = policy(loop, [], [], {}, **kw)
-        hangs.job_started()
+        hangs.registered(0)
         assert hangs.watch is None and loop.next_timeout() is None
     loop.close()
 
