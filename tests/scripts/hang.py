@@ -19,9 +19,11 @@ import sys
 import time
 from datetime import timedelta
 
-import detlaunch
-import torch
-import torch.distributed as dist
+print(f"rank {os.environ.get('RANK')} importing torch", flush=True)  # seconds of silence follow
+
+import detlaunch  # noqa: E402
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
 
 
 def linger() -> None:
@@ -30,6 +32,7 @@ def linger() -> None:
 
 dist.init_process_group("gloo", timeout=timedelta(seconds=600))
 rank = dist.get_rank()
+print(f"rank {rank} initialized", flush=True)
 mode = os.environ.get("HANG", "")
 who = int(os.environ.get("HANG_RANK", "1"))
 quiet = os.environ.get("BEAT") == "1"

@@ -284,7 +284,7 @@ def job_id() -> str:
 @pytest.mark.timeout(200)
 def test_a_rank_sigstopped_inside_an_all_reduce_is_named_and_the_job_stops_with_124(launcher: Launcher) -> None:
     job = job_id()
-    run = launcher.start(*torchrun(launcher, job, "--hang-timeout", "8"), HANG,
+    run = launcher.start(*torchrun(launcher, job, "--hang-timeout", "10"), HANG,
                          env={"HANG": "loop", "STEP_SLEEP": "0.2"})
     run.wait_for_output("[rank=1] rank 1 step 3", timeout=150)
     os.kill(rank_pid(launcher, job, 1), signal.SIGSTOP)
@@ -295,18 +295,18 @@ def test_a_rank_sigstopped_inside_an_all_reduce_is_named_and_the_job_stops_with_
     r = run.wait(120)
     assert r.returncode == 124, r.output
     assert report_line(r.stderr).startswith("detlaunch: job failed: the job hung: no rank showed progress for ")
-    assert "--hang-timeout 8); suspect: rank 1 (node 0): SIGSTOPped" in r.stderr, r.stderr
+    assert "--hang-timeout 10); suspect: rank 1 (node 0): SIGSTOPped" in r.stderr, r.stderr
     assert re.search(r"^detlaunch:   rank 0 \(node 0\): work\.wait <- all_reduce <- <module> \(hang\.py:\d+\)$",
                      r.stderr, re.M), r.stderr
     assert "detlaunch: exit code 124" in r.stderr
-    assert time.monotonic() - stopped_at < 8 + 20  # detected and stopped soon after the timeout (loaded machine)
+    assert time.monotonic() - stopped_at < 10 + 20  # detected and stopped soon after the timeout (loaded machine)
 
 
 @pytest.mark.timeout(240)
 def test_on_two_nodes_the_chief_finds_a_sigstopped_rank_of_the_worker_and_both_exit_124(launcher: Launcher) -> None:
     job, port = job_id(), str(free_port())
     common = ["--layer", "torchrun", "--nnodes", "2", "--nproc-per-node", "1", "--master-addr", "127.0.0.1",
-              "--master-port", port, "--job-id", job, "--hang-timeout", "8"]
+              "--master-port", port, "--job-id", job, "--hang-timeout", "10"]
     env = {"HANG": "loop", "STEP_SLEEP": "0.2"}
     nodes = [launcher.start(*common, "--node-rank", str(n), "--node-addr", f"127.0.0.{n + 1}", HANG, env=env)
              for n in (0, 1)]
@@ -322,7 +322,7 @@ def test_on_two_nodes_the_chief_finds_a_sigstopped_rank_of_the_worker_and_both_e
 
 @pytest.mark.timeout(200)
 def test_a_rank_asleep_before_the_collective_is_the_suspect(launcher: Launcher) -> None:
-    r = launcher.start(*torchrun(launcher, job_id(), "--hang-timeout", "5"), HANG, env={"HANG": "sleep"}).wait(150)
+    r = launcher.start(*torchrun(launcher, job_id(), "--hang-timeout", "10"), HANG, env={"HANG": "sleep"}).wait(150)
     assert r.returncode == 124, r.output
     assert "suspect: rank 1 (node 0): not in the collective the others wait in" in report_line(r.stderr)
     assert re.search(r"^detlaunch:   rank 1 \(node 0\): time\.sleep <- <module> \(hang\.py:\d+\)", r.stderr, re.M)
@@ -347,13 +347,13 @@ def test_a_rank_that_raises_then_hangs_in_atexit_fails_the_job_with_its_tracebac
 
 @pytest.mark.timeout(200)
 def test_heartbeats_from_one_rank_keep_a_silent_job_alive_and_only_they_count(launcher: Launcher) -> None:
-    # 16 s with no output at all, rank 0 beating: not hung (timeout 8). Then rank 0 prints but stops
-    # beating: hung 8 s after its last beat, although it still prints.
-    r = launcher.start(*torchrun(launcher, job_id(), "--hang-timeout", "8"), HANG,
+    # 16 s with no output at all, rank 0 beating: not hung (timeout 10). Then rank 0 prints but stops
+    # beating: hung 10 s after its last beat, although it still prints.
+    r = launcher.start(*torchrun(launcher, job_id(), "--hang-timeout", "10"), HANG,
                        env={"BEAT": "1", "STEPS": "80", "STEP_SLEEP": "0.2", "HANG": "beat", "BEAT_FOR": "2"}).wait(150)
     assert r.returncode == 124, r.output
     assert r.rank_lines(0).count("rank 0 still printing") > 20, r.output  # it printed all along
-    assert r.rank_lines(1) == [], r.output
+    assert r.rank_lines(1) == ["rank 1 importing torch", "rank 1 initialized"], r.output  # silent after
     assert "the job hung" in report_line(r.stderr)
 
 
@@ -370,7 +370,8 @@ def test_stacks_of_a_healthy_job_do_not_disturb_it(launcher: Launcher) -> None:
     r = run.wait(120)
     assert r.returncode == 0, r.output
     for rank in (0, 1):
-        assert r.rank_lines(rank)[:60] == [f"rank {rank} step {i}" for i in range(60)]
+        steps = [line for line in r.rank_lines(rank) if line.startswith(f"rank {rank} step ")]
+        assert steps == [f"rank {rank} step {i}" for i in range(60)], r.output  # every line, in order
         assert r.rank_lines(rank)[-1] == f"rank {rank} done"
 
 
@@ -482,7 +483,7 @@ def stacks_and_hang_as(launcher: Launcher, throwaway_user: pwd.struct_passwd, ho
     user = ["runuser", "-u", throwaway_user.pw_name, "--"]
     python = ["/usr/bin/python3", "-m", "detlaunch"]
     job = job_id()
-    run = launcher.start(*torchrun(launcher, job, "--hang-timeout", "8"), HANG, env=env, prefix=user,
+    run = launcher.start(*torchrun(launcher, job, "--hang-timeout", "20"), HANG, env=env, prefix=user,
                          command=python, cwd=home)
     run.wait_for_output("[rank=1] rank 1 step 3", timeout=150)
     pid = host_pid(launcher, 1)
