@@ -202,13 +202,15 @@ def main() -> None:
     p.add_argument("--cap", type=float, default=120.0)
     p.add_argument("--skip-bare", action="store_true")
     p.add_argument("--skip-detection", action="store_true")
+    p.add_argument("--skip-teardown", action="store_true")
     args = p.parse_args()
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     print("hangs:")
     if not args.skip_detection:
         bench_detection(env, args.reps)
     bench_stacks(env, args.ranks, args.reps)
-    bench_teardown(env, args.reps)
+    if not args.skip_teardown:
+        bench_teardown(env, args.reps)
     if not args.skip_bare:
         bench_bare(env, args.cap)
 
