@@ -497,3 +497,19 @@ def stacks_and_hang_as(launcher: Launcher, throwaway_user: pwd.struct_passwd, ho
     r = run.wait(120)
     assert r.returncode == 124, r.output
     assert "suspect: rank 1 (node 0): SIGSTOPped" in report_line(r.stderr)
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("layer", ["horovod", "deepspeed"])
+def test_a_silent_job_over_sshd_hangs_on_both_nodes_from_the_variable(launcher: Launcher, tmp_path: Path,
+                                                                     layer: str) -> None:
+    from test_faults import TwoNodes
+
+    job = TwoNodes(launcher, tmp_path, layer, RANKS, {"DETLAUNCH_HANG_TIMEOUT": "8"})
+    job.wait_until_every_rank_is_up()
+    chief, worker = job.chief.wait(120), job.worker.wait(120)
+    assert (chief.returncode, worker.returncode) == (124, 124), chief.output + worker.output
+    for r in (chief, worker):  # the worker reports the chief's verdict, stacks included
+        assert report_line(r.stderr).startswith("detlaunch: job failed: the job hung: no rank showed progress")
+        assert re.search(r"^detlaunch:   ranks 0-3 \(node 0, 1\): time\.sleep <- <module> \(ranks\.py:\d+\)$",
+                         r.stderr, re.M), r.stderr
