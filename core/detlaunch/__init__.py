@@ -36,6 +36,7 @@ _EXPORTS = {
     "Check": "doctor",
     "Event": "events",
     "EventKind": "events",
+    "progress": "progress",
 }
 __all__ = ["__version__", *_EXPORTS]
 
@@ -52,6 +53,7 @@ if TYPE_CHECKING:  # `X as X`: an explicit re-export, for type checkers
     from .events import EventKind as EventKind
     from .hookspecs import hookimpl as hookimpl
     from .netutil import check_port_free as check_port_free
+    from .progress import progress as progress
     from .report import Failure as Failure
     from .report import JobResult as JobResult
     from .report import RankStatus as RankStatus

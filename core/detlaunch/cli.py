@@ -33,7 +33,8 @@ if TYPE_CHECKING:
     from .plugins import Hooks, PluginSet
 
 SUBCOMMANDS = ("layers", "plugins", "info", "doctor")
-CONTROL_COMMANDS = ("status",)  # questions to a running job (control.py): no plugin is loaded for them
+CONTROL_COMMANDS = ("status", "stacks")  # questions to a running job (control.py): no plugin is loaded for them
+CONTROL_ARGS = {"stacks": {"budget": 2.0}}  # py-spy's budget on every node (the answer comes within it + 2 s)
 
 
 def _truthy(value: str | None) -> bool:
@@ -198,10 +199,12 @@ def control_command(what: str, argv: list[str], env: Mapping[str, str]) -> int:
     p.add_argument("--format", choices=("text", "json"), default=env.get("DETLAUNCH_FORMAT") or "text")
     p.add_argument("--watch", nargs="?", const=2.0, type=WATCH_EVERY, metavar="S",
                    help="ask again every S seconds (default 2), redrawn in place on a terminal, until the job ends")
+    if what == "stacks":
+        p.add_argument("--full", action="store_true", help="every frame of each group's main thread")
     try:
         ns = p.parse_args(argv)
         job, path = control.find_job(ns.job)
-        data = control.ask(path, what)
+        data = control.ask(path, what, CONTROL_ARGS.get(what))
     except ConfigError as e:
         print(f"detlaunch: error: {e}", file=sys.stderr)
         return e.exit_code
@@ -213,7 +216,10 @@ def control_command(what: str, argv: list[str], env: Mapping[str, str]) -> int:
     tty = sys.stdout.isatty()
     try:
         while True:
-            text = json.dumps(data, indent=2, sort_keys=True) if ns.format == "json" else format_status(data)
+            if what == "stacks":
+                text = format_stacks(data, ns.format == "json", full=ns.full)
+            else:
+                text = json.dumps(data, indent=2, sort_keys=True) if ns.format == "json" else format_status(data)
             if ns.watch is None:
                 print(text, flush=True)
                 return 0
@@ -221,7 +227,7 @@ def control_command(what: str, argv: list[str], env: Mapping[str, str]) -> int:
             sys.stdout.flush()
             time.sleep(ns.watch)  # the refresh the user asked for: the job is never touched in between
             try:
-                data = control.ask(path, what)
+                data = control.ask(path, what, CONTROL_ARGS.get(what))
             except (control.NotRunning, OSError):
                 print(f"detlaunch: job {job} is not running any more", file=sys.stderr)
                 return 0
@@ -256,6 +262,23 @@ def format_status(data: Mapping[str, Any]) -> str:
     if missing:
         text += f"no answer from node(s) {', '.join(map(str, missing))}\n"
     return text.rstrip("\n")
+
+
+def format_stacks(data: Mapping[str, object], as_json: bool, full: bool = False) -> str:
+    """`detlaunch stacks`: every node's answer, grouped (stackgroups.py)."""
+    from .stackgroups import format_json, format_text
+    from .stackquery import report_of
+
+    report = report_of(data)
+    missing = list(data.get("missing") or [])  # type: ignore[call-overload]
+    if as_json:
+        return json.dumps({"job": data.get("job"), "missing": missing, **format_json(report)}, indent=2)
+    lines = [f"job {data.get('job')}", *format_text(report, full=full)]
+    if not report.groups and not report.unavailable:
+        lines.append("no rank is running")
+    if missing:
+        lines.append(f"no answer from node(s) {', '.join(map(str, missing))}")
+    return "\n".join(lines)
 
 
 def _prepare_log_dir(path: str) -> None:

@@ -114,6 +114,8 @@ NUMBERS: Mapping[str, Number] = {
     "grace_period": Number(float, 0, 3600, 5.0, "s"),
     "start_timeout": Number(float, 0.001, 7 * 86400, 300.0, "s"),
     "heartbeat": Number(float, 0.01, 60, 1.0, "s"),
+    "hang_timeout": Number(float, 0, 7 * 86400, 0.0, "s"),  # 0: off
+    "dump_budget": Number(float, 0, 10, 1.5, "s"),  # 0: stop at once, no stacks
     "ssh_port": ports(),  # ssh.py's --ssh-port (the ssh layers' option)
     "dedupe_window": Number(float, 0.001, 60, 0.2, "s"),
 }
@@ -194,6 +196,13 @@ def build_parser(layer_names: Sequence[str] = (), add_help: bool = True) -> Pars
                    help="multi-node: the chief's port for the other nodes' supervisors (default: master port + 1)")
     g.add_argument("--heartbeat", **number("heartbeat"), metavar="S",
                    help="multi-node: heartbeat interval; a node silent for 5 intervals is lost (default %(default)g)")
+    g.add_argument("--hang-timeout", **number("hang_timeout"), metavar="S",
+                   help="when no rank on any node has shown progress (an output line, or detlaunch.progress()) "
+                   "for S seconds, print every rank's stack and the suspects, and stop the job with exit code "
+                   "124 (default 0: off)")
+    g.add_argument("--dump-budget", **number("dump_budget"), metavar="S",
+                   help="when a rank fails, take the other ranks' stacks within S seconds before stopping them "
+                   "(default %(default)g; 0: stop at once)")
     g.add_argument("--job-dir", metavar="DIR",
                    help="job directory shared by all nodes, for per-job ssh keys "
                    "(default ~/.cache/detlaunch/jobs/JOB_ID)")

@@ -76,7 +76,10 @@ class ControlRequests:
         """Chief (or a node alone): this node's answer and those of `nodes` (ask(node, id) sends them the question)."""
         key = next(self._ids)
         g = self.gatherings[key] = Gathering(what, {self.node, *nodes}, answer)
-        g.timer = self.loop.call_later(self.budget, lambda: self._finish(key))
+        budget = self.budget
+        if isinstance(args.get("budget"), (int, float)):  # the nodes' own work (stacks) takes this long
+            budget = max(budget, float(args["budget"]) + 2.0)  # + room for a loaded machine
+        g.timer = self.loop.call_later(budget, lambda: self._finish(key))
         for node in sorted(nodes):
             ask(node, key)
         self.local(what, args, lambda data: self.part(key, self.node, data))

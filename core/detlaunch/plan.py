@@ -58,6 +58,8 @@ class LaunchPlan:
     dedupe: bool | None = None  # fold the console's repeated lines (None: when it is a terminal, many ranks)
     dedupe_window: float = 0.2
     prefix: str = "[rank={rank}] "  # each output line's prefix, filled in by the wrapper
+    hang_timeout: float = 0.0  # 0: no hang watch
+    dump_budget: float = 0.0  # seconds to take the survivors' stacks before stopping them (0: stop at once)
 
     @property
     def cluster(self) -> ClusterInfo:
@@ -112,7 +114,8 @@ class LaunchPlan:
             "supervisor": {"socket": self.socket_path, "grace_period": self.grace_period,
                            "start_timeout": self.start_timeout, "expected_ranks": self.expected_ranks,
                            "control": f"{c.chief_addr}:{self.control_port}" if c.num_nodes > 1 else None,
-                           "heartbeat": self.heartbeat},
+                           "heartbeat": self.heartbeat, "hang_timeout": self.hang_timeout,
+                           "dump_budget": self.dump_budget},
             "dirs": list(self.stage.dirs),
             "files": sorted([*self.stage.files, *self.stage.executables]),
             "setup": [list(s) for s in self.stage.setup],
@@ -197,6 +200,7 @@ def build_plan(hooks: Hooks, config: Config, cluster: ClusterInfo) -> LaunchPlan
         events_path=node_events_path(config.options.get("events"), config.options.get("log_dir"), cluster.node_rank),
         dedupe=config.options.get("dedupe"), dedupe_window=config.options.get("dedupe_window") or 0.2,
         prefix=config.options.get("prefix") or "[rank={rank}] ",
+        hang_timeout=config.options.get("hang_timeout") or 0.0, dump_budget=config.options.get("dump_budget") or 0.0,
     )
 
 

@@ -4,11 +4,15 @@ One JSON object per line over the supervisor's Unix socket:
 
     wrapper -> supervisor   {"t": "hello", "job": ID, "rank": N, "pid": P}
     supervisor -> wrapper   {"t": "ok", "log_dir": DIR|null, "console_ranks": [..]|null,
-                             "prefix": "[rank={rank}] ", "node": N, "host": H}  + 2 fds (SCM_RIGHTS)
+                             "prefix": "[rank={rank}] ", "node": N, "host": H, "hold": S}  + 2 fds (SCM_RIGHTS);
+                            hold: after a failure of its own rank, the wrapper stays up to S seconds, until
+                            the supervisor's {"t": "release"} (the others' stacks are taken)
                             {"t": "reject", "why": "..."}
     wrapper -> supervisor   {"t": "started", "pid": RANK_PID}
     wrapper -> supervisor   {"t": "output", "at": T}   (the rank wrote output at wall time T; at most
                                                        one a second: `detlaunch status`'s last output)
+    wrapper -> supervisor   {"t": "traceback", "tail": [...], "wall": T}   (the rank printed a whole Python
+                             traceback and is still running: it may hang in atexit; see ends_traceback)
     wrapper -> supervisor   {"t": "exit", "code": C, "signal": S|null, "tail": [...], "wall": T,
                              "log_error": "rank-1.log is incomplete: ..." (only when the log failed)}
 
@@ -33,6 +37,8 @@ TAIL_BYTES = 16384  # how much of a stream is kept to find those lines in
 
 HELLO, OK, REJECT, STARTED, OUTPUT, EXIT = "hello", "ok", "reject", "started", "output", "exit"
 OUTPUT_EVERY = 1.0  # seconds: how stale "last output" may be, and how often a busy rank's wrapper says it
+TRACEBACK, RELEASE = "traceback", "release"
+TRACEBACK_HEADER = b"Traceback (most recent call last):"
 
 
 def encode(message: dict[str, Any]) -> bytes:
@@ -60,6 +66,16 @@ def last_lines(data: bytes, count: int = TAIL_LINES) -> list[str]:
     """The last `count` non-blank lines of `data` (``\\r`` ends a line too: progress bars)."""
     lines = data.replace(b"\r", b"\n").decode("utf-8", "replace").splitlines()
     return [line for line in lines if line.strip()][-count:]
+
+
+def ends_traceback(data: bytes) -> bool:
+    """Whether `data` (a rank's stderr tail) ends its last Python traceback with the exception line:
+    a whole line after the header that is not indented (a frame) and not blank."""
+    start = data.rfind(TRACEBACK_HEADER)
+    if start < 0:
+        return False
+    lines = data[start:].split(b"\n")[1:-1]  # the whole lines after the header
+    return any(line[:1] not in (b" ", b"\t", b"") for line in lines)
 
 
 def exit_message(code: int, signal: int | None, tail: list[str], wall: float) -> dict[str, Any]:

@@ -60,13 +60,15 @@ class RankRegistry:
                  console_fds: tuple[int, int], on_registered: Callable[[RankEntry], None],
                  on_exit: Callable[[RankStatus], None], trace: Callable[[str], None],
                  on_request: Callable[[RankEntry, dict[str, Any]], None] = lambda _e, _m: None,
-                 on_started: Callable[[RankEntry], None] = lambda _e: None) -> None:
+                 on_started: Callable[[RankEntry], None] = lambda _e: None,
+                 on_traceback: Callable[[RankEntry, dict[str, Any]], None] = lambda _e, _m: None) -> None:
         self.loop, self.rules, self.host = loop, rules, host
         self.accepting, self.welcome = accepting, welcome
         self.console_fds = console_fds
         self.on_registered, self.on_exit, self.trace = on_registered, on_exit, trace
         self.on_request = on_request  # a question from another shell (control.py), not a wrapper
         self.on_started = on_started  # the wrapper started its rank's process
+        self.on_traceback = on_traceback  # a rank printed a whole traceback and still runs
         self.conns: dict[socket.socket, RankEntry] = {}
         self.ranks: dict[int, RankEntry] = {}
         self.listener: socket.socket | None = None
@@ -109,6 +111,15 @@ class RankRegistry:
             procs.signal_pid(entry.peer_pid, signal.SIGKILL)
             if entry.rank_pid:
                 procs.signal_group(entry.rank_pid, signal.SIGKILL)
+
+    def release(self) -> None:
+        """Let the wrappers of ranks that ended go (one whose rank failed waits to be told: rank_wrapper.hold_exit)."""
+        for entry in self.ranks.values():
+            if entry.status is not None and entry.sock in self.conns:
+                try:
+                    entry.sock.send(rank_protocol.encode({"t": rank_protocol.RELEASE}))
+                except OSError:
+                    pass
 
     def drain(self) -> None:
         """Read whatever the wrappers have sent (a rank's report beats its launcher's exit)."""
@@ -174,6 +185,8 @@ class RankRegistry:
         elif kind == "request" and entry.rank is None and not entry.asked:
             entry.asked = True
             self.on_request(entry, message)
+        elif kind == rank_protocol.TRACEBACK and entry.rank is not None and entry.status is None:
+            self.on_traceback(entry, message)
         elif kind == rank_protocol.EXIT and entry.rank is not None and entry.status is None:
             entry.status = RankStatus(
                 rank=entry.rank, node_rank=self.rules.node_rank, exit_code=int(message["code"]),

@@ -35,8 +35,12 @@ import time
 
 try:
     from . import rank_protocol  # imported as detlaunch.rank_wrapper
+    from .progress import ENV as PROGRESS_ENV
+    from .progress import OutputMark, create_progress_file
 except ImportError:  # run as a script (python -S rank_wrapper.py): its folder is sys.path[0]
     import rank_protocol  # type: ignore[no-redef]
+    from progress import ENV as PROGRESS_ENV  # type: ignore[no-redef]
+    from progress import OutputMark, create_progress_file  # type: ignore[no-redef]
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # never at run time: the typing module alone costs about 1 MB
@@ -325,11 +329,17 @@ class WrappedRank:
         self.tail = b""
         self.log = log
         self.reported = False
+        self.output_mark: OutputMark | None = None  # the time of the last output, for the hang watch
+        self.traceback_started = self.told_traceback = False
+        self.hold = 0.0  # seconds to stay after a failure of the rank's own, while the others' stacks are taken
+        self.asked_to_stop = False  # a signal came: the rank's end is not a failure of its own
+        self.released = False  # the supervisor let it go already
         out, err = console if console else (None, None)
         self.outputs = {1: Output(out, log), 2: Output(err, log)}
 
     # -- signals --------------------------------------------------------------
     def on_signal(self, signum: int, frame: FrameType | None) -> None:
+        self.asked_to_stop = True
         if self.pid is None:
             self.pending_signal = signum
         elif self.status is None:
@@ -346,6 +356,7 @@ class WrappedRank:
     def stop_rank(self) -> None:
         """Ask the rank's group to stop now and make sure it is gone after the grace period."""
         self.signal_rank(signal.SIGTERM)
+        self.signal_rank(signal.SIGCONT)  # a SIGSTOPped rank (a hung one, stopped to look at) can take it now
         if self.kill_deadline is None and not self.killed:
             self.kill_deadline = time.monotonic() + self.grace
 
@@ -396,8 +407,14 @@ class WrappedRank:
                 output.write(prefixer.feed(data))
                 if self.supervisor is not None:
                     self.note_output()
+                if self.output_mark is not None:
+                    self.output_mark.touch()
                 if is_stderr:
                     self.tail = (self.tail + data)[-rank_protocol.TAIL_BYTES:]
+                    if not self.told_traceback and (b"Traceback" in data or self.traceback_started):
+                        self.traceback_started = True  # its exception line may come in a later read
+                        if rank_protocol.ends_traceback(self.tail):
+                            self.tell_traceback()
             else:
                 output.write(prefixer.flush())
                 poller.unregister(fd)
@@ -457,6 +474,7 @@ class WrappedRank:
                         data = supervisor.sock.recv(4096)
                     except OSError:  # reset: the supervisor died with our messages unread
                         data = b""
+                    self.released = self.released or bool(data)  # its only message: rank_protocol.RELEASE
                     if not data:
                         poller.unregister(sup_fd)
                         events_only.unregister(sup_fd)
@@ -482,6 +500,16 @@ class WrappedRank:
             except OSError:
                 pass  # the supervisor is gone: its socket's end stops the rank
 
+    def tell_traceback(self) -> None:
+        """The rank printed a whole Python traceback: if it does not exit soon, the supervisor counts it as failed."""
+        self.told_traceback = True
+        if self.supervisor and self.status is None:
+            try:
+                self.supervisor.send({"t": rank_protocol.TRACEBACK, "tail": rank_protocol.last_lines(self.tail),
+                                      "wall": time.time()})
+            except OSError:
+                pass
+
     def exit_code(self) -> tuple[int, int | None]:
         assert self.status is not None
         code = os.waitstatus_to_exitcode(self.status)
@@ -503,7 +531,35 @@ class WrappedRank:
 
     def finish(self) -> int:
         self.report()
+        self.hold_exit()
         return self.exit_code()[0]
+
+    def hold_exit(self) -> None:
+        """The rank failed on its own: stay until the supervisor says so (any message, or its socket closing),
+        at most `hold` seconds. A launcher (torchrun) kills the other ranks as soon as one of its workers
+        exits: the supervisor takes their stacks first (dump before kill)."""
+        supervisor = self.supervisor
+        if supervisor is None or self.hold <= 0 or self.asked_to_stop or self.released or self.exit_code()[0] == 0:
+            return
+        poller = select.poll()
+        poller.register(supervisor.sock.fileno(), select.POLLIN)
+        try:
+            poller.poll(self.hold * 1000)
+        except OSError:
+            pass
+
+
+def watch_progress(run_dir: str, rank: int) -> OutputMark | None:
+    """The rank's progress file in its node's run dir, named in DETLAUNCH_PROGRESS_FILE for
+    detlaunch.progress(); None (no hang watch for this rank) when it cannot be made."""
+    try:
+        path = create_progress_file(run_dir, rank)
+        mark = OutputMark(path)
+    except (OSError, ValueError) as e:
+        os.write(2, f"detlaunch rank wrapper: warning: no progress file for rank {rank}: {e}\n".encode())
+        return None
+    os.environ[PROGRESS_ENV] = path
+    return mark
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -523,6 +579,9 @@ def main(argv: list[str] | None = None) -> int:
         prefix = str(node.get("prefix") or opts["prefix"]).format(
             rank=rank, node=node.get("node", ""), host=node.get("host") or socket.gethostname())
         wrapper = WrappedRank(rank, command, supervisor, console, log, opts["grace"], prefix.encode())
+        wrapper.hold = float(node.get("hold") or 0)
+        if supervisor and path:
+            wrapper.output_mark = watch_progress(os.path.dirname(path), rank)
         return wrapper.run()
     except (UsageError, ValueError) as e:
         os.write(2, f"detlaunch rank wrapper: error: {e}\n".encode())

@@ -72,6 +72,10 @@ class FailureKind(enum.StrEnum):
     CHIEF_LOST = "chief_lost"  # worker: the chief's supervisor vanished
     INTERRUPTED = "interrupted"  # a node's detlaunch got SIGINT/SIGTERM/SIGHUP
     START = "start"  # the job could not start (setup, peers, timeouts)
+    HANG = "hang"  # no rank of the job showed progress for --hang-timeout seconds
+
+
+HANG_EXIT_CODE = 124  # detlaunch's own exit code for a hung job (timeout(1)'s: "it ran out of time")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,6 +112,7 @@ class JobResult:
     duration: float = 0.0
     node_rank: int = 0
     warnings: tuple[str, ...] = ()  # problems that did not stop the job (a log file that could not be written)
+    stacks: tuple[str, ...] = ()  # the other ranks' stacks, grouped, taken before they were stopped
 
     @property
     def ok(self) -> bool:
@@ -162,14 +167,20 @@ def format_report(result: JobResult) -> list[str]:
         if f.rank and not f.rank.lost:  # a lost rank's wrapper sent no tail: say nothing of its stderr
             lines.append(f"detlaunch: last stderr lines of {f.tail_of}:")
             lines.extend(f"detlaunch:   | {line}" for line in explaining_lines(f.tail))
+        elif f.kind is FailureKind.HANG:
+            lines.append("detlaunch: every rank's stack when the job hung:")
+            lines.extend(f"detlaunch:   {line}" for line in f.tail)
         elif f.tail:
             lines.append(f"detlaunch: last output lines of {f.tail_of}:")
             lines.extend(f"detlaunch:   | {line}" for line in f.tail)
+        if result.stacks:
+            lines.append("detlaunch: the running ranks' stacks before they were stopped:")
+            lines.extend(f"detlaunch:   {line}" for line in result.stacks)
     elif result.interrupted_by:
         lines.append(f"detlaunch: job interrupted by {signal_name(result.interrupted_by)}")
     for r in sorted(result.ranks, key=lambda r: r.rank):
         cause = result.failure and result.failure.rank and result.failure.rank.rank == r.rank
-        note = " (root cause)" if cause else (" (stopped by detlaunch)" if r.stopped else "")
+        note = " (root cause)" if cause else (" (stopped by detlaunch)" if r.stopped and not r.killed else "")
         lines.append(f"detlaunch:   rank {r.rank} (node {r.node_rank}): {r.describe()}{note}")
     lines.append(f"detlaunch: exit code {result.exit_code}")
     return lines

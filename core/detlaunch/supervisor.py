@@ -34,6 +34,7 @@ from .emitter import EventEmitter, EventHook
 from .errors import LaunchError
 from .eventloop import EventLoop, Timer
 from .events import EventKind
+from .hangs import HangPolicy
 from .joblink import ChiefLink, WorkerLink
 from .plan import LaunchPlan
 from .process_table import Child, ProcessTable
@@ -134,6 +135,13 @@ class NodeSupervisor:
         self.rng = random.Random()
         self.control = ControlRequests(self.loop, plan.cluster.job_id, self.node)  # questions from other shells
         self.control.handle("status", self._status)
+        c = plan.cluster
+        self.hangs = HangPolicy(self.loop, node=self.node, host=c.node_addr or socket.gethostname(),
+                                run_dir=plan.run_dir, is_chief=c.is_chief, hang_timeout=plan.hang_timeout,
+                                dump_budget=plan.dump_budget, ask_job=self._ask_job, fail=self._fail, say=self.say,
+                                live_ranks=self._live_ranks, active=lambda: self.phase.active)
+        self.control.handle("stacks", self.hangs.answer_stacks)
+        self.control.handle("progress", self.hangs.answer_progress)
         self.run_dir: RunDir | None = None
         self.events = EventEmitter(plan.cluster.job_id, self.node, path=plan.events_path, hook=on_event,
                                    warn=lambda why: self.say(f"warning: {why}; the job goes on"))
@@ -158,7 +166,8 @@ class NodeSupervisor:
                                   accepting=lambda: self.phase.active, welcome=self._welcome,
                                   console_fds=self.console.fds if self.console else (1, 2),
                                   on_registered=self._on_registered, on_exit=self._on_rank_exit, trace=self.trace,
-                                  on_request=self._on_client_request, on_started=self._on_rank_started)
+                                  on_request=self._on_client_request, on_started=self._on_rank_started,
+                                  on_traceback=self._on_traceback)
         self.probes: list[SshdProbe] = []
         self.kill_timer: Timer | None = None
         self.start_timer: Timer | None = None
@@ -321,7 +330,8 @@ class NodeSupervisor:
         log_dir = os.path.abspath(self.processes.log_dir) if self.processes.log_dir else None
         ranks = self.plan.console_ranks
         welcome: dict[str, Any] = {"log_dir": log_dir, "console_ranks": list(ranks) if ranks is not None else None,
-                                   "prefix": self.plan.prefix, "node": self.node, "host": self.ranks.host}
+                                   "prefix": self.plan.prefix, "node": self.node, "host": self.ranks.host,
+                                   "hold": self.hangs.hold_time()}
         if self.policy.enabled:  # the wrapper sets them in front of the rank, over torchrun's own count
             welcome["env"] = restart.attempt_env(self.attempt, self.policy.max_restarts)
         return welcome
@@ -329,9 +339,21 @@ class NodeSupervisor:
     def _on_registered(self, entry: RankEntry) -> None:
         self.trace(f"rank {entry.rank} registered (wrapper pid {entry.peer_pid})")
         self.events.emit(EventKind.RANK_REGISTERED, entry.rank, host=self.ranks.host, pid=entry.peer_pid)
+        if entry.rank is not None:
+            self.hangs.registered(entry.rank)
 
     def _on_rank_started(self, entry: RankEntry) -> None:
         self.events.emit(EventKind.RANK_STARTED, entry.rank, pid=entry.rank_pid)
+
+    def _on_traceback(self, entry: RankEntry, message: dict[str, Any]) -> None:
+        assert entry.rank is not None
+        self.trace(f"rank {entry.rank} printed a traceback")
+        self.hangs.traceback(entry.rank, [str(t) for t in message.get("tail") or ()],
+                             float(message.get("wall") or time.time()))
+
+    def _live_ranks(self) -> list[tuple[int, int]]:
+        """(rank, pid) of this node's ranks that run (the pids are this supervisor's namespace's)."""
+        return [(r, e.rank_pid) for r, e in sorted(self.ranks.ranks.items()) if e.status is None and e.rank_pid]
 
     def _on_rank_exit(self, status: RankStatus) -> None:
         self.trace(f"rank {status.rank} ended: {status.describe()}")
@@ -419,6 +441,7 @@ class NodeSupervisor:
     def chief_verdict(self, failure: Failure | None) -> None:
         """Worker: the chief decided the job is over; its verdict is this node's too."""
         was_active = self.phase.active
+        self.hangs.stopped()
         self.verdict.add(ChiefVerdict(failure))
         if was_active and failure is not None:
             self.say(f"the chief stopped the job: {failure.what}")
@@ -518,12 +541,22 @@ class NodeSupervisor:
                              exit_code=failure.exit_code, at=failure.at)
         if decision is Decision.FIRST and failure is not None:
             self.say(f"{failure.what}: stopping the job")
-            self._tell_link(event)
+            dumping = self.hangs.dump_before_stop(failure, lambda: self._stop_after_dump(event))
+            if not dumping or not self.plan.cluster.is_chief:  # the chief tells the others after the dump
+                self._tell_link(event)
+            if dumping:
+                return
         elif decision is Decision.EARLIER and failure is not None:
             self.trace(f"an earlier failure came in: {failure.what}")
             self._tell_link(event)
-        if decision is not Decision.IGNORED:
+        if decision is not Decision.IGNORED and not self.hangs.dumping:
             self._stop(signal.SIGTERM)
+
+    def _stop_after_dump(self, event: Event) -> None:
+        """The survivors' stacks are taken (hangs.py): now stop them."""
+        if self.plan.cluster.is_chief:
+            self._tell_link(event)
+        self._stop(signal.SIGTERM)
 
     def fail_to_start(self, what: str) -> None:
         event = StartFailed(what, self.node, time.time())
@@ -557,6 +590,7 @@ class NodeSupervisor:
         if not self.phase.active:
             return
         self.events.emit(EventKind.STOP_REQUESTED, reason=self._stop_reason())
+        self.ranks.release()
         asked = self.ranks.signal_live(rank_signal)
         if ranks_first and asked:
             self._enter(Phase.STOPPING_RANKS)
@@ -698,7 +732,7 @@ class NodeSupervisor:
         return restart.AttemptEnd.from_failure(
             self.attempt, v.exit_code, rank.signal if rank else None, failure.tail if failure else (), what,
             started=bool(self.ranks.ranks or remote), lost=kind in (FailureKind.NODE_LOST, FailureKind.CHIEF_LOST),
-            interrupted=v.interrupted_by is not None or kind is FailureKind.INTERRUPTED,
+            hung=kind is FailureKind.HANG, interrupted=v.interrupted_by is not None or kind is FailureKind.INTERRUPTED,
             no_restart_exit_code=self.policy.no_restart_exit_code, started_at=self.attempt_wall, ended_at=now)
 
     def _begin_backoff(self, attempt: int, delay: float) -> None:
@@ -751,6 +785,7 @@ class NodeSupervisor:
         if self.console is not None:
             self.console.close()
         self.control.close()
+        self.hangs.close()
         self.ranks.close()
         self.processes.close()
         self.loop.close()
@@ -788,7 +823,7 @@ class NodeSupervisor:
         return JobResult(exit_code=self.verdict.exit_code, ranks=ranks, failure=failure,
                          interrupted_by=self.verdict.interrupted_by,
                          duration=time.monotonic() - self.started_at, node_rank=self.node,
-                         warnings=tuple(self.processes.log_errors))
+                         warnings=tuple(self.processes.log_errors), stacks=self.hangs.dumped)
 
 
 def _split(code: int) -> tuple[int | None, int | None]:

@@ -21,7 +21,7 @@ import dataclasses
 import enum
 
 from .rank_protocol import exit_code_of
-from .report import Failure, FailureKind, RankStatus, describe_exit, signal_name
+from .report import HANG_EXIT_CODE, Failure, FailureKind, RankStatus, describe_exit, signal_name
 
 
 def _split(code: int) -> tuple[int | None, int | None]:
@@ -100,7 +100,32 @@ class ChiefVerdict:
     failure: Failure | None
 
 
-Event = RankEnded | ChildExited | NodeLost | ChiefLost | Interrupted | StartFailed | RemoteFailure | ChiefVerdict
+@dataclasses.dataclass(frozen=True)
+class Hung:
+    """Chief: no rank of the job, on any node, showed progress for `idle` seconds (>= --hang-timeout)."""
+
+    timeout: float
+    idle: float
+    suspects: tuple[str, ...]  # "rank 1 (node 0): SIGSTOPped"
+    stacks: tuple[str, ...]  # every rank's stack, grouped (stackgroups.format_text)
+    node: int
+    at: float
+
+
+@dataclasses.dataclass(frozen=True)
+class StuckAfterTraceback:
+    """A rank printed an uncaught Python traceback and had not exited `delay` seconds later (atexit, a thread)."""
+
+    rank: int
+    node: int
+    host: str
+    tail: tuple[str, ...]  # its stderr, the traceback in it
+    delay: float
+    at: float  # when it printed the traceback
+
+
+Event = (RankEnded | ChildExited | NodeLost | ChiefLost | Interrupted | StartFailed | RemoteFailure | ChiefVerdict
+         | Hung | StuckAfterTraceback)
 
 
 class Decision(enum.Enum):
@@ -144,6 +169,17 @@ def as_failure(event: Event) -> Failure | None:
                            128 + event.signum, at=event.at, kind=FailureKind.INTERRUPTED)
         case StartFailed():
             return Failure(event.what, 1, at=event.at, kind=FailureKind.START)
+        case Hung():
+            who = "; ".join(event.suspects) or "none stands out (see the stacks)"
+            return Failure(f"the job hung: no rank showed progress for {event.idle:.1f} s (--hang-timeout "
+                           f"{event.timeout:g}); suspect: {who}", HANG_EXIT_CODE, tail=event.stacks,
+                           tail_of="every rank's stack", at=event.at, kind=FailureKind.HANG)
+        case StuckAfterTraceback():
+            status = RankStatus(rank=event.rank, node_rank=event.node, exit_code=None, tail=event.tail,
+                                wall=event.at, host=event.host)
+            return Failure(f"rank {event.rank} on node {event.node} ({event.host}) printed a traceback and had "
+                           f"not exited {event.delay:g} s later", 1, rank=status, tail=event.tail,
+                           tail_of=f"rank {event.rank}", at=event.at, kind=FailureKind.RANK)
         case RemoteFailure():
             return event.failure
         case ChiefVerdict():

@@ -1,0 +1,148 @@
+"""The supervisor's hang policy: a hung job is found, explained and stopped; survivors are dumped before kill.
+
+Three things, each a few timers and questions on the parts that already exist:
+
+- the hang watch (chief only, `--hang-timeout S`, from its first rank's start): a timer at the job's
+  last known progress + S;
+  when it fires, the chief asks every node for its ranks' progress (progresswatch.py); if none
+  moved, it asks every node for its ranks' stacks, prints them grouped with the suspects, and
+  fails the job with a `Hung` verdict event (exit code 124);
+- a rank that printed a whole Python traceback and is still running TRACEBACK_DELAY seconds
+  later (it hangs in atexit, destroy_process_group, a non-daemon thread) fails the job
+  (`StuckAfterTraceback`): its traceback is the root cause;
+- dump before kill (`--dump-budget S`): when a rank fails, the chief takes every surviving rank's
+  stack, on every node, before it stops them; a worker whose own rank failed tells the chief at
+  once and stops on its own only if the chief's stop has not come within the budget.
+
+The questions go through control.py (the same machinery as `detlaunch status` and
+`detlaunch stacks`), so the stacks come from every node over the job link.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from .eventloop import EventLoop, Timer
+from .progresswatch import NodeProgress, ProgressWatch, parse_ages
+from .report import Failure, FailureKind
+from .stackgroups import format_text, format_who
+from .stackquery import DEFAULT_BUDGET, StackCollector, node_answer, report_of
+from .verdict import Event, Hung, StuckAfterTraceback
+
+TRACEBACK_DELAY = 5.0  # seconds a rank may take to exit after its uncaught traceback
+Answer = Callable[[dict[str, Any]], None]
+
+
+class HangPolicy:
+    """What the supervisor gives it: the loop, how to ask the job a question, how to fail and to say."""
+
+    def __init__(self, loop: EventLoop, *, node: int, host: str, run_dir: str, is_chief: bool, hang_timeout: float,
+                 dump_budget: float, ask_job: Callable[[str, dict[str, Any], Answer], None],
+                 fail: Callable[[Event], None], say: Callable[[str], None],
+                 live_ranks: Callable[[], list[tuple[int, int]]], active: Callable[[], bool]) -> None:
+        self.loop, self.node, self.host, self.is_chief = loop, node, host, is_chief
+        self.hang_timeout, self.dump_budget = hang_timeout, dump_budget
+        self.ask_job, self.fail, self.say, self.live_ranks, self.active = ask_job, fail, say, live_ranks, active
+        self.progress = NodeProgress(run_dir)
+        self.collector = StackCollector(loop)
+        self.watch: ProgressWatch | None = None
+        self.timers: list[Timer] = []
+        self.dumping = False  # the survivors' stacks are being taken: the stop waits for them
+        self.dumped: tuple[str, ...] = ()  # ... and here they are, grouped, for the report
+
+    # -- the questions every node answers ------------------------------------------------------
+    def answer_progress(self, args: Any, done: Answer) -> None:
+        now = self.loop.clock()
+        done({"ages": self.progress.ages([rank for rank, _ in self.live_ranks()], now)})
+
+    def answer_stacks(self, args: Any, done: Answer) -> None:
+        try:
+            budget = max(0.1, min(float(args.get("budget") or DEFAULT_BUDGET), 10.0))
+        except (TypeError, ValueError):
+            budget = DEFAULT_BUDGET
+        node_answer(self.collector, self.host, self.live_ranks(), budget, done)
+
+    def registered(self, rank: int) -> None:
+        """A rank of this node started. The chief's watch starts with its first rank: before that, the
+        launcher is still starting (torch's import alone takes seconds), and --start-timeout watches."""
+        self.progress.registered(rank, self.loop.clock())
+        if self.is_chief and self.hang_timeout > 0 and self.watch is None:
+            self.watch = ProgressWatch(self.hang_timeout, self.loop.clock())
+            self._arm()
+
+    # -- the hang watch (the chief) ------------------------------------------------------------
+
+    def _arm(self) -> None:
+        assert self.watch is not None
+        self.timers.append(self.loop.call_at(self.watch.deadline(), self._check))
+
+    def _check(self) -> None:
+        if self.active():
+            self.ask_job("progress", {}, self._on_progress)
+
+    def _on_progress(self, answer: dict[str, Any]) -> None:
+        watch = self.watch
+        assert watch is not None
+        now = self.loop.clock()
+        for node in answer.get("nodes") or []:
+            watch.update(int(node.get("node", -1)), parse_ages(node), now)
+        if not self.active():
+            return
+        if not watch.hung(now):
+            self._arm()
+            return
+        idle = watch.idle_for(now)
+        self.say(f"no rank has shown progress for {idle:.1f} s (--hang-timeout {self.hang_timeout:g}): "
+                 "taking every rank's stack")
+        self.ask_job("stacks", {"budget": DEFAULT_BUDGET}, lambda a: self._on_hang_stacks(a, idle))
+
+    def _on_hang_stacks(self, answer: dict[str, Any], idle: float) -> None:
+        report = report_of(answer, self.watch.last_progress() if self.watch else None)
+        lines = [*format_text(report), *(f"node {n}: no answer" for n in answer.get("missing") or [])]
+        suspects = tuple(f"{format_who([(s.rank, s.node)])}: {s.why}" for s in report.suspects)
+        self.fail(Hung(self.hang_timeout, idle, suspects, tuple(lines), self.node, time.time()))
+
+    # -- a rank that printed its traceback and does not exit -----------------------------------
+    def traceback(self, rank: int, tail: Sequence[str], wall: float) -> None:
+        def check() -> None:
+            if self.active() and rank in {r for r, _ in self.live_ranks()}:
+                self.fail(StuckAfterTraceback(rank, self.node, self.host, tuple(tail), TRACEBACK_DELAY, wall))
+
+        self.timers.append(self.loop.call_later(TRACEBACK_DELAY, check))
+
+    # -- dump before kill ------------------------------------------------------------------------
+    def dump_before_stop(self, failure: Failure, stop: Callable[[], None]) -> bool:
+        """A rank failed: take the survivors' stacks first, then `stop()`; False when there is nothing to take."""
+        if self.dump_budget <= 0 or failure.kind is not FailureKind.RANK or self.dumping:
+            return False
+        self.dumping = True
+
+        def then() -> None:
+            if self.dumping:
+                self.dumping = False
+                stop()
+
+        if self.is_chief:  # the gathering answers within its own budget, whatever the nodes do
+            def dumped(answer: dict[str, Any]) -> None:
+                self.dumped = tuple(format_text(report_of(answer)))
+                then()
+
+            self.ask_job("stacks", {"budget": self.dump_budget}, dumped)
+        else:  # the chief takes the stacks (this node's too) and sends the stop; if it does not, stop anyway
+            self.timers.append(self.loop.call_later(self.dump_budget + 1.5, then))
+        return True
+
+    def hold_time(self) -> float:
+        """How long a wrapper whose rank failed waits for the dump (rank_wrapper.hold_exit); 0: not at all."""
+        return self.dump_budget + 2.5 if self.dump_budget > 0 else 0.0
+
+    def stopped(self) -> None:
+        """The job is being stopped anyway (the chief's verdict, a signal): no dump to wait for."""
+        self.dumping = False
+
+    def close(self) -> None:
+        for timer in self.timers:
+            timer.cancel()
+        self.collector.close()

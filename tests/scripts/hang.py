@@ -1,0 +1,74 @@
+"""A rank for the hang tests: every rank runs STEPS gloo all_reduces, printing each, then HANG_RANK hangs.
+
+HANG (what HANG_RANK does after its steps, while the others wait in the next all_reduce):
+  sleep    sleeps 300 s before the collective
+  stop     SIGSTOPs itself
+  raise    raises, and hangs in an atexit handler (linger: sleeps 300 s)
+  exit     exits 3 (the others wait in the collective: dump before kill)
+  loop     (every rank) all_reduces forever, printing each step: a test SIGSTOPs one from outside
+  beat     rank 0 calls detlaunch.progress() every 0.2 s for BEAT_FOR s, then prints a line every
+           0.2 s without beating; the other ranks wait in the collective, silent
+  (none)   every rank does one more all_reduce and prints "rank N done"
+BEAT=1: every step also calls detlaunch.progress(step) on rank 0 only, and only rank 0 prints.
+"""
+
+import atexit
+import os
+import signal
+import sys
+import time
+from datetime import timedelta
+
+print(f"rank {os.environ.get('RANK')} importing torch", flush=True)  # seconds of silence follow
+
+import detlaunch  # noqa: E402
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+
+def linger() -> None:
+    time.sleep(300)  # an atexit handler that never returns (destroy_process_group, a thread's join)
+
+
+dist.init_process_group("gloo", timeout=timedelta(seconds=600))
+rank = dist.get_rank()
+print(f"rank {rank} initialized", flush=True)
+mode = os.environ.get("HANG", "")
+who = int(os.environ.get("HANG_RANK", "1"))
+quiet = os.environ.get("BEAT") == "1"
+step = 0
+while mode == "loop" or step < int(os.environ.get("STEPS", "10")):
+    dist.all_reduce(torch.ones(1))
+    if quiet:
+        if rank == 0:
+            detlaunch.progress(step)
+    else:
+        print(f"rank {rank} step {step}", flush=True)
+    time.sleep(float(os.environ.get("STEP_SLEEP", "0.05")))
+    step += 1
+if not quiet:
+    print(f"rank {rank} steady pid={os.getpid()}", flush=True)
+if mode == "beat" and rank == 0:
+    deadline = time.monotonic() + float(os.environ.get("BEAT_FOR", "3"))
+    while time.monotonic() < deadline:
+        detlaunch.progress()
+        time.sleep(0.2)
+    print("rank 0 stops beating", flush=True)
+    while True:
+        print("rank 0 still printing", flush=True)
+        time.sleep(0.2)
+if rank == who:
+    if mode == "sleep":
+        time.sleep(300)
+    elif mode == "stop":
+        os.kill(os.getpid(), signal.SIGSTOP)
+    elif mode == "raise":
+        atexit.register(linger)
+        raise RuntimeError(f"rank {rank} broke")
+    elif mode == "exit":
+        print(f"rank {rank} failing", file=sys.stderr, flush=True)
+        sys.exit(3)
+dist.all_reduce(torch.ones(1))
+if not quiet or rank == 0:
+    print(f"rank {rank} done", flush=True)
+sys.exit(0)
