@@ -188,7 +188,7 @@ def test_declared_limits_are_checked_and_reported_never_silently_skipped(tmp_pat
 
 def test_a_test_class_attribute_overrides_the_layers_declaration(tmp_path: Path) -> None:
     tests = TOY_TESTS + "    runs_here = False\n"
-    done, outcomes = run_suite(tmp_path, "", "real_two or real_failing", tests=tests)
+    done, outcomes = run_suite(tmp_path, "", "real_two_rank or real_failing", tests=tests)
     assert done.returncode == 0, done.stdout + done.stderr
     assert {n: o for n, (o, _) in outcomes.items()} == {
         "test_real_two_rank_job_succeeds": "skipped", "test_real_failing_rank_exit_code_comes_back": "skipped"}

@@ -172,10 +172,10 @@ def test_the_plan_shows_each_rank_and_no_launcher(launcher: Launcher) -> None:
 
 
 def test_launcher_options_are_refused_in_one_line(launcher: Launcher) -> None:
-    r = launcher.run(*shape_args("direct", 1, 0, free_port()), "--max-restarts", "3", "--", RANKS, timeout=60)
+    r = launcher.run(*shape_args("direct", 1, 0, free_port()), "--rdzv-backend", "c10d", "--", RANKS, timeout=60)
     assert r.returncode == 2, r.output
     assert r.stderr.strip().splitlines() == [
-        "detlaunch: error: the direct layer runs no launcher, so nothing takes '--max-restarts 3': "
+        "detlaunch: error: the direct layer runs no launcher, so nothing takes '--rdzv-backend c10d': "
         "put the script's own arguments after it"], r.stderr
 
 

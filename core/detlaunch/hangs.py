@@ -142,6 +142,15 @@ class HangPolicy:
         """The job is being stopped anyway (the chief's verdict, a signal): no dump to wait for."""
         self.dumping = False
 
+    def new_attempt(self) -> None:
+        """The attempt is over (a restart follows): nothing of it may judge the next one."""
+        for timer in self.timers:
+            timer.cancel()
+        self.timers.clear()
+        self.watch = None  # re-made when the next attempt's first rank registers
+        self.dumping = False
+        self.dumped = ()
+
     def close(self) -> None:
         for timer in self.timers:
             timer.cancel()

@@ -740,6 +740,7 @@ class NodeSupervisor:
         for timer in (self.kill_timer, self.start_timer, self.sweep_timer):
             self._cancel(timer)
         self.attempt_running = False
+        self.hangs.new_attempt()  # a traceback timer or the hang watch of the last attempt must not fire in the next
         self.verdict = Verdict()  # a signal or a failure during the wait is the job's end, not the last attempt's
         self._enter(Phase.BACKOFF)
         self.backoff_timer = self.loop.call_later(delay, lambda: self._next_attempt(attempt))

@@ -52,6 +52,7 @@ def restart_count() -> int:
 
 def parse_options(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    p.add_argument("--local_rank", type=int, help="passed by deepspeed's launcher (detlaunch --layer deepspeed too)")
     p.add_argument("--ckpt-dir", default=os.environ.get("CKPT_DIR"),
                    help="where each rank keeps its checkpoint (default: $CKPT_DIR)")
     p.add_argument("--steps", type=int, default=6)
