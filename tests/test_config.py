@@ -339,13 +339,12 @@ def test_dry_run_text_shows_the_restart_policy(tmp_path: Path, capsys: pytest.Ca
 
 
 @pytest.mark.parametrize("flag", ["--max_restarts", "--max_restarts=3"])
-def test_torchruns_own_restart_flag_is_refused_in_one_line(flag: str, tmp_path: Path,
-                                                           capsys: pytest.CaptureFixture[str]) -> None:
+def test_torchruns_own_restart_flag_becomes_detlaunchs_job_wide_restarts(flag: str, tmp_path: Path,
+                                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 13: torchrun's --max_restarts is mapped onto detlaunch's restarts, never silently defeated."""
     script = tmp_path / "train.py"
     script.write_text("")
-    code = main(["--layer", "torchrun", "--master-port", str(free_port()), "--dry-run", flag, *([] if "=" in flag
-                 else ["3"]), "--", str(script)], {"PATH": os.environ["PATH"]})
-    _, err = capsys.readouterr()
-    assert code == 2
-    assert err == "detlaunch: error: --max_restarts among torchrun's arguments: give detlaunch's --max-restarts N " \
-                  "(before the command, it restarts the whole job on every node)\n"
+    plan = dry_run_json([flag, *([] if "=" in flag else ["3"]), str(script)], capsys)
+    own, _ = split_torchrun(plan)
+    assert plan["restarts"]["max_restarts"] == 3
+    assert own[own.index("--max-restarts") + 1] == "0" and own.count("--max-restarts") == 1  # torchrun: none
