@@ -14,9 +14,20 @@ T = TypeVar("T")
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+    """A free port whose successor is free too: a multi-node job's control port is its master port + 1,
+    and an ephemeral port taken by some outgoing connection there would fail the chief at start."""
+    while True:
+        with socket.socket() as s:
+            s.bind((host, 0))
+            port = int(s.getsockname()[1])
+            if port >= 65535:
+                continue
+            with socket.socket() as nxt:
+                try:
+                    nxt.bind((host, port + 1))
+                except OSError:
+                    continue
+            return port
 
 
 
