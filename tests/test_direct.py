@@ -27,7 +27,7 @@ SEEN = str(SCRIPTS / "torchrun_env.py")
 # What differs between the two, and why (anything else that differs fails the test):
 NOT_THE_SAME = {
     # The job's private run directory is random by nature (`detlaunch-<64 random bits>`), under both.
-    "DETLAUNCH_SUPERVISOR", "TMPDIR",
+    "DETLAUNCH_SUPERVISOR", "DETLAUNCH_PROGRESS_FILE", "TMPDIR",
     # Under both, a file in that private temp folder; torchrun's path also holds mkdtemp's random names.
     "TORCHELASTIC_ERROR_FILE",
     # torchrun's agent hosts the rendezvous store (True); with no agent, rank 0 hosts it (False), which
