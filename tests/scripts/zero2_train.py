@@ -46,3 +46,6 @@ for _ in range(args.steps):
     losses.append(loss.item())
 checksum = sum(p.detach().double().sum().item() for p in engine.module.parameters())
 print(f"rank {rank} of {world}: zero stage 2, loss {losses[0]:.4f} -> {losses[-1]:.4f}, params {checksum:.6f}")
+# Without it, torch's exit can abort ("terminate called without an active exception", SIGABRT) while
+# a process-group thread is still joinable: seen once in CI after both ranks had printed their result.
+torch.distributed.destroy_process_group()
