@@ -52,6 +52,31 @@ def test_a_bad_number_on_the_command_line(capsys: pytest.CaptureFixture[str], sc
         2, f"detlaunch: error: {line} (see detlaunch --help)\n")
 
 
+@pytest.mark.parametrize(("layer", "args", "line"), [
+    ("torchrun", ["--master_port=99999"], "--master_port=99999: '99999' is out of range; valid: 1..65535"),
+    ("torchrun", ["--nproc_per_node=0"], "--nproc_per_node=0: '0' is out of range; valid: 1..4096"),
+    ("deepspeed", ["--num_gpus", "0"], "--num_gpus=0: '0' is out of range; valid: 1..4096"),
+    ("horovod", ["-np", "100000"], "-np=100000: '100000' is out of range; valid: 1..4096"),
+])
+def test_a_bad_number_in_a_launchers_spelling(capsys: pytest.CaptureFixture[str], script: str, layer: str,
+                                              args: list[str], line: str) -> None:
+    """The launcher's own spelling meets the same range as detlaunch's option (a converted value too)."""
+    assert run(capsys, "--layer", layer, "--dry-run", *args, script) == (2, f"detlaunch: error: {line}\n")
+
+
+@pytest.mark.parametrize(("prefix", "why"), [
+    ("{rank.foo}", "names an unknown field 'rank.foo'"),
+    ("{rank[0]}", "names an unknown field 'rank[0]'"),
+    ("{gpu}", "names an unknown field 'gpu'"),
+    ("{rank!x}", "is not a valid template (Unknown conversion specifier x)"),
+    ("{rank", "is not a valid template (expected '}' before end of string)"),
+])
+def test_a_bad_prefix_template(capsys: pytest.CaptureFixture[str], script: str, prefix: str, why: str) -> None:
+    code, err = run(capsys, "--layer", "torchrun", "--dry-run", "--prefix", prefix, script)
+    assert (code, err.count("\n")) == (2, 1), err
+    assert err.startswith(f"detlaunch: error: argument --prefix: {prefix!r} {why}; use {{rank}}, {{node}}, {{host}}")
+
+
 @pytest.mark.parametrize("port", ["70000", "-5", "0"])
 def test_a_bad_ssh_port_is_refused_before_sshd_sees_it(capsys: pytest.CaptureFixture[str], script: str,
                                                        port: str) -> None:

@@ -35,6 +35,7 @@ from detlaunch_deepspeed.layer import (
     network_env,
     one_node_gpu_args,
     pdsh_ssh_args_append,
+    script_end,
 )
 from helpers import free_port, rank_lines, report_line
 
@@ -210,6 +211,19 @@ def test_accelerator_and_network_environment() -> None:
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.parametrize(("command", "script"), [
+    (("/v/bin/python", "-u", "train.py", "--epochs", "3"), ("/v/bin/python", "-u", "train.py")),
+    (("python3", "-m", "pkg.train", "--x"), ("python3", "-m", "pkg.train")),
+    (("python3.11", "-W", "ignore", "-X", "dev", "t.py", "a"), ("python3.11", "-W", "ignore", "-X", "dev", "t.py")),
+    (("python", "-mpkg.train", "a"), ("python", "-mpkg.train")),
+    (("python", "-c", "code", "a"), ("python", "-c", "code")),
+    (("./train", "--epochs", "3"), ("./train",)),
+])
+def test_local_rank_goes_right_after_the_script(command: tuple[str, ...], script: tuple[str, ...]) -> None:
+    """deepspeed's --local_rank=N lands where a script's own argparse sees it, never among Python's options."""
+    assert command[:script_end(command)] == script
+
+
 def test_dry_run_shows_the_chief_and_worker_chains(launcher: Launcher) -> None:
     ssh_port, master = free_port("127.0.0.2"), free_port()
     args = ["--layer", "deepspeed", "--hosts", "127.0.0.1:2,127.0.0.2:2", "--ssh-port", str(ssh_port),

@@ -171,6 +171,14 @@ def test_the_plan_shows_each_rank_and_no_launcher(launcher: Launcher) -> None:
     assert [(c["rank"], c["env"]["RANK"], c["daemon"]) for c in commands] == [(2, "2", False), (3, "3", False)]
 
 
+def test_the_master_addr_given_on_one_node_reaches_every_rank(launcher: Launcher) -> None:
+    """As the torchrun layer: on one node --master-addr wins over localhost (multi-node: the chief)."""
+    r = launcher.run("--layer", "direct", "--nproc-per-node", "2", "--master-addr", "127.0.0.5", "--master-port",
+                     str(free_port("127.0.0.5")), "--dry-run", "--format", "json", RANKS, timeout=60)
+    assert r.returncode == 0, r.output
+    assert [c["env"]["MASTER_ADDR"] for c in json.loads(r.stdout)["commands"]] == ["127.0.0.5", "127.0.0.5"]
+
+
 def test_launcher_options_are_refused_in_one_line(launcher: Launcher) -> None:
     r = launcher.run(*shape_args("direct", 1, 0, free_port()), "--rdzv-backend", "c10d", "--", RANKS, timeout=60)
     assert r.returncode == 2, r.output

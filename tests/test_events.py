@@ -176,6 +176,25 @@ def test_the_log_refuses_a_file_of_another_user(tmp_path: Path) -> None:
     assert log.error == f"cannot open the event log {path}: it belongs to uid 65534, not to you; no event is logged"
 
 
+def test_a_fifo_of_another_user_or_nobody_reading_is_refused_at_once(tmp_path: Path) -> None:
+    """A FIFO planted at the --events path must neither read the stream nor hold the job's start."""
+    fifo = tmp_path / "events.jsonl"
+    os.mkfifo(fifo)
+    log = EventLog(str(fifo))  # nobody reads it: ENXIO at once, not a hang
+    assert log.error == f"cannot open the event log {fifo}: No such device or address; no event is logged"
+    if os.getuid() != 0:
+        return
+    os.chown(fifo, 65534, 65534)
+    reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        log = EventLog(str(fifo))
+        assert log.error == f"cannot open the event log {fifo}: it belongs to uid 65534, not to you; no event is logged"
+        assert not log.write(sample(EventKind.JOB_PLANNED))
+        assert os.read(reader, 100) == b""  # nothing reached the other user's reader (its writer is gone)
+    finally:
+        os.close(reader)
+
+
 def test_a_write_failure_is_recorded_once_and_the_log_stops(tmp_path: Path) -> None:
     if not os.path.exists("/dev/full"):
         pytest.skip("needs /dev/full")

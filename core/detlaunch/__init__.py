@@ -1,8 +1,9 @@
 """detlaunch: launch layers for distributed training.
 
-This module is the public API, and the only thing a layer or plugin may import, with two
+This module is the public API, and the only thing a layer or plugin may import, with three
 public submodules: ``detlaunch.ssh`` (per-job sshd and ssh client parts, for layers that reach
-other nodes over ssh) and ``detlaunch.testing`` (the layer contract suite and the job runner).
+other nodes over ssh), ``detlaunch.launcher_flags`` (a launcher's own flags on detlaunch's command
+line) and ``detlaunch.testing`` (the layer contract suite and the job runner).
 The built-in layers use nothing else, exactly as a third party would.
 
 Attributes load on first use, so that ``import detlaunch`` stays cheap.
@@ -62,4 +63,7 @@ if TYPE_CHECKING:  # `X as X`: an explicit re-export, for type checkers
     from .stage import Stage as Stage
     from .stage import StageContext as StageContext
 
-__getattr__, __dir__ = lazy_attributes(__name__, globals(), _EXPORTS)
+# Exported here before they moved to detlaunch.ssh: still found, with a warning, for one more release.
+_MOVED = {name: "ssh" for name in ("SshLayout", "SshParts", "add_ssh_options", "sshd_parts", "ssh_client_parts")}
+
+__getattr__, __dir__ = lazy_attributes(__name__, globals(), _EXPORTS, moved=_MOVED)

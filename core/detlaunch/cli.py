@@ -203,6 +203,8 @@ def control_command(what: str, argv: list[str], env: Mapping[str, str]) -> int:
         p.add_argument("--full", action="store_true", help="every frame of each group's main thread")
     try:
         ns = p.parse_args(argv)
+        if ns.format not in ("text", "json"):  # argparse does not check a default against the choices
+            raise ConfigError(f"DETLAUNCH_FORMAT={ns.format!r}: choose text or json")
         job, path = control.find_job(ns.job)
         data = control.ask(path, what, CONTROL_ARGS.get(what))
     except ConfigError as e:
@@ -212,6 +214,10 @@ def control_command(what: str, argv: list[str], env: Mapping[str, str]) -> int:
         return e.code if isinstance(e.code, int) else 0
     except (control.NotRunning, OSError) as e:
         print(f"detlaunch: {e}", file=sys.stderr)
+        return 1
+    except ValueError as e:  # an answer that is not what this detlaunch reads (another version's)
+        print(f"detlaunch: the job's answer could not be read ({e}): is it run by another detlaunch version?",
+              file=sys.stderr)
         return 1
     tty = sys.stdout.isatty()
     try:
@@ -231,6 +237,10 @@ def control_command(what: str, argv: list[str], env: Mapping[str, str]) -> int:
             except (control.NotRunning, OSError):
                 print(f"detlaunch: job {job} is not running any more", file=sys.stderr)
                 return 0
+    except ValueError as e:
+        print(f"detlaunch: the job's answer could not be read ({e}): is it run by another detlaunch version?",
+              file=sys.stderr)
+        return 1
     except BrokenPipeError:  # `detlaunch status | head`
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     except KeyboardInterrupt:  # the usual way out of --watch

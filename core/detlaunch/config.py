@@ -23,6 +23,7 @@ import difflib
 import math
 import os
 import shutil
+import string
 import sys
 import tomllib
 from collections.abc import Mapping, Sequence
@@ -139,13 +140,16 @@ DEDUPE_MIN_RANKS = 4  # "more than a few": fewer ranks than this rarely drown a 
 
 def line_prefix(text: str) -> str:
     """A --prefix template: only {rank}, {node} and {host} (the wrapper fills them in with str.format)."""
+    fields = ", ".join("{" + f + "}" for f in PREFIX_FIELDS)
     try:
+        named = [name for _, name, _, _ in string.Formatter().parse(text) if name is not None]
+        unknown = [name for name in named if name not in PREFIX_FIELDS]
+        if unknown:  # also {rank.x} and {rank[0]}: a bare field name only
+            raise argparse.ArgumentTypeError(f"{text!r} names an unknown field {unknown[0]!r}; use {fields}")
         text.format(rank=0, node=0, host="h")
-    except (KeyError, IndexError) as e:
-        raise argparse.ArgumentTypeError(f"{text!r} names an unknown field {e}; use "
-                                         f"{', '.join('{' + f + '}' for f in PREFIX_FIELDS)}") from None
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a valid template ({e}); write {{{{ for a brace") from None
+    except (KeyError, IndexError, AttributeError, TypeError, ValueError) as e:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a valid template ({e}); use {fields}, "
+                                         "and write {{ for a brace") from None
     return text
 
 

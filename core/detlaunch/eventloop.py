@@ -164,7 +164,10 @@ class EventLoop:
             return False
 
     def run(self, done: Callable[[], bool], after_each: Callable[[], None] = lambda: None) -> None:
-        """Run batches until `done()`; `after_each` runs after every batch (state transitions)."""
+        """Run batches until `done()`; `after_each` runs after every batch (state transitions), and
+        once before the first: what the caller did before the loop (a failed start) may already
+        allow a transition, which must not wait for an unrelated event."""
+        after_each()
         while not done():
             self.run_once()
             after_each()

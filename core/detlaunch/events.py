@@ -155,9 +155,11 @@ class EventLog:
         self.dropped = 0
         self._fd: int | None = None
         try:
-            self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            # O_NONBLOCK: a FIFO nobody reads fails at once (ENXIO) instead of holding the start.
+            flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+            self._fd = os.open(path, flags, 0o600)
             st = os.fstat(self._fd)
-            if stat.S_ISREG(st.st_mode) and st.st_uid != os.getuid():
+            if st.st_uid != os.getuid() and not stat.S_ISCHR(st.st_mode):  # /dev/null, a tty: fine
                 raise PermissionError(1, f"it belongs to uid {st.st_uid}, not to you")
             if stat.S_ISREG(st.st_mode) and st.st_mode & 0o077:
                 os.fchmod(self._fd, 0o600)  # an existing file made by a wider umask: the log is the user's only

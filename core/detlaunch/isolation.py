@@ -23,6 +23,7 @@ import os
 import select
 import signal
 import sys
+import traceback
 from collections.abc import Callable
 
 CLONE_NEWNS, CLONE_NEWPID, CLONE_NEWUSER = 0x00020000, 0x20000000, 0x10000000
@@ -109,6 +110,11 @@ def _in_child(run: Callable[[], int]) -> int:
             os.close(alive_w)
             _die_with_parent(alive_r)
             code = run()
+        except SystemExit as e:
+            code = e.code if isinstance(e.code, int) else int(e.code is not None)
+        except BaseException:  # os._exit below would swallow it: say what broke
+            traceback.print_exc()
+            code = 70  # EX_SOFTWARE
         finally:
             for stream in (sys.stdout, sys.stderr):
                 try:

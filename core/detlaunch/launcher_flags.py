@@ -202,11 +202,14 @@ def finish_launcher_flags(parser: argparse.ArgumentParser, ns: argparse.Namespac
 
 
 def _parse_like(action: argparse.Action | None, value: Any, typed: str) -> Any:
-    """A value given as text is checked and converted as detlaunch's own option would."""
-    if action is None or not isinstance(value, str) or action.type is None:
+    """A value is checked and converted as detlaunch's own option would (a number a conversion
+    computed too: ``-np 100000`` meets --nproc-per-node's range)."""
+    if action is None or action.type is None or not isinstance(value, (str, int, float)) or isinstance(value, bool):
         return value
     try:
-        return action.type(value)  # type: ignore[operator]
+        return action.type(str(value))  # type: ignore[operator]
+    except argparse.ArgumentTypeError as e:
+        raise ConfigError(f"{typed}: {e}") from None
     except (TypeError, ValueError):
         kind = getattr(action.type, "__name__", "value")
         raise ConfigError(f"{typed}: {value!r} is not a valid {kind}") from None

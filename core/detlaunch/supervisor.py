@@ -548,7 +548,8 @@ class NodeSupervisor:
                 return
         elif decision is Decision.EARLIER and failure is not None:
             self.trace(f"an earlier failure came in: {failure.what}")
-            self._tell_link(event)
+            if not (self.hangs.dumping and self.plan.cluster.is_chief):  # told once the stacks are taken
+                self._tell_link(event)
         if decision is not Decision.IGNORED and not self.hangs.dumping:
             self._stop(signal.SIGTERM)
 

@@ -43,6 +43,7 @@ import argparse
 import glob
 import importlib.metadata
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -214,13 +215,35 @@ def _deepspeed() -> str:
 # -- hooks -----------------------------------------------------------------------------------------
 
 
+PYTHON = re.compile(r"python[\d.]*$")
+PYTHON_OPTIONS_WITH_VALUE = ("-W", "-X", "--check-hash-based-pycs")
+
+
+def script_end(command: Sequence[str]) -> int:
+    """The index right after the script in `command`, where deepspeed puts ``--local_rank=N``:
+    after ``train.py`` in ``python -u train.py``, after ``pkg.train`` in ``python -m pkg.train``,
+    after the program itself when it is not a Python interpreter."""
+    if not command or not PYTHON.match(os.path.basename(command[0])):
+        return 1
+    i = 1
+    while i < len(command):
+        word = command[i]
+        if word in ("-m", "-c"):
+            return min(i + 2, len(command))
+        if not word.startswith("-") or word == "-":
+            return i + 1
+        if word.startswith(("-m", "-c")) and not word.startswith("--"):
+            return i + 1  # -mpkg.train
+        i += 2 if word in PYTHON_OPTIONS_WITH_VALUE else 1
+    return len(command)
+
+
 def shim_args(ctx: StageContext, master_addr: str) -> tuple[str, ...]:
     """What deepspeed runs under Python in front of the rank command (see rank_shim.py): the shim,
     where the user's script ends in the rank command (python -u train.py: after train.py), and the
     MASTER_ADDR to put back ("-" for deepspeed's own)."""
     cmd = ctx.user_command
-    script_end = 3 if cmd[:2] == (sys.executable, "-u") else 1
-    at = len(ctx.rank_command) - len(cmd) + script_end
+    at = len(ctx.rank_command) - len(cmd) + script_end(cmd)
     return (os.path.abspath(rank_shim.__file__), str(at), master_addr or "-")
 
 

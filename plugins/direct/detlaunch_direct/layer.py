@@ -33,8 +33,9 @@ DETLAUNCH_CONTRACT = {"rank_commands": True}
 
 
 def master_addr(ctx: StageContext) -> str:
-    """What torchrun is given by the torchrun layer, and passes on: localhost alone, else the chief."""
-    return "localhost" if ctx.cluster.num_nodes == 1 else ctx.cluster.chief_addr
+    """What torchrun is given by the torchrun layer, and passes on: on one node --master-addr or
+    localhost, else the chief."""
+    return (ctx.option("master_addr") or "localhost") if ctx.cluster.num_nodes == 1 else ctx.cluster.chief_addr
 
 
 def rank_env(ctx: StageContext, local_rank: int) -> dict[str, str]:
@@ -90,7 +91,7 @@ def detlaunch_environment(ctx: StageContext) -> dict[str, str]:
 @hookimpl
 def detlaunch_chief_stage(ctx: StageContext) -> Stage:
     # Rank 0 binds the rendezvous store on the master port: refuse a port in use while planning.
-    host = "127.0.0.1" if ctx.cluster.num_nodes == 1 else ctx.cluster.chief_addr
+    host = (ctx.option("master_addr") or "127.0.0.1") if ctx.cluster.num_nodes == 1 else ctx.cluster.chief_addr
     check_port_free(host, ctx.option("master_port", 29500))
     return _stage(ctx)
 
