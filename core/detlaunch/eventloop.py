@@ -27,7 +27,8 @@ class Priority(enum.IntEnum):
         Read first, so a rank's own report is seen before the exit of the launcher above it:
         the launcher's exit must never hide its rank's cause.
     CHILD_OUTPUT: a launcher's or daemon's output, new connections, connects completing.
-    PROBE: a peer's sshd greeting; only gates when the launchers start.
+    PROBE: what only waits: a peer's sshd greeting (gates when the launchers start), a link
+        connection not yet authenticated, a control answer still being written to its asker.
     SIGNAL: the self-pipe (SIGCHLD: reap; SIGINT/TERM/HUP: the user). Last, so the reports
         and output already waiting are taken in before a child's exit is acted on.
     """
