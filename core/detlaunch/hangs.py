@@ -45,6 +45,7 @@ class HangPolicy:
         self.loop, self.node, self.host, self.is_chief = loop, node, host, is_chief
         self.hang_timeout, self.dump_budget = hang_timeout, dump_budget
         self.ask_job, self.fail, self.say, self.live_ranks, self.active = ask_job, fail, say, live_ranks, active
+        self.run_dir = run_dir
         self.progress = NodeProgress(run_dir)
         self.collector = StackCollector(loop)
         self.watch: ProgressWatch | None = None
@@ -62,7 +63,7 @@ class HangPolicy:
             budget = max(0.1, min(float(args.get("budget") or DEFAULT_BUDGET), 10.0))
         except (TypeError, ValueError):
             budget = DEFAULT_BUDGET
-        node_answer(self.collector, self.host, self.live_ranks(), budget, done)
+        node_answer(self.collector, self.host, self.live_ranks(), budget, done, self.run_dir)
 
     def registered(self, rank: int) -> None:
         """A rank of this node started. The chief's watch starts with its first rank: before that, the

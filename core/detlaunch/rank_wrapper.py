@@ -34,10 +34,11 @@ import sys
 import time
 
 try:
-    from . import rank_protocol  # imported as detlaunch.rank_wrapper
+    from . import faultdump, rank_protocol  # imported as detlaunch.rank_wrapper
     from .progress import ENV as PROGRESS_ENV
     from .progress import OutputMark, create_progress_file
 except ImportError:  # run as a script (python -S rank_wrapper.py): its folder is sys.path[0]
+    import faultdump  # type: ignore[no-redef]
     import rank_protocol  # type: ignore[no-redef]
     from progress import ENV as PROGRESS_ENV  # type: ignore[no-redef]
     from progress import OutputMark, create_progress_file  # type: ignore[no-redef]
@@ -562,6 +563,15 @@ def watch_progress(run_dir: str, rank: int) -> OutputMark | None:
     return mark
 
 
+def offer_faulthandler(run_dir: str, rank: int) -> None:
+    """Let the rank's Python register faulthandler for detlaunch's stack fallback (faultdump.py), so its
+    stack can be had when py-spy cannot read it; without the file there is no fallback for this rank."""
+    try:
+        faultdump.prepare(run_dir, rank, os.environ)  # type: ignore[arg-type]
+    except OSError as e:
+        os.write(2, f"detlaunch rank wrapper: warning: no faulthandler file for rank {rank}: {e}\n".encode())
+
+
 def main(argv: list[str] | None = None) -> int:
     try:
         opts, command = parse_args(sys.argv[1:] if argv is None else argv)
@@ -582,6 +592,7 @@ def main(argv: list[str] | None = None) -> int:
         wrapper.hold = float(node.get("hold") or 0)
         if supervisor and path:
             wrapper.output_mark = watch_progress(os.path.dirname(path), rank)
+            offer_faulthandler(os.path.dirname(path), rank)
         return wrapper.run()
     except (UsageError, ValueError) as e:
         os.write(2, f"detlaunch rank wrapper: error: {e}\n".encode())

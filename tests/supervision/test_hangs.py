@@ -383,7 +383,9 @@ def test_a_rank_whose_stack_cannot_be_read_says_why(launcher: Launcher) -> None:
     text = ask(launcher, "stacks", job)
     assert text.returncode == 0, text.stderr
     assert text.stdout.splitlines()[1] == ("rank 0 (node 0): no stack: not a Python process (or an interpreter "
-                                           "py-spy does not know)"), text.stdout
+                                           "py-spy does not know); faulthandler: not registered in it (not Python, "
+                                           "or Python run with -S, -E or -I, signal 41 taken, or "
+                                           "DETLAUNCH_FAULTHANDLER=0)"), text.stdout
     run.send_signal(signal.SIGTERM)
     run.wait(60)
 
@@ -461,27 +463,38 @@ def throwaway_user() -> Iterator[pwd.struct_passwd]:
         subprocess.run(["userdel", name], check=True)
 
 
-@pytest.mark.timeout(240)
-def test_as_a_user_without_privileges_stacks_and_the_hang_report_work(launcher: Launcher, tmp_path: Path,
-                                                                     throwaway_user: pwd.struct_passwd) -> None:
-    # The venv's interpreter lives under /root (0700): the user runs Debian's python3 (3.11, like the
-    # venv's) with the venv's site-packages on its path; py-spy comes from the venv's bin on PATH.
-    site = next(Path(sys.prefix, "lib").glob("python3.*/site-packages"))
+class AsUser:
+    """detlaunch as the throwaway user, in a home of its own. The venv's interpreter lives under /root
+    (0700): the user runs Debian's python3 (3.11, like the venv's) with the venv's site-packages on its
+    path; py-spy comes from the venv's bin on PATH."""
+
+    python = ["/usr/bin/python3", "-m", "detlaunch"]
+
+    def __init__(self, account: pwd.struct_passwd, home: Path) -> None:
+        root = Path(__file__).resolve().parents[2]
+        site = next(Path(sys.prefix, "lib").glob("python3.*/site-packages"))
+        self.account, self.home = account, home
+        self.prefix = ["runuser", "-u", account.pw_name, "--"]
+        self.env = {"PYTHONPATH": ":".join(map(str, [root / "core", root / "plugins" / "torchrun", site])),
+                    "TMPDIR": str(home), "HOME": str(home),
+                    "PATH": f"{Path(sys.executable).parent}:/usr/sbin:/usr/bin:/sbin:/bin"}
+
+
+@pytest.fixture
+def as_user(throwaway_user: pwd.struct_passwd) -> Iterator[AsUser]:
     home = Path(tempfile.mkdtemp(prefix="dlhang-"))  # pytest's own tmp dirs are root's only
     os.chown(home, throwaway_user.pw_uid, throwaway_user.pw_gid)
     try:
-        stacks_and_hang_as(launcher, throwaway_user, home, site)
+        yield AsUser(throwaway_user, home)
     finally:
         shutil.rmtree(home)
 
 
-def stacks_and_hang_as(launcher: Launcher, throwaway_user: pwd.struct_passwd, home: Path, site: Path) -> None:
-    root = Path(__file__).resolve().parents[2]
-    paths = [root / "core", root / "plugins" / "torchrun", site]
-    env = {"PYTHONPATH": ":".join(map(str, paths)), "TMPDIR": str(home), "HOME": str(home),
-           "PATH": f"{Path(sys.executable).parent}:/usr/sbin:/usr/bin:/sbin:/bin", "HANG": "loop", "STEP_SLEEP": "0.2"}
-    user = ["runuser", "-u", throwaway_user.pw_name, "--"]
-    python = ["/usr/bin/python3", "-m", "detlaunch"]
+@pytest.mark.timeout(240)
+def test_as_a_user_without_privileges_stacks_and_the_hang_report_work(as_user: AsUser, launcher: Launcher) -> None:
+    # as_user first: its teardown (userdel) comes after the launcher's (which stops the job)
+    env = {**as_user.env, "HANG": "loop", "STEP_SLEEP": "0.2"}
+    user, python, home, throwaway_user = as_user.prefix, as_user.python, as_user.home, as_user.account
     job = job_id()
     run = launcher.start(*torchrun(launcher, job, "--hang-timeout", "20"), HANG, env=env, prefix=user,
                          command=python, cwd=home)
@@ -497,6 +510,47 @@ def stacks_and_hang_as(launcher: Launcher, throwaway_user: pwd.struct_passwd, ho
     r = run.wait(120)
     assert r.returncode == 124, r.output
     assert "suspect: rank 1 (node 0): SIGSTOPped" in report_line(r.stderr)
+
+
+@pytest.mark.timeout(300)
+def test_as_a_user_an_undumpable_rank_in_a_collective_is_read_with_faulthandler_and_the_job_goes_on(
+        as_user: AsUser, launcher: Launcher) -> None:
+    # Rank 0 made itself undumpable (no ptrace, so no py-spy, for an ordinary user) and waits in a
+    # gloo all_reduce; rank 2 too, and it also took faulthandler off the signal: neither way works.
+    trigger = as_user.home / "trigger"
+    os.mkfifo(trigger, 0o600)
+    os.chown(trigger, as_user.account.pw_uid, as_user.account.pw_gid)
+    env = {**as_user.env, "HANG": "sleep", "HANG_UNTIL": str(trigger), "STEPS": "2", "UNDUMPABLE": "0,2",
+           "NO_FAULTHANDLER": "2"}
+    user, python, home = as_user.prefix, as_user.python, as_user.home
+    job = job_id()
+    run = launcher.start(*torchrun(launcher, job, nproc=3), HANG, env=env, prefix=user, command=python, cwd=home)
+    run.wait_for_output("[rank=1] rank 1 waiting for the trigger", timeout=200)
+    in_collective = re.compile(r"^rank 0 \(node 0\): work\.wait <- all_reduce <- <module> \(hang\.py:\d+\)$", re.M)
+    deadline = time.monotonic() + 30
+    while True:  # rank 0 may still be in its last step's sleep when rank 1 says it waits
+        stacks = subprocess.run([*user, *python, "stacks", job], env={**launcher.env, **env}, capture_output=True,
+                                text=True, timeout=30, cwd=home)
+        assert stacks.returncode == 0, stacks.stderr
+        if in_collective.search(stacks.stdout) or time.monotonic() > deadline:
+            break
+    found = in_collective.search(stacks.stdout)
+    assert found, stacks.stdout
+    lines = stacks.stdout.splitlines()
+    assert re.match(r"    rank 0 \(node 0\): read with faulthandler \(py-spy: permission denied: py-spy may not "
+                    r"ptrace it \(it is not dumpable \(prctl PR_SET_DUMPABLE 0\)\)\)$",
+                    lines[lines.index(found.group(0)) + 1]), stacks.stdout
+    assert re.search(r"^rank 1 \(node 0\): (open|read) <- <module> \(hang\.py:\d+\)", stacks.stdout, re.M), stacks
+    assert re.search(r"^rank 2 \(node 0\): no stack: permission denied: py-spy may not ptrace it \(it is not "
+                     r"dumpable \(prctl PR_SET_DUMPABLE 0\)\); "
+                     r"faulthandler: it no longer catches signal 41 \(the script replaced or removed detlaunch's "
+                     r"handler\)$", stacks.stdout, re.M), stacks.stdout
+    with open(trigger, "wb") as f:  # rank 1 goes on: the job ends as it would have
+        f.write(b"x")
+    r = run.wait(120)
+    assert r.returncode == 0, r.output
+    for rank in (0, 1, 2):
+        assert r.rank_lines(rank)[-1] == f"rank {rank} done", r.output
 
 
 @pytest.mark.timeout(240)
