@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from .eventloop import EventLoop, Timer
-from .progresswatch import NodeProgress, ProgressWatch, parse_ages
+from .progresswatch import NodeProgress, ProgressWatch, is_starting, parse_ages
 from .report import Failure, FailureKind
 from .stackgroups import format_text, format_who
 from .stackquery import DEFAULT_BUDGET, StackCollector, node_answer, report_of
@@ -56,7 +56,8 @@ class HangPolicy:
     # -- the questions every node answers ------------------------------------------------------
     def answer_progress(self, args: Any, done: Answer) -> None:
         now = self.loop.clock()
-        done({"ages": self.progress.ages([rank for rank, _ in self.live_ranks()], now)})
+        done({"ages": self.progress.ages([rank for rank, _ in self.live_ranks()], now),
+              "starting": self.progress.starting()})
 
     def answer_stacks(self, args: Any, done: Answer) -> None:
         try:
@@ -88,7 +89,7 @@ class HangPolicy:
         assert watch is not None
         now = self.loop.clock()
         for node in answer.get("nodes") or []:
-            watch.update(int(node.get("node", -1)), parse_ages(node), now)
+            watch.update(int(node.get("node", -1)), parse_ages(node), now, is_starting(node))
         if not self.active():
             return
         if not watch.hung(now):
@@ -149,6 +150,7 @@ class HangPolicy:
             timer.cancel()
         self.timers.clear()
         self.watch = None  # re-made when the next attempt's first rank registers
+        self.progress = NodeProgress(self.run_dir)  # no rank of the next attempt has started yet
         self.dumping = False
         self.dumped = ()
 

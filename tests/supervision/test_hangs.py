@@ -56,6 +56,22 @@ def test_the_job_hangs_only_when_no_rank_anywhere_moved_for_the_timeout() -> Non
     assert watch.last_progress() == {0: 108.0, 1: 101.0, 2: 100.0}  # rank 2: before the job started
 
 
+def test_a_node_whose_ranks_have_not_started_yet_is_not_hung(tmp_path: Path) -> None:
+    # deepspeed's launcher imports torch on every node: a worker's ranks may start seconds after the chief's
+    watch = ProgressWatch(8.0, started=100.0)
+    watch.update(0, [(0, 7.0), (1, 7.0)], now=108.0)
+    watch.update(1, [], now=108.0, starting=True)
+    assert not watch.hung(108.0) and watch.deadline() == 116.0
+    watch.update(1, [(2, 0.5), (3, 0.5)], now=110.0)  # its ranks start
+    assert watch.deadline() == 117.5 and watch.hung(117.5)  # from now on its ranks are judged like any
+    watch.update(1, [], now=111.0, starting=True)  # a node that never starts ranks: --start-timeout's to judge
+    assert watch.deadline() == 119.0
+    node = NodeProgress(str(tmp_path))
+    assert node.starting()
+    node.registered(2, 109.5)
+    assert not node.starting()
+
+
 def test_a_rank_that_beats_is_judged_by_its_beats_alone() -> None:
     assert latest_progress(5.0, output=None, beat=None) == 5.0  # its start
     assert latest_progress(5.0, output=9.0, beat=None) == 9.0  # any output line
