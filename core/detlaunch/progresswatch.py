@@ -91,6 +91,17 @@ class NodeProgress:
         return out
 
 
+def last_seen(run_dir: str, ranks: Iterable[int]) -> dict[int, tuple[float | None, float | None]]:
+    """{rank: (wall time of its last output, of its last heartbeat)} for `detlaunch status`: the same
+    records the hang watch reads (the wrapper marks each read of the rank's pipes; no message)."""
+    seen = {}
+    for rank in ranks:
+        path = progress_path(run_dir, rank)
+        output, beat = read_progress(path, OUTPUT_RECORD), read_progress(path)
+        seen[rank] = (output.at if output else None, beat.at if beat else None)
+    return seen
+
+
 def is_starting(node_answer: Mapping[str, object]) -> bool:
     return node_answer.get("starting") is True
 

@@ -320,7 +320,6 @@ class WrappedRank:
         self.supervisor = supervisor
         self.grace = grace
         self.prefix = f"[rank={rank}] ".encode() if prefix is None else prefix
-        self.next_output_note = 0.0  # when to tell the supervisor again that the rank wrote output
         self.pid: int | None = None
         self.status: int | None = None
         self.ended_at = 0.0
@@ -330,7 +329,7 @@ class WrappedRank:
         self.tail = b""
         self.log = log
         self.reported = False
-        self.output_mark: OutputMark | None = None  # the time of the last output, for the hang watch
+        self.output_mark: OutputMark | None = None  # the time of the last output: for status and the hang watch
         self.traceback_started = self.told_traceback = False
         self.hold = 0.0  # seconds to stay after a failure of the rank's own, while the others' stacks are taken
         self.asked_to_stop = False  # a signal came: the rank's end is not a failure of its own
@@ -406,8 +405,6 @@ class WrappedRank:
             prefixer, output, is_stderr = streams[fd]
             if data:
                 output.write(prefixer.feed(data))
-                if self.supervisor is not None:
-                    self.note_output()
                 if self.output_mark is not None:
                     self.output_mark.touch()
                 if is_stderr:
@@ -490,16 +487,6 @@ class WrappedRank:
             if short_read and gather and self.status is None:
                 events_only.poll(gather * 1000)
         return self.finish()
-
-    def note_output(self) -> None:
-        """Tell the supervisor the rank wrote output (for `detlaunch status`), at most once a second."""
-        now = time.time()
-        if now >= self.next_output_note and self.supervisor is not None:
-            self.next_output_note = now + rank_protocol.OUTPUT_EVERY
-            try:
-                self.supervisor.send({"t": rank_protocol.OUTPUT, "at": now})
-            except OSError:
-                pass  # the supervisor is gone: its socket's end stops the rank
 
     def tell_traceback(self) -> None:
         """The rank printed a whole Python traceback: if it does not exit soon, the supervisor counts it as failed."""

@@ -25,11 +25,12 @@ from pathlib import Path
 import pytest
 from conftest import SCRIPTS, Launcher
 from detlaunch import hangs as hangs_module
+from detlaunch import progress as progress_module
 from detlaunch.errors import ConfigError
 from detlaunch.eventloop import EventLoop
 from detlaunch.hangs import HangPolicy
 from detlaunch.progress import OUTPUT_RECORD, OutputMark, create_progress_file, read_progress
-from detlaunch.progresswatch import NodeProgress, ProgressWatch, latest_progress, parse_ages
+from detlaunch.progresswatch import NodeProgress, ProgressWatch, last_seen, latest_progress, parse_ages
 from detlaunch.rank_protocol import ends_traceback
 from detlaunch.report import HANG_EXIT_CODE, JobResult, RankStatus, format_report
 from detlaunch.stackquery import StackCollector, node_answer, report_of
@@ -88,6 +89,21 @@ def test_node_progress_reads_the_heartbeat_and_the_wrappers_output_mark(tmp_path
     out = read_progress(path, OUTPUT_RECORD)
     assert out is not None and read_progress(path) is None  # the output mark is not a heartbeat
     assert node.ages([3], time.monotonic())[0][1] < 1
+
+
+def test_status_reads_last_output_and_heartbeat_from_the_same_records(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    path = create_progress_file(str(tmp_path), 0)
+    create_progress_file(str(tmp_path), 1)
+    assert last_seen(str(tmp_path), [0, 1, 2]) == {0: (None, None), 1: (None, None), 2: (None, None)}  # 2: no file
+    before = time.time()
+    OutputMark(path).touch()
+    monkeypatch.setenv("DETLAUNCH_PROGRESS_FILE", path)
+    monkeypatch.setattr(progress_module, "_buf", None)
+    progress_module.progress(7)
+    (output, beat), after = last_seen(str(tmp_path), [0])[0], time.time()
+    assert output is not None and beat is not None and before <= output <= beat <= after
+    assert last_seen(str(tmp_path), [1]) == {1: (None, None)}
 
 
 @pytest.mark.parametrize(("stderr", "ended"), [
