@@ -37,7 +37,7 @@ from detlaunch.stackquery import StackCollector, node_answer, report_of
 from detlaunch.stacks import ProcessStack
 from detlaunch.testing.runner import MARKER_VAR
 from detlaunch.verdict import Decision, Hung, RankEnded, StuckAfterTraceback, Verdict, as_failure
-from helpers import free_port, report_line
+from helpers import free_port, report_line, wait_until
 
 HANG = str(SCRIPTS / "hang.py")
 RANKS = str(SCRIPTS / "ranks.py")
@@ -381,8 +381,19 @@ def test_a_rank_that_raises_then_hangs_in_atexit_fails_the_job_with_its_tracebac
 def test_heartbeats_from_one_rank_keep_a_silent_job_alive_and_only_they_count(launcher: Launcher) -> None:
     # 16 s with no output at all, rank 0 beating: not hung (timeout 10). Then rank 0 prints but stops
     # beating: hung 10 s after its last beat, although it still prints.
-    r = launcher.start(*torchrun(launcher, job_id(), "--hang-timeout", "10"), HANG,
-                       env={"BEAT": "1", "STEPS": "80", "STEP_SLEEP": "0.2", "HANG": "beat", "BEAT_FOR": "2"}).wait(150)
+    job = job_id()
+    run = launcher.start(*torchrun(launcher, job, "--hang-timeout", "10"), HANG,
+                         env={"BEAT": "1", "STEPS": "80", "STEP_SLEEP": "0.2", "HANG": "beat", "BEAT_FOR": "2"})
+    run.wait_for_output("[rank=1] rank 1 initialized", timeout=120)
+
+    def rows() -> dict[int, dict[str, object]] | None:  # status reads the records the hang watch reads
+        answer = ask(launcher, "status", job, "--format", "json")
+        got = {int(r["rank"]): r for n in json.loads(answer.stdout)["nodes"] for r in n["ranks"]}
+        return got if got.get(0, {}).get("last_heartbeat") else None
+
+    seen = wait_until(rows, 60, "rank 0's heartbeat in detlaunch status")
+    assert seen[0]["last_output"] and seen[1]["last_output"] and seen[1]["last_heartbeat"] is None, seen
+    r = run.wait(150)
     assert r.returncode == 124, r.output
     assert r.rank_lines(0).count("rank 0 still printing") > 20, r.output  # it printed all along
     assert r.rank_lines(1) == ["rank 1 importing torch", "rank 1 initialized"], r.output  # silent after
