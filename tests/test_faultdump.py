@@ -136,3 +136,25 @@ def test_py_spy_comes_first_and_the_rank_is_not_signalled(rank, tmp_path: Path) 
     got = collect_stacks([p.pid], 5.0, fallback={p.pid: path})[p.pid]
     assert isinstance(got, ProcessStack) and got.via == "", got
     assert len(Path(path).read_text().splitlines()) == 1  # the header only: no dump was asked for
+
+
+@pytest.mark.skipif(find_py_spy() is None, reason="py-spy is not installed")
+@pytest.mark.timeout(30)
+def test_a_rank_that_is_a_shell_running_python_is_read_through_its_python(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    path = faultdump.prepare(str(tmp_path), 0, env)
+    assert path is not None
+    script = tmp_path / "blocked.py"
+    script.write_text(BLOCKED)
+    shell = subprocess.Popen(["/bin/sh", "-c", f"{sys.executable} {script}; true"], env=env, stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        assert shell.stdout and shell.stdout.readline() == "None None\n"
+        got = collect_stacks([shell.pid], 5.0, fallback={shell.pid: path})[shell.pid]
+        assert isinstance(got, ProcessStack), got
+        assert got.via.startswith("faulthandler (py-spy: not a Python process"), got.via
+        assert got.main is not None and [f.function for f in got.main.frames] == ["wait_for_input", "<module>"]
+    finally:
+        shell.stdin.close()  # type: ignore[union-attr]
+        assert shell.wait(10) == 0  # the Python read EOF and went on; the shell ended
+        shell.stdout.close()  # type: ignore[union-attr]
