@@ -8,8 +8,9 @@
 - `detlaunch stacks JOB` wall time for N sleeping ranks on one node, and 2x2 on two loopback nodes
   (goal: <= 1 s at 16 ranks);
 - teardown after a rank's failure with the default `--dump-budget` and with 0 (3 ranks, the other
-  two asleep): from the failing rank's last line to the end of detlaunch;
-- the same hang under bare torchrun: the time until anything happens, capped (`> cap`).
+  two asleep), for each layer of `--teardown-layers`: from the trigger to detlaunch's last line;
+- the same hang under bare torchrun, horovodrun and deepspeed (`--bare`): the time until anything
+  happens, capped (`> cap`).
 
 Standalone (not part of `python -m bench`): every process it starts runs in a session of its own
 and is killed by process group at the end.
@@ -32,6 +33,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 HANG = str(ROOT / "tests" / "scripts" / "hang.py")
+HVD_HANG = str(ROOT / "bench" / "scripts" / "hvd_hang.py")
 RANKS = str(ROOT / "tests" / "scripts" / "ranks.py")
 PY = sys.executable
 
@@ -85,8 +87,8 @@ class Job:
         self.reader.join(5)
 
 
-def detlaunch(*args: str) -> list[str]:
-    return [PY, "-m", "detlaunch", "--layer", "torchrun", "--master-port", str(free_port()), *args]
+def detlaunch(*args: str, layer: str = "torchrun") -> list[str]:
+    return [PY, "-m", "detlaunch", "--layer", layer, "--master-port", str(free_port()), *args]
 
 
 def spread(samples: list[float]) -> str:
@@ -161,38 +163,65 @@ def bench_stacks(env: dict[str, str], counts: list[int], reps: int) -> None:
                 job.stop()
 
 
-def bench_teardown(env: dict[str, str], reps: int) -> None:
-    for budget in ("1.5", "0"):
-        samples = []
-        for _ in range(reps):
-            fifo = Path(tempfile.mkdtemp(prefix="hangs-")) / "trigger"
-            os.mkfifo(fifo)
-            job = Job(detlaunch("--nproc-per-node", "3", "--dump-budget", budget, RANKS),
-                      {**env, "FAIL_RANK": "1", "SLEEP": "300", "TRIGGER": str(fifo)})
-            for line in ("[rank=0] rank 0 sleeping", "[rank=2] rank 2 sleeping", "[rank=1] rank 1 waiting"):
-                job.wait_for(line, 120)
-            fifo.write_bytes(b"x")
-            start = time.monotonic()
-            code = job.wait(120)
-            os.unlink(fifo)
-            os.rmdir(fifo.parent)
-            if code != 3:
-                print(f"  teardown: unexpected end (exit {code}): {job.lines[-5:]}")
-                continue
-            samples.append(job.lines[-1][0] - start)
-        if samples:
-            print(f"  teardown after a rank's failure, --dump-budget {budget}: {spread(samples)} "
-                  "(trigger -> detlaunch's last line)")
+def bench_teardown(env: dict[str, str], reps: int, layers: list[str]) -> None:
+    samples: dict[tuple[str, str], list[float]] = {(layer, budget): [] for layer in layers for budget in ("1.5", "0")}
+    for _ in range(reps):  # interleaved: the machine's load changes alike for every case
+        for layer, budget in samples:
+            with tempfile.TemporaryDirectory(prefix="hangs-") as tmp:
+                took = teardown_once(env, layer, budget, Path(tmp) / "trigger")
+            if took is not None:
+                samples[(layer, budget)].append(took)
+    for (layer, budget), got in samples.items():
+        if got:
+            print(f"  teardown after a rank's failure, {layer}, --dump-budget {budget}: {spread(got)} "
+                  f"({len(got)} runs; trigger -> detlaunch's last line)")
 
 
-def bench_bare(env: dict[str, str], cap: float) -> None:
-    argv = [PY, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(free_port()), HANG]
-    job = Job(argv, {**env, "HANG": "sleep"})
+def teardown_once(env: dict[str, str], layer: str, budget: str, fifo: Path) -> float | None:
+    """Seconds from the trigger (rank 1 exits 3) to detlaunch's last line; None when it went otherwise."""
+    os.mkfifo(fifo)
+    job = Job(detlaunch("--nproc-per-node", "3", "--dump-budget", budget, RANKS, layer=layer),
+              {**env, "FAIL_RANK": "1", "SLEEP": "300", "TRIGGER": str(fifo), "DS_ACCELERATOR": "cpu"})
+    try:
+        for line in ("[rank=0] rank 0 sleeping", "[rank=2] rank 2 sleeping", "[rank=1] rank 1 waiting"):
+            job.wait_for(line, 120)
+    except RuntimeError as e:
+        print(f"  teardown, {layer}: did not start: {e}")
+        job.stop()
+        return None
+    fifo.write_bytes(b"x")
     start = time.monotonic()
-    code = job.wait(cap)
-    last = job.lines[-1][0] if job.lines else start
-    took = "> cap" if code is None else f"exit {code} after {time.monotonic() - start:.1f} s"
-    print(f"  bare torchrun, the same hang: {took} (cap {cap:g} s; its last line {last - start:.1f} s after start)")
+    code = job.wait(120)
+    if code != 3:
+        print(f"  teardown, {layer}: unexpected end (exit {code}): {job.lines[-5:]}")
+        return None
+    return job.lines[-1][0] - start
+
+
+def bare_argv(launcher: str) -> tuple[list[str], dict[str, str]]:
+    """The bare launcher's command for the same hang (2 ranks, rank 1 asleep before a collective)."""
+    bindir = Path(PY).parent
+    if launcher == "torchrun":
+        return [PY, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(free_port()),
+                HANG], {"HANG": "sleep"}
+    if launcher == "horovodrun":
+        return [str(bindir / "horovodrun"), "-np", "2", "-H", "localhost:2", "--gloo", PY, HVD_HANG], {}
+    return [str(bindir / "deepspeed"), "--num_gpus", "2", "--master_port", str(free_port()), HANG], {
+        "HANG": "sleep", "DS_ACCELERATOR": "cpu"}
+
+
+def bench_bare(env: dict[str, str], cap: float, launchers: list[str]) -> None:
+    for launcher in launchers:
+        argv, extra = bare_argv(launcher)
+        job = Job(argv, {**env, **extra})
+        start = time.monotonic()
+        code = job.wait(cap)
+        steps = [t for t, line in job.lines if "step 9" in line]
+        hung_at = max(steps) if steps else start
+        tail = job.lines[-1][1][-100:] if job.lines else ""
+        took = "> cap" if code is None else f"exit {code} {time.monotonic() - hung_at:.1f} s after the hang"
+        print(f"  bare {launcher}, the same hang: {took} (cap {cap:g} s after start; the hang began "
+              f"{hung_at - start:.1f} s after start; {len(job.lines)} lines, the last {tail!r})")
 
 
 def main() -> None:
@@ -201,6 +230,9 @@ def main() -> None:
     p.add_argument("--ranks", type=int, nargs="+", default=[2, 16, 64])
     p.add_argument("--cap", type=float, default=120.0)
     p.add_argument("--skip-bare", action="store_true")
+    p.add_argument("--bare", nargs="+", default=["torchrun", "horovodrun", "deepspeed"])
+    p.add_argument("--teardown-layers", nargs="+", default=["torchrun", "horovod", "deepspeed"])
+    p.add_argument("--skip-stacks", action="store_true")
     p.add_argument("--skip-detection", action="store_true")
     p.add_argument("--skip-teardown", action="store_true")
     args = p.parse_args()
@@ -208,11 +240,12 @@ def main() -> None:
     print("hangs:")
     if not args.skip_detection:
         bench_detection(env, args.reps)
-    bench_stacks(env, args.ranks, args.reps)
+    if not args.skip_stacks:
+        bench_stacks(env, args.ranks, args.reps)
     if not args.skip_teardown:
-        bench_teardown(env, args.reps)
+        bench_teardown(env, args.reps, args.teardown_layers)
     if not args.skip_bare:
-        bench_bare(env, args.cap)
+        bench_bare(env, args.cap, args.bare)
 
 
 if __name__ == "__main__":

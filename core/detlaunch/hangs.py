@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from .eventloop import EventLoop, Timer
-from .progresswatch import NodeProgress, ProgressWatch, parse_ages
+from .progresswatch import NodeProgress, ProgressWatch, is_starting, parse_ages
 from .report import Failure, FailureKind
 from .stackgroups import format_text, format_who
 from .stackquery import DEFAULT_BUDGET, StackCollector, node_answer, report_of
@@ -45,6 +45,7 @@ class HangPolicy:
         self.loop, self.node, self.host, self.is_chief = loop, node, host, is_chief
         self.hang_timeout, self.dump_budget = hang_timeout, dump_budget
         self.ask_job, self.fail, self.say, self.live_ranks, self.active = ask_job, fail, say, live_ranks, active
+        self.run_dir = run_dir
         self.progress = NodeProgress(run_dir)
         self.collector = StackCollector(loop)
         self.watch: ProgressWatch | None = None
@@ -55,14 +56,15 @@ class HangPolicy:
     # -- the questions every node answers ------------------------------------------------------
     def answer_progress(self, args: Any, done: Answer) -> None:
         now = self.loop.clock()
-        done({"ages": self.progress.ages([rank for rank, _ in self.live_ranks()], now)})
+        done({"ages": self.progress.ages([rank for rank, _ in self.live_ranks()], now),
+              "starting": self.progress.starting()})
 
     def answer_stacks(self, args: Any, done: Answer) -> None:
         try:
             budget = max(0.1, min(float(args.get("budget") or DEFAULT_BUDGET), 10.0))
         except (TypeError, ValueError):
             budget = DEFAULT_BUDGET
-        node_answer(self.collector, self.host, self.live_ranks(), budget, done)
+        node_answer(self.collector, self.host, self.live_ranks(), budget, done, self.run_dir)
 
     def registered(self, rank: int) -> None:
         """A rank of this node started. The chief's watch starts with its first rank: before that, the
@@ -87,7 +89,7 @@ class HangPolicy:
         assert watch is not None
         now = self.loop.clock()
         for node in answer.get("nodes") or []:
-            watch.update(int(node.get("node", -1)), parse_ages(node), now)
+            watch.update(int(node.get("node", -1)), parse_ages(node), now, is_starting(node))
         if not self.active():
             return
         if not watch.hung(now):
@@ -148,6 +150,7 @@ class HangPolicy:
             timer.cancel()
         self.timers.clear()
         self.watch = None  # re-made when the next attempt's first rank registers
+        self.progress = NodeProgress(self.run_dir)  # no rank of the next attempt has started yet
         self.dumping = False
         self.dumped = ()
 

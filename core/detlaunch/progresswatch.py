@@ -35,15 +35,20 @@ class ProgressWatch:
         self.timeout = timeout
         self.started = started  # when watching began (the chief's first rank started): it counts as progress
         self.last: dict[RankKey, float] = {}
+        self.starting: dict[int, float] = {}  # node: when it last said none of its ranks has started yet
 
-    def update(self, node: int, ages: Iterable[tuple[int, float]], now: float) -> None:
-        """A node's answer: for each of its live ranks, how long ago it last showed progress."""
+    def update(self, node: int, ages: Iterable[tuple[int, float]], now: float, starting: bool = False) -> None:
+        """A node's answer: for each of its live ranks, how long ago it last showed progress.
+        starting: none of its ranks has started yet (its launcher is still starting: deepspeed's imports
+        torch on every node, for seconds under load): that is not a hang, --start-timeout watches it."""
+        if starting:
+            self.starting[node] = now
         for rank, age in ages:
             key = (rank, node)
             self.last[key] = max(self.last.get(key, self.started), now - max(0.0, age))
 
     def latest(self) -> float:
-        return max([self.started, *self.last.values()])
+        return max([self.started, *self.last.values(), *self.starting.values()])
 
     def deadline(self) -> float:
         """When the job is hung if nothing more is heard of it."""
@@ -70,6 +75,10 @@ class NodeProgress:
     def registered(self, rank: int, now: float) -> None:
         self.started[rank] = now
 
+    def starting(self) -> bool:
+        """No rank of this node has started yet (in this attempt)."""
+        return not self.started
+
     def ages(self, ranks: Iterable[int], now: float) -> list[tuple[int, float]]:
         """[(rank, seconds since its last progress)] for `ranks` (the live ones)."""
         out = []
@@ -80,6 +89,21 @@ class NodeProgress:
                                    beat.monotonic if beat else None)
             out.append((rank, now - last))
         return out
+
+
+def last_seen(run_dir: str, ranks: Iterable[int]) -> dict[int, tuple[float | None, float | None]]:
+    """{rank: (wall time of its last output, of its last heartbeat)} for `detlaunch status`: the same
+    records the hang watch reads (the wrapper marks each read of the rank's pipes; no message)."""
+    seen = {}
+    for rank in ranks:
+        path = progress_path(run_dir, rank)
+        output, beat = read_progress(path, OUTPUT_RECORD), read_progress(path)
+        seen[rank] = (output.at if output else None, beat.at if beat else None)
+    return seen
+
+
+def is_starting(node_answer: Mapping[str, object]) -> bool:
+    return node_answer.get("starting") is True
 
 
 def parse_ages(node_answer: Mapping[str, object]) -> list[tuple[int, float]]:

@@ -9,8 +9,6 @@ One JSON object per line over the supervisor's Unix socket:
                             the supervisor's {"t": "release"} (the others' stacks are taken)
                             {"t": "reject", "why": "..."}
     wrapper -> supervisor   {"t": "started", "pid": RANK_PID}
-    wrapper -> supervisor   {"t": "output", "at": T}   (the rank wrote output at wall time T; at most
-                                                       one a second: `detlaunch status`'s last output)
     wrapper -> supervisor   {"t": "traceback", "tail": [...], "wall": T}   (the rank printed a whole Python
                              traceback and is still running: it may hang in atexit; see ends_traceback)
     wrapper -> supervisor   {"t": "exit", "code": C, "signal": S|null, "tail": [...], "wall": T,
@@ -35,8 +33,7 @@ TAIL_LINES = 40  # stderr lines a rank's report carries: room for a deep traceba
 SHOWN_LINES = 20  # at most this many of them (or of a launcher's output) appear in the end report
 TAIL_BYTES = 16384  # how much of a stream is kept to find those lines in
 
-HELLO, OK, REJECT, STARTED, OUTPUT, EXIT = "hello", "ok", "reject", "started", "output", "exit"
-OUTPUT_EVERY = 1.0  # seconds: how stale "last output" may be, and how often a busy rank's wrapper says it
+HELLO, OK, REJECT, STARTED, EXIT = "hello", "ok", "reject", "started", "exit"
 TRACEBACK, RELEASE = "traceback", "release"
 TRACEBACK_HEADER = b"Traceback (most recent call last):"
 

@@ -38,7 +38,6 @@ class RankEntry:
     killed: bool = False  # detlaunch SIGKILLed it
     asked: bool = False  # a control client (control.py) that has sent its one question
     outbox: bytes = b""  # the answer still to send it
-    last_output: float | None = None  # wall time of its rank's latest output the wrapper told of
 
 
 @dataclasses.dataclass(frozen=True)
@@ -180,8 +179,6 @@ class RankRegistry:
         elif kind == rank_protocol.STARTED and entry.rank is not None:
             entry.rank_pid = int(message["pid"])
             self.on_started(entry)
-        elif kind == rank_protocol.OUTPUT and entry.rank is not None:
-            entry.last_output = float(message["at"])
         elif kind == "request" and entry.rank is None and not entry.asked:
             entry.asked = True
             self.on_request(entry, message)

@@ -34,10 +34,11 @@ import sys
 import time
 
 try:
-    from . import rank_protocol  # imported as detlaunch.rank_wrapper
+    from . import faultdump, rank_protocol  # imported as detlaunch.rank_wrapper
     from .progress import ENV as PROGRESS_ENV
     from .progress import OutputMark, create_progress_file
 except ImportError:  # run as a script (python -S rank_wrapper.py): its folder is sys.path[0]
+    import faultdump  # type: ignore[no-redef]
     import rank_protocol  # type: ignore[no-redef]
     from progress import ENV as PROGRESS_ENV  # type: ignore[no-redef]
     from progress import OutputMark, create_progress_file  # type: ignore[no-redef]
@@ -319,7 +320,6 @@ class WrappedRank:
         self.supervisor = supervisor
         self.grace = grace
         self.prefix = f"[rank={rank}] ".encode() if prefix is None else prefix
-        self.next_output_note = 0.0  # when to tell the supervisor again that the rank wrote output
         self.pid: int | None = None
         self.status: int | None = None
         self.ended_at = 0.0
@@ -329,7 +329,7 @@ class WrappedRank:
         self.tail = b""
         self.log = log
         self.reported = False
-        self.output_mark: OutputMark | None = None  # the time of the last output, for the hang watch
+        self.output_mark: OutputMark | None = None  # the time of the last output: for status and the hang watch
         self.traceback_started = self.told_traceback = False
         self.hold = 0.0  # seconds to stay after a failure of the rank's own, while the others' stacks are taken
         self.asked_to_stop = False  # a signal came: the rank's end is not a failure of its own
@@ -405,8 +405,6 @@ class WrappedRank:
             prefixer, output, is_stderr = streams[fd]
             if data:
                 output.write(prefixer.feed(data))
-                if self.supervisor is not None:
-                    self.note_output()
                 if self.output_mark is not None:
                     self.output_mark.touch()
                 if is_stderr:
@@ -490,16 +488,6 @@ class WrappedRank:
                 events_only.poll(gather * 1000)
         return self.finish()
 
-    def note_output(self) -> None:
-        """Tell the supervisor the rank wrote output (for `detlaunch status`), at most once a second."""
-        now = time.time()
-        if now >= self.next_output_note and self.supervisor is not None:
-            self.next_output_note = now + rank_protocol.OUTPUT_EVERY
-            try:
-                self.supervisor.send({"t": rank_protocol.OUTPUT, "at": now})
-            except OSError:
-                pass  # the supervisor is gone: its socket's end stops the rank
-
     def tell_traceback(self) -> None:
         """The rank printed a whole Python traceback: if it does not exit soon, the supervisor counts it as failed."""
         self.told_traceback = True
@@ -562,6 +550,15 @@ def watch_progress(run_dir: str, rank: int) -> OutputMark | None:
     return mark
 
 
+def offer_faulthandler(run_dir: str, rank: int) -> None:
+    """Let the rank's Python register faulthandler for detlaunch's stack fallback (faultdump.py), so its
+    stack can be had when py-spy cannot read it; without the file there is no fallback for this rank."""
+    try:
+        faultdump.prepare(run_dir, rank, os.environ)  # type: ignore[arg-type]
+    except OSError as e:
+        os.write(2, f"detlaunch rank wrapper: warning: no faulthandler file for rank {rank}: {e}\n".encode())
+
+
 def main(argv: list[str] | None = None) -> int:
     try:
         opts, command = parse_args(sys.argv[1:] if argv is None else argv)
@@ -582,6 +579,7 @@ def main(argv: list[str] | None = None) -> int:
         wrapper.hold = float(node.get("hold") or 0)
         if supervisor and path:
             wrapper.output_mark = watch_progress(os.path.dirname(path), rank)
+            offer_faulthandler(os.path.dirname(path), rank)
         return wrapper.run()
     except (UsageError, ValueError) as e:
         os.write(2, f"detlaunch rank wrapper: error: {e}\n".encode())

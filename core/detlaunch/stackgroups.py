@@ -31,11 +31,13 @@ COLLECTIVE_MARKERS = ("/torch/distributed/", "/horovod/", "/deepspeed/comm/")
 
 @dataclasses.dataclass(frozen=True)
 class Group:
-    """Ranks with the same stack signature; `stack` is the first rank's, as the example."""
+    """Ranks with the same stack signature; `stack` is the first rank's, as the example.
+    `via`: {how: its ranks} for the ranks py-spy could not read (ProcessStack.via)."""
 
     ranks: tuple[RankKey, ...]
     stack: ProcessStack
     suspect: str = ""  # why these ranks are suspects, or ''
+    via: tuple[tuple[str, tuple[RankKey, ...]], ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,6 +128,7 @@ def group_stacks(results: Mapping[RankKey, StackResult], last_progress: Mapping[
     """
     by_sig: dict[tuple[object, ...], list[RankKey]] = {}
     stacks: dict[tuple[object, ...], ProcessStack] = {}
+    via: dict[tuple[object, ...], dict[str, list[RankKey]]] = {}
     missing: dict[tuple[str, str], list[RankKey]] = {}
     for key in sorted(results):
         r = results[key]
@@ -135,6 +138,8 @@ def group_stacks(results: Mapping[RankKey, StackResult], last_progress: Mapping[
         sig = signature(r)
         by_sig.setdefault(sig, []).append(key)
         stacks.setdefault(sig, r)
+        if r.via:
+            via.setdefault(sig, {}).setdefault(r.via, []).append(key)
     order = sorted(by_sig, key=lambda s: (-len(by_sig[s]), by_sig[s][0]))
     why: dict[tuple[object, ...], str] = {}
     sizes = [len(by_sig[s]) for s in order]
@@ -147,7 +152,8 @@ def group_stacks(results: Mapping[RankKey, StackResult], last_progress: Mapping[
             why[s] = f"stack differs from the majority's ({sizes[0]} ranks)"
         elif majority is None and waiting and s not in waiting:
             why[s] = "not in the collective the others wait in"
-    groups = tuple(Group(tuple(by_sig[s]), stacks[s], why.get(s, "")) for s in order)
+    groups = tuple(Group(tuple(by_sig[s]), stacks[s], why.get(s, ""),
+                         tuple((how, tuple(keys)) for how, keys in via.get(s, {}).items())) for s in order)
     suspects = {k: Suspect(k[0], k[1], g.suspect) for g in groups if g.suspect for k in g.ranks}
     for key, text in _stalled_first(results, last_progress or {}, tolerance).items():
         old = suspects.get(key)
@@ -212,6 +218,7 @@ def format_text(report: StackReport, full: bool = False) -> list[str]:
         if full and main:
             lines.extend(f"    {f.function} ({short_file(f.file)}:{f.line})" + (f": {f.code}" if f.code else "")
                          for f in main.frames)
+        lines.extend(f"    {format_who(keys)}: read with {how}" for how, keys in g.via)
     lines.extend(format_unavailable(u.ranks, u.reason) for u in report.unavailable)
     return lines
 
@@ -220,7 +227,9 @@ def format_json(report: StackReport) -> dict[str, Any]:
     """The same report as JSON data: each group with its ranks, summary line, suspect reason and full stack."""
     return {
         "groups": [{"ranks": [r for r, _ in g.ranks], "nodes": sorted({n for _, n in g.ranks}),
-                    "summary": describe_stack(g.stack), "suspect": g.suspect, "stack": to_json(g.stack)}
+                    "summary": describe_stack(g.stack), "suspect": g.suspect, "stack": to_json(g.stack),
+                    "via": [{"ranks": [r for r, _ in keys], "nodes": sorted({n for _, n in keys}), "how": how}
+                            for how, keys in g.via]}
                    for g in report.groups],
         "unavailable": [{"ranks": [r for r, _ in u.ranks], "nodes": sorted({n for _, n in u.ranks}),
                          "kind": u.kind, "reason": u.reason} for u in report.unavailable],

@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from .eventloop import EventLoop, Priority
+from .faultdump import stack_path
 from .stackgroups import RankKey, StackReport, group_stacks
 from .stacks import StackResult, Unavailable, collect_stacks, from_json, to_json
 
@@ -29,7 +30,8 @@ class StackCollector:
         self.loop = loop
         self.pending: set[socket.socket] = set()
 
-    def collect(self, pids: Sequence[int], budget: float, done: Callable[[dict[int, StackResult]], None]) -> None:
+    def collect(self, pids: Sequence[int], budget: float, done: Callable[[dict[int, StackResult]], None],
+                fallback: Mapping[int, str] | None = None) -> None:
         if not pids:
             done({})
             return
@@ -38,7 +40,7 @@ class StackCollector:
 
         def work() -> None:
             try:
-                results.update(collect_stacks(pids, budget))
+                results.update(collect_stacks(pids, budget, fallback=fallback))
             except Exception as e:  # noqa: BLE001 - any failure is each rank's reason, never the supervisor's crash
                 results.update({p: Unavailable(p, "error", f"collecting stacks failed: {e!r}") for p in pids})
             finally:
@@ -67,8 +69,9 @@ class StackCollector:
 
 
 def node_answer(collector: StackCollector, host: str, ranks: Sequence[tuple[int, int]], budget: float,
-                done: Callable[[dict[str, Any]], None]) -> None:
-    """This node's answer to "stacks": [(rank, pid)] of its live ranks, each with its stack or why not."""
+                done: Callable[[dict[str, Any]], None], run_dir: str | None = None) -> None:
+    """This node's answer to "stacks": [(rank, pid)] of its live ranks, each with its stack or why not.
+    run_dir: where the ranks' faulthandler files are (for those py-spy cannot read)."""
 
     def collected(results: dict[int, StackResult]) -> None:
         done({"host": host, "ranks": [
@@ -76,7 +79,8 @@ def node_answer(collector: StackCollector, host: str, ranks: Sequence[tuple[int,
              "stack": to_json(results.get(pid) or Unavailable(pid, "error", "no answer from the collector"))}
             for rank, pid in ranks]})
 
-    collector.collect([pid for _, pid in ranks], budget, collected)
+    fallback = {pid: stack_path(run_dir, rank) for rank, pid in ranks} if run_dir else None
+    collector.collect([pid for _, pid in ranks], budget, collected, fallback)
 
 
 def results_of(answer: Mapping[str, Any]) -> dict[RankKey, StackResult]:

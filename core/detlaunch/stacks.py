@@ -5,9 +5,11 @@ from the target, so it works on a rank busy in Python, one blocked in C (a colle
 one that is SIGSTOPped. Such a stopped process cannot be paused again, so it is read without
 pausing (``--nonblocking``); its stack cannot change while it is stopped anyway.
 
-When a stack cannot be had, the answer says why in one line (`Unavailable`): py-spy is
-missing, the process is gone, it is not Python, ptrace is not allowed (and by which policy),
-or py-spy did not answer in time.
+When py-spy cannot read a rank (missing, ptrace refused, a Python it does not know), the rank
+is asked itself: faulthandler, registered in it for a signal (faultdump.py); such a stack says
+so (`ProcessStack.via`). When neither works, the answer says why in one line (`Unavailable`):
+py-spy is missing, the process is gone, it is not Python, ptrace is not allowed (and by which
+policy), py-spy did not answer in time, and why faulthandler could not answer either.
 """
 
 from __future__ import annotations
@@ -23,9 +25,12 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterable, Mapping
 from typing import Any
+
+from . import faultdump
 
 YAMA_SCOPE = "/proc/sys/kernel/yama/ptrace_scope"
 
@@ -58,11 +63,13 @@ class ThreadStack:
 
 @dataclasses.dataclass(frozen=True)
 class ProcessStack:
-    """Every Python thread of one process, as py-spy saw it; `stopped`: it was SIGSTOPped (state T)."""
+    """Every Python thread of one process; `stopped`: it was SIGSTOPped (state T).
+    `via`: '' when py-spy read it; else how it was had instead, and why py-spy could not."""
 
     pid: int
     threads: tuple[ThreadStack, ...]
     stopped: bool = False
+    via: str = ""
 
     @property
     def main(self) -> ThreadStack | None:
@@ -123,24 +130,28 @@ def _thread(t: Mapping[str, Any]) -> ThreadStack:
 
 
 _FAULTHANDLER_FRAME = re.compile(r'^  File "(.*)", line (\d+) in (.*)$')
+_FAULTHANDLER_MAIN = re.compile(rf"^{faultdump.HEADER} .*\bmain=(0x[0-9a-f]+)", re.M)
 
 
 def parse_faulthandler(pid: int, text: str) -> ProcessStack | None:
     """The stacks in a faulthandler dump (`PYTHONFAULTHANDLER` and a fatal signal, or
     `faulthandler.register`), for when py-spy cannot read a process; None if `text` holds none.
 
-    faulthandler names threads by id only; the one that took the signal ("Current thread") is
-    the main thread for a signal sent to the process (the kernel delivers it to the leader).
+    faulthandler names threads by id only: the main thread is the one detlaunch's header names
+    (faultdump.py), else the one that took the signal ("Current thread"), which is the main
+    thread for a signal sent to the process unless it blocks signals.
     """
     threads: list[ThreadStack] = []
     frames: list[Frame] | None = None
+    named = _FAULTHANDLER_MAIN.search(text)
+    main = int(named.group(1), 16) if named else None
     for line in text.splitlines():
         head = re.match(r"^(Current thread|Thread) (0x[0-9a-f]+) \(most recent call first\):$", line)
         if head or line == "Stack (most recent call first):":
             frames = []
-            current = head is None or head.group(1) == "Current thread"
             tid = int(head.group(2), 16) if head else 0
-            threads.append(ThreadStack("MainThread" if current else hex(tid), tid, False, ()))
+            is_main = tid == main if main is not None else head is None or head.group(1) == "Current thread"
+            threads.append(ThreadStack("MainThread" if is_main else hex(tid), tid, False, ()))
             continue
         m = _FAULTHANDLER_FRAME.match(line)
         if m and frames is not None:
@@ -173,6 +184,24 @@ def ptrace_policy() -> str:
     return f"kernel.yama.ptrace_scope={scope}: {meaning}"
 
 
+def undumpable(pid: int) -> bool:
+    """A process of this user that even reading its environment is refused for: it made itself
+    undumpable (or exec'd something setuid), which refuses ptrace to anyone without CAP_SYS_PTRACE.
+    (Yama's policy refuses attaching only, not reading: that is the other reason py-spy is refused.)"""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            uids = next((line.split()[1:] for line in f if line.startswith("Uid:")), [])
+        if int(uids[0]) != os.getuid():
+            return False
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            f.read(1)
+    except PermissionError:
+        return True
+    except (OSError, IndexError, ValueError):
+        return False
+    return False
+
+
 def classify_failure(pid: int, returncode: int, stderr: str) -> Unavailable:
     """Turn a failed py-spy run into a one-line reason."""
     state = process_state(pid)
@@ -180,7 +209,8 @@ def classify_failure(pid: int, returncode: int, stderr: str) -> Unavailable:
         return Unavailable(pid, "gone", "the process has exited")
     low = stderr.lower()
     if "permission denied" in low or "operation not permitted" in low or "os error 1)" in low:
-        return Unavailable(pid, "permission", f"permission denied: py-spy may not ptrace it ({ptrace_policy()})")
+        why = "it is not dumpable (prctl PR_SET_DUMPABLE 0)" if undumpable(pid) else ptrace_policy()
+        return Unavailable(pid, "permission", f"permission denied: py-spy may not ptrace it ({why})")
     if "python version" in low or "python interpreter" in low or "python_version" in low:
         return Unavailable(pid, "not-python", "not a Python process (or an interpreter py-spy does not know)")
     lines = [ln.strip() for ln in stderr.splitlines() if ln.strip() and not ln.startswith(" ")]
@@ -203,21 +233,57 @@ MAX_PARALLEL = 64  # py-spy runs at once: three descriptors each, well under the
 
 
 def collect_stacks(pids: Iterable[int], budget: float = 2.0, py_spy: str | None = None,
-                   max_parallel: int = MAX_PARALLEL) -> dict[int, StackResult]:
+                   max_parallel: int = MAX_PARALLEL, fallback: Mapping[int, str] | None = None
+                   ) -> dict[int, StackResult]:
     """Every pid's stacks, dumped in parallel (`max_parallel` at a time); what has not answered
     when `budget` seconds have passed since the call is killed.
 
     One selector waits on every py-spy's output pipes and on a pidfd for its exit: no polling.
+    fallback: {pid: its faulthandler file} (faultdump.py), asked for the pids py-spy could not read.
     """
     deadline = time.monotonic() + budget
     pids = list(dict.fromkeys(pids))
     py_spy = py_spy or find_py_spy()
-    if py_spy is None:
-        return {p: Unavailable(p, "missing", "py-spy is not installed (pip install py-spy)") for p in pids}
     results: dict[int, StackResult] = {}
-    for i in range(0, len(pids), max_parallel):
-        results.update(_dump_batch(py_spy, pids[i:i + max_parallel], deadline, budget))
+    if py_spy is None:
+        results = {p: Unavailable(p, "missing", "py-spy is not installed (pip install py-spy)") for p in pids}
+    else:
+        for i in range(0, len(pids), max_parallel):
+            results.update(_dump_batch(py_spy, pids[i:i + max_parallel], deadline, budget))
+    fallback = fallback or {}
+    retry = {p: fallback[p] for p, r in results.items()
+             if p in fallback and isinstance(r, Unavailable) and r.kind in FALLBACK_KINDS}
+    if retry:
+        results.update(_ask_faulthandlers(retry, results, deadline))
     return {p: results[p] for p in pids}
+
+
+FALLBACK_KINDS = ("missing", "permission", "not-python", "error")  # what faulthandler may do instead of py-spy
+FALLBACK_TIME = 0.5  # seconds faulthandler gets at least, whatever py-spy left of the budget
+
+
+def _ask_faulthandlers(files: Mapping[int, str], failed: Mapping[int, StackResult],
+                       deadline: float) -> dict[int, StackResult]:
+    """Each rank's faulthandler, all at once (a thread each: each waits for its dump to end)."""
+    deadline = max(deadline, time.monotonic() + FALLBACK_TIME)
+    answers: dict[int, StackResult] = {}
+
+    def ask(pid: int, path: str) -> None:
+        spy = failed[pid]
+        assert isinstance(spy, Unavailable)
+        text, why = faultdump.request(path, pid, deadline)
+        stack = parse_faulthandler(pid, text) if text else None
+        if stack is None:
+            answers[pid] = Unavailable(pid, spy.kind, f"{spy.reason}; faulthandler: {why or 'no frames in its dump'}")
+        else:
+            answers[pid] = dataclasses.replace(with_source(stack), via=f"faulthandler (py-spy: {spy.reason})")
+
+    threads = [threading.Thread(target=ask, args=item, name="faulthandler", daemon=True) for item in files.items()]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return answers
 
 
 def _dump_batch(py_spy: str, pids: list[int], deadline: float, budget: float) -> dict[int, StackResult]:
@@ -311,7 +377,7 @@ def to_json(result: StackResult) -> dict[str, Any]:
     """A result as plain JSON data (to ship over the job link, or print)."""
     if isinstance(result, Unavailable):
         return {"pid": result.pid, "unavailable": result.kind, "reason": result.reason}
-    return {"pid": result.pid, "stopped": result.stopped, "threads": [
+    return {"pid": result.pid, "stopped": result.stopped, "via": result.via, "threads": [
         {"name": t.name, "thread_id": t.thread_id, "active": t.active, "owns_gil": t.owns_gil,
          "os_thread_id": t.os_thread_id, "frames": [dataclasses.asdict(f) for f in t.frames]}
         for t in result.threads]}
@@ -326,6 +392,6 @@ def from_json(data: Mapping[str, Any]) -> StackResult:
                                     tuple(Frame(str(f["function"]), str(f["file"]), int(f["line"]), str(f["code"]))
                                           for f in t["frames"]),
                                     bool(t["owns_gil"]), t["os_thread_id"]) for t in data["threads"])
-        return ProcessStack(int(data["pid"]), threads, bool(data["stopped"]))
+        return ProcessStack(int(data["pid"]), threads, bool(data["stopped"]), str(data.get("via") or ""))
     except (KeyError, TypeError, ValueError) as e:
         raise ValueError(f"not a stack: {e!r}") from None

@@ -38,6 +38,7 @@ from .hangs import HangPolicy
 from .joblink import ChiefLink, WorkerLink
 from .plan import LaunchPlan
 from .process_table import Child, ProcessTable
+from .progresswatch import last_seen
 from .rank_registry import RankEntry, RankRegistry, RankRules
 from .report import Failure, FailureKind, JobResult, RankStatus, describe_exit, signal_name
 from .rundirs import RunDir, create_run_dir
@@ -510,9 +511,11 @@ class NodeSupervisor:
     def _status(self, args: Any, done: Any) -> None:
         """This node's part of `detlaunch status`: its StatusTracker's snapshot (status.py), as JSON."""
         tracker = self.events.tracker
-        for rank, entry in self.ranks.ranks.items():
-            if entry.last_output is not None:
-                tracker.last_output[rank] = entry.last_output
+        for rank, (output, beat) in last_seen(self.plan.run_dir, self.ranks.ranks).items():
+            if output is not None:
+                tracker.last_output[rank] = output
+            if beat is not None:
+                tracker.last_heartbeat[rank] = beat
         snapshot = tracker.snapshot(time.time())
         failure = self.verdict.failure
         done({"host": self.ranks.host, "phase": snapshot.phase, "taken_at": snapshot.taken_at,

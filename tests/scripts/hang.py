@@ -10,6 +10,9 @@ HANG (what HANG_RANK does after its steps, while the others wait in the next all
            0.2 s without beating; the other ranks wait in the collective, silent
   (none)   every rank does one more all_reduce and prints "rank N done"
 BEAT=1: every step also calls detlaunch.progress(step) on rank 0 only, and only rank 0 prints.
+HANG_UNTIL=FIFO: `sleep` waits until a byte comes through FIFO instead (then the job ends normally).
+UNDUMPABLE=0,2: those ranks make themselves undumpable (prctl PR_SET_DUMPABLE 0: no ptrace, no py-spy);
+NO_FAULTHANDLER=2: those ranks take detlaunch's faulthandler off signal 41 again.
 """
 
 import atexit
@@ -32,6 +35,14 @@ def linger() -> None:
 
 dist.init_process_group("gloo", timeout=timedelta(seconds=600))
 rank = dist.get_rank()
+if str(rank) in os.environ.get("UNDUMPABLE", "").split(","):
+    import ctypes
+
+    ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE, 0
+if str(rank) in os.environ.get("NO_FAULTHANDLER", "").split(","):
+    import faulthandler
+
+    faulthandler.unregister(41)
 print(f"rank {rank} initialized", flush=True)
 mode = os.environ.get("HANG", "")
 who = int(os.environ.get("HANG_RANK", "1"))
@@ -58,7 +69,11 @@ if mode == "beat" and rank == 0:
         print("rank 0 still printing", flush=True)
         time.sleep(0.2)
 if rank == who:
-    if mode == "sleep":
+    if mode == "sleep" and os.environ.get("HANG_UNTIL"):
+        print(f"rank {rank} waiting for the trigger", flush=True)
+        with open(os.environ["HANG_UNTIL"], "rb") as trigger:
+            trigger.read(1)
+    elif mode == "sleep":
         time.sleep(300)
     elif mode == "stop":
         os.kill(os.getpid(), signal.SIGSTOP)
@@ -71,4 +86,7 @@ if rank == who:
 dist.all_reduce(torch.ones(1))
 if not quiet or rank == 0:
     print(f"rank {rank} done", flush=True)
+# Without it, torch's exit can abort ("terminate called without an active exception", SIGABRT) while
+# a process-group thread is still joinable (zero2_train.py too).
+dist.destroy_process_group()
 sys.exit(0)

@@ -25,18 +25,19 @@ from pathlib import Path
 import pytest
 from conftest import SCRIPTS, Launcher
 from detlaunch import hangs as hangs_module
+from detlaunch import progress as progress_module
 from detlaunch.errors import ConfigError
 from detlaunch.eventloop import EventLoop
 from detlaunch.hangs import HangPolicy
 from detlaunch.progress import OUTPUT_RECORD, OutputMark, create_progress_file, read_progress
-from detlaunch.progresswatch import NodeProgress, ProgressWatch, latest_progress, parse_ages
+from detlaunch.progresswatch import NodeProgress, ProgressWatch, last_seen, latest_progress, parse_ages
 from detlaunch.rank_protocol import ends_traceback
 from detlaunch.report import HANG_EXIT_CODE, JobResult, RankStatus, format_report
 from detlaunch.stackquery import StackCollector, node_answer, report_of
 from detlaunch.stacks import ProcessStack
 from detlaunch.testing.runner import MARKER_VAR
 from detlaunch.verdict import Decision, Hung, RankEnded, StuckAfterTraceback, Verdict, as_failure
-from helpers import free_port, report_line
+from helpers import free_port, report_line, wait_until
 
 HANG = str(SCRIPTS / "hang.py")
 RANKS = str(SCRIPTS / "ranks.py")
@@ -56,6 +57,22 @@ def test_the_job_hangs_only_when_no_rank_anywhere_moved_for_the_timeout() -> Non
     assert watch.last_progress() == {0: 108.0, 1: 101.0, 2: 100.0}  # rank 2: before the job started
 
 
+def test_a_node_whose_ranks_have_not_started_yet_is_not_hung(tmp_path: Path) -> None:
+    # deepspeed's launcher imports torch on every node: a worker's ranks may start seconds after the chief's
+    watch = ProgressWatch(8.0, started=100.0)
+    watch.update(0, [(0, 7.0), (1, 7.0)], now=108.0)
+    watch.update(1, [], now=108.0, starting=True)
+    assert not watch.hung(108.0) and watch.deadline() == 116.0
+    watch.update(1, [(2, 0.5), (3, 0.5)], now=110.0)  # its ranks start
+    assert watch.deadline() == 117.5 and watch.hung(117.5)  # from now on its ranks are judged like any
+    watch.update(1, [], now=111.0, starting=True)  # a node that never starts ranks: --start-timeout's to judge
+    assert watch.deadline() == 119.0
+    node = NodeProgress(str(tmp_path))
+    assert node.starting()
+    node.registered(2, 109.5)
+    assert not node.starting()
+
+
 def test_a_rank_that_beats_is_judged_by_its_beats_alone() -> None:
     assert latest_progress(5.0, output=None, beat=None) == 5.0  # its start
     assert latest_progress(5.0, output=9.0, beat=None) == 9.0  # any output line
@@ -72,6 +89,21 @@ def test_node_progress_reads_the_heartbeat_and_the_wrappers_output_mark(tmp_path
     out = read_progress(path, OUTPUT_RECORD)
     assert out is not None and read_progress(path) is None  # the output mark is not a heartbeat
     assert node.ages([3], time.monotonic())[0][1] < 1
+
+
+def test_status_reads_last_output_and_heartbeat_from_the_same_records(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    path = create_progress_file(str(tmp_path), 0)
+    create_progress_file(str(tmp_path), 1)
+    assert last_seen(str(tmp_path), [0, 1, 2]) == {0: (None, None), 1: (None, None), 2: (None, None)}  # 2: no file
+    before = time.time()
+    OutputMark(path).touch()
+    monkeypatch.setenv("DETLAUNCH_PROGRESS_FILE", path)
+    monkeypatch.setattr(progress_module, "_buf", None)
+    progress_module.progress(7)
+    (output, beat), after = last_seen(str(tmp_path), [0])[0], time.time()
+    assert output is not None and beat is not None and before <= output <= beat <= after
+    assert last_seen(str(tmp_path), [1]) == {1: (None, None)}
 
 
 @pytest.mark.parametrize(("stderr", "ended"), [
@@ -349,8 +381,19 @@ def test_a_rank_that_raises_then_hangs_in_atexit_fails_the_job_with_its_tracebac
 def test_heartbeats_from_one_rank_keep_a_silent_job_alive_and_only_they_count(launcher: Launcher) -> None:
     # 16 s with no output at all, rank 0 beating: not hung (timeout 10). Then rank 0 prints but stops
     # beating: hung 10 s after its last beat, although it still prints.
-    r = launcher.start(*torchrun(launcher, job_id(), "--hang-timeout", "10"), HANG,
-                       env={"BEAT": "1", "STEPS": "80", "STEP_SLEEP": "0.2", "HANG": "beat", "BEAT_FOR": "2"}).wait(150)
+    job = job_id()
+    run = launcher.start(*torchrun(launcher, job, "--hang-timeout", "10"), HANG,
+                         env={"BEAT": "1", "STEPS": "80", "STEP_SLEEP": "0.2", "HANG": "beat", "BEAT_FOR": "2"})
+    run.wait_for_output("[rank=1] rank 1 initialized", timeout=120)
+
+    def rows() -> dict[int, dict[str, object]] | None:  # status reads the records the hang watch reads
+        answer = ask(launcher, "status", job, "--format", "json")
+        got = {int(r["rank"]): r for n in json.loads(answer.stdout)["nodes"] for r in n["ranks"]}
+        return got if got.get(0, {}).get("last_heartbeat") else None
+
+    seen = wait_until(rows, 60, "rank 0's heartbeat in detlaunch status")
+    assert seen[0]["last_output"] and seen[1]["last_output"] and seen[1]["last_heartbeat"] is None, seen
+    r = run.wait(150)
     assert r.returncode == 124, r.output
     assert r.rank_lines(0).count("rank 0 still printing") > 20, r.output  # it printed all along
     assert r.rank_lines(1) == ["rank 1 importing torch", "rank 1 initialized"], r.output  # silent after
@@ -383,7 +426,9 @@ def test_a_rank_whose_stack_cannot_be_read_says_why(launcher: Launcher) -> None:
     text = ask(launcher, "stacks", job)
     assert text.returncode == 0, text.stderr
     assert text.stdout.splitlines()[1] == ("rank 0 (node 0): no stack: not a Python process (or an interpreter "
-                                           "py-spy does not know)"), text.stdout
+                                           "py-spy does not know); faulthandler: not registered in it (not Python, "
+                                           "or Python run with -S, -E or -I, signal 41 taken, or "
+                                           "DETLAUNCH_FAULTHANDLER=0)"), text.stdout
     run.send_signal(signal.SIGTERM)
     run.wait(60)
 
@@ -461,27 +506,38 @@ def throwaway_user() -> Iterator[pwd.struct_passwd]:
         subprocess.run(["userdel", name], check=True)
 
 
-@pytest.mark.timeout(240)
-def test_as_a_user_without_privileges_stacks_and_the_hang_report_work(launcher: Launcher, tmp_path: Path,
-                                                                     throwaway_user: pwd.struct_passwd) -> None:
-    # The venv's interpreter lives under /root (0700): the user runs Debian's python3 (3.11, like the
-    # venv's) with the venv's site-packages on its path; py-spy comes from the venv's bin on PATH.
-    site = next(Path(sys.prefix, "lib").glob("python3.*/site-packages"))
+class AsUser:
+    """detlaunch as the throwaway user, in a home of its own. The venv's interpreter lives under /root
+    (0700): the user runs Debian's python3 (3.11, like the venv's) with the venv's site-packages on its
+    path; py-spy comes from the venv's bin on PATH."""
+
+    python = ["/usr/bin/python3", "-m", "detlaunch"]
+
+    def __init__(self, account: pwd.struct_passwd, home: Path) -> None:
+        root = Path(__file__).resolve().parents[2]
+        site = next(Path(sys.prefix, "lib").glob("python3.*/site-packages"))
+        self.account, self.home = account, home
+        self.prefix = ["runuser", "-u", account.pw_name, "--"]
+        self.env = {"PYTHONPATH": ":".join(map(str, [root / "core", root / "plugins" / "torchrun", site])),
+                    "TMPDIR": str(home), "HOME": str(home),
+                    "PATH": f"{Path(sys.executable).parent}:/usr/sbin:/usr/bin:/sbin:/bin"}
+
+
+@pytest.fixture
+def as_user(throwaway_user: pwd.struct_passwd) -> Iterator[AsUser]:
     home = Path(tempfile.mkdtemp(prefix="dlhang-"))  # pytest's own tmp dirs are root's only
     os.chown(home, throwaway_user.pw_uid, throwaway_user.pw_gid)
     try:
-        stacks_and_hang_as(launcher, throwaway_user, home, site)
+        yield AsUser(throwaway_user, home)
     finally:
         shutil.rmtree(home)
 
 
-def stacks_and_hang_as(launcher: Launcher, throwaway_user: pwd.struct_passwd, home: Path, site: Path) -> None:
-    root = Path(__file__).resolve().parents[2]
-    paths = [root / "core", root / "plugins" / "torchrun", site]
-    env = {"PYTHONPATH": ":".join(map(str, paths)), "TMPDIR": str(home), "HOME": str(home),
-           "PATH": f"{Path(sys.executable).parent}:/usr/sbin:/usr/bin:/sbin:/bin", "HANG": "loop", "STEP_SLEEP": "0.2"}
-    user = ["runuser", "-u", throwaway_user.pw_name, "--"]
-    python = ["/usr/bin/python3", "-m", "detlaunch"]
+@pytest.mark.timeout(240)
+def test_as_a_user_without_privileges_stacks_and_the_hang_report_work(as_user: AsUser, launcher: Launcher) -> None:
+    # as_user first: its teardown (userdel) comes after the launcher's (which stops the job)
+    env = {**as_user.env, "HANG": "loop", "STEP_SLEEP": "0.2"}
+    user, python, home, throwaway_user = as_user.prefix, as_user.python, as_user.home, as_user.account
     job = job_id()
     run = launcher.start(*torchrun(launcher, job, "--hang-timeout", "20"), HANG, env=env, prefix=user,
                          command=python, cwd=home)
@@ -497,6 +553,47 @@ def stacks_and_hang_as(launcher: Launcher, throwaway_user: pwd.struct_passwd, ho
     r = run.wait(120)
     assert r.returncode == 124, r.output
     assert "suspect: rank 1 (node 0): SIGSTOPped" in report_line(r.stderr)
+
+
+@pytest.mark.timeout(300)
+def test_as_a_user_an_undumpable_rank_in_a_collective_is_read_with_faulthandler_and_the_job_goes_on(
+        as_user: AsUser, launcher: Launcher) -> None:
+    # Rank 0 made itself undumpable (no ptrace, so no py-spy, for an ordinary user) and waits in a
+    # gloo all_reduce; rank 2 too, and it also took faulthandler off the signal: neither way works.
+    trigger = as_user.home / "trigger"
+    os.mkfifo(trigger, 0o600)
+    os.chown(trigger, as_user.account.pw_uid, as_user.account.pw_gid)
+    env = {**as_user.env, "HANG": "sleep", "HANG_UNTIL": str(trigger), "STEPS": "2", "UNDUMPABLE": "0,2",
+           "NO_FAULTHANDLER": "2"}
+    user, python, home = as_user.prefix, as_user.python, as_user.home
+    job = job_id()
+    run = launcher.start(*torchrun(launcher, job, nproc=3), HANG, env=env, prefix=user, command=python, cwd=home)
+    run.wait_for_output("[rank=1] rank 1 waiting for the trigger", timeout=200)
+    in_collective = re.compile(r"^rank 0 \(node 0\): work\.wait <- all_reduce <- <module> \(hang\.py:\d+\)$", re.M)
+    deadline = time.monotonic() + 30
+    while True:  # rank 0 may still be in its last step's sleep when rank 1 says it waits
+        stacks = subprocess.run([*user, *python, "stacks", job], env={**launcher.env, **env}, capture_output=True,
+                                text=True, timeout=30, cwd=home)
+        assert stacks.returncode == 0, stacks.stderr
+        if in_collective.search(stacks.stdout) or time.monotonic() > deadline:
+            break
+    found = in_collective.search(stacks.stdout)
+    assert found, stacks.stdout
+    lines = stacks.stdout.splitlines()
+    assert re.match(r"    rank 0 \(node 0\): read with faulthandler \(py-spy: permission denied: py-spy may not "
+                    r"ptrace it \(it is not dumpable \(prctl PR_SET_DUMPABLE 0\)\)\)$",
+                    lines[lines.index(found.group(0)) + 1]), stacks.stdout
+    assert re.search(r"^rank 1 \(node 0\): (open|read) <- <module> \(hang\.py:\d+\)", stacks.stdout, re.M), stacks
+    assert re.search(r"^rank 2 \(node 0\): no stack: permission denied: py-spy may not ptrace it \(it is not "
+                     r"dumpable \(prctl PR_SET_DUMPABLE 0\)\); "
+                     r"faulthandler: it no longer catches signal 41 \(the script replaced or removed detlaunch's "
+                     r"handler\)$", stacks.stdout, re.M), stacks.stdout
+    with open(trigger, "wb") as f:  # rank 1 goes on: the job ends as it would have
+        f.write(b"x")
+    r = run.wait(120)
+    assert r.returncode == 0, r.output
+    for rank in (0, 1, 2):
+        assert r.rank_lines(rank)[-1] == f"rank {rank} done", r.output
 
 
 @pytest.mark.timeout(240)
