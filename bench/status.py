@@ -10,7 +10,10 @@
    drained by `cat`, with --dedupe and --no-dedupe, interleaved; lines the ranks print alike (folded)
    and lines each rank prints its own (nothing to fold). Whole-job time (start-up included: on a
    shared 2-core machine an empty job's time varies more than a difference would show).
-   Goal: dedupe >= 0.8x of no dedupe.
+   Goal: dedupe >= 0.8x of no dedupe. Ranks printing this fast are over dedupe.PASS_THROUGH_RATE,
+   so after their first second this measures the pass-through; hence also:
+4. The folding path itself, in this process: microseconds a line `dedupe.ConsoleFolder` takes with
+   the pass-through off, for 4 ranks' reads as the wrappers write them (runs of ~4 KiB of one rank).
 
 Standalone (not part of `python -m bench` yet): it runs detlaunch as `python -m detlaunch` with this
 process's environment, so a worktree's PYTHONPATH is what is measured.
@@ -107,6 +110,30 @@ def console_job(dedupe: bool, lines: int, same: bool, env: dict[str, str]) -> fl
     return time.monotonic() - t0
 
 
+def folding_cost(same: bool, lines: int = 20_000, ranks: int = 4) -> float:
+    """Microseconds a line to fold 64 KiB reads of `ranks` ranks' lines (each rank's in ~4 KiB runs)."""
+    from detlaunch.dedupe import ConsoleFolder
+
+    runs: list[bytes] = []
+    for i in range(0, lines, 100):  # ~100 lines (~4 KiB) of one rank, then the next rank's
+        for r in range(ranks):
+            runs.append(b"".join(f"[rank={r}] warning: the same on every rank, {j}\n".encode() if same else
+                                 f"[rank={r}] line {j} of rank {r}\n".encode() for j in range(i, min(i + 100, lines))))
+    stream = b"".join(runs)
+    reads = [stream[i:i + (1 << 16)] for i in range(0, len(stream), 1 << 16)]
+    best = float("inf")
+    for _ in range(3):
+        folder, now = ConsoleFolder(ranks, rate=float("inf")), 0.0
+        t0 = time.perf_counter()
+        for data in reads:
+            now += 0.01
+            folder.feed(data, now)
+            folder.flush(now)
+        folder.close(now)
+        best = min(best, time.perf_counter() - t0)
+    return 1e6 * best / (lines * ranks)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.status", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -114,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--lines", type=int, default=200_000, help="lines per rank in the console measurement")
     p.add_argument("--idle", type=float, default=20.0, help="seconds of the idle CPU measurement")
-    p.add_argument("--skip", nargs="*", default=[], choices=("status", "idle", "console"))
+    p.add_argument("--skip", nargs="*", default=[], choices=("status", "idle", "console", "folding"))
     args = p.parse_args(argv)
     env = dict(os.environ)
     with tempfile.TemporaryDirectory() as tmp_name:
@@ -142,6 +169,11 @@ def main(argv: list[str] | None = None) -> int:
                       f"({4 * args.lines / med[True]:,.0f} lines/s): {med[False] / med[True]:.2f}x "
                       f"[runs: {', '.join(f'{x:.1f}' for x in t[False])} / {', '.join(f'{x:.1f}' for x in t[True])}]",
                       flush=True)
+        if "folding" not in args.skip:
+            for same in (True, False):
+                kind = "the same lines" if same else "own lines"
+                print(f"folding path (pass-through off), 4 ranks, {kind}: {folding_cost(same):.2f} us a line "
+                      "(best of 3)", flush=True)
     return 0
 
 
