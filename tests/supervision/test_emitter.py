@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 from detlaunch import console as console_module
-from detlaunch.cli import format_status, main
+from detlaunch.cli import main
 from detlaunch.config import apply_defaults, build_parser, parse
 from detlaunch.console import FoldedStream
+from detlaunch.control_cli import format_status
 from detlaunch.emitter import EventEmitter
 from detlaunch.eventloop import EventLoop
 from detlaunch.events import Event, EventKind
