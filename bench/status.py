@@ -15,8 +15,9 @@
 4. The folding path itself, in this process: microseconds a line `dedupe.ConsoleFolder` takes with
    the pass-through off, for 4 ranks' reads as the wrappers write them (runs of ~4 KiB of one rank).
 
-Standalone (not part of `python -m bench` yet): it runs detlaunch as `python -m detlaunch` with this
-process's environment, so a worktree's PYTHONPATH is what is measured.
+Part of `python -m bench` (`--only status`; `--quick`: 2 and 16 ranks, 50k lines, 10 s idle) and
+standalone. It runs detlaunch as `python -m detlaunch` with this process's environment, so a
+worktree's PYTHONPATH is what is measured.
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ import uuid
 from pathlib import Path
 
 import psutil
+
+from .common import Goal, Panel, Section, Stat, Table, say
 
 ROOT = Path(__file__).resolve().parent.parent
 RANKS = str(ROOT / "tests" / "scripts" / "ranks.py")
@@ -134,6 +137,52 @@ def folding_cost(same: bool, lines: int = 20_000, ranks: int = 4) -> float:
     return 1e6 * best / (lines * ranks)
 
 
+def console_pair(lines: int, same: bool, reps: int, env: dict[str, str]) -> dict[bool, list[float]]:
+    """{dedupe: whole-job times}, the two interleaved (the order swapped every repetition)."""
+    t: dict[bool, list[float]] = {False: [], True: []}
+    for rep in range(reps):  # interleaved: the load of a shared machine falls on both alike
+        for d in ((False, True) if rep % 2 == 0 else (True, False)):
+            t[d].append(console_job(d, lines, same, env))
+    return t
+
+
+def measure(env: dict[str, str], reps: int, quick: bool, tmp: Path) -> Section:
+    """`python -m bench --only status`: the three numbers of issue 14 and the folding path's cost."""
+    ranks, lines, idle = ([2, 16], 50_000, 10.0) if quick else ([2, 16, 64], 200_000, 20.0)
+    rows, goals, panels = [], [], []
+    wall: dict[int, Stat] = {}
+    for n in ranks:
+        say(f"status: detlaunch status at {n} ranks")
+        wall[n] = Stat(status_wall(n, reps, env, tmp))
+        rows.append([f"`detlaunch status`, {n} ranks", wall[n].fmt(digits=3)])
+    goals.append(Goal("`detlaunch status` wall time, 16 ranks", "<= 0.3 s", f"{wall[16].median:.3f} s",
+                      wall[16].median <= 0.3))
+    panels.append(Panel("detlaunch status wall time (lower is better)", "seconds", [f"{n} ranks" for n in wall],
+                        list(wall.values()), goal=0.3))
+    say("status: supervisor CPU with 16 sleeping ranks")
+    cpu = supervisor_cpu(16, idle, env, tmp)
+    rows.append([f"supervisor CPU, 16 sleeping ranks, sampling on ({idle:g} s)", f"{cpu:.2f} % of one core"])
+    goals.append(Goal("supervisor CPU, 16 idle ranks, sampling on", "< 1 % of one core", f"{cpu:.2f} %", cpu < 1.0))
+    for same in (True, False):
+        kind = "the same lines" if same else "own lines"
+        say(f"status: console, 4 ranks x {lines} {kind}, --dedupe vs --no-dedupe")
+        t = console_pair(lines, same, max(2, min(reps, 3)), env)
+        off, on = Stat(t[False]), Stat(t[True])
+        ratio = off.median / on.median
+        rows.append([f"console, 4 ranks x {lines} {kind}: --no-dedupe / --dedupe", f"{off.fmt()} / {on.fmt()}: "
+                     f"{ratio:.2f}x"])
+        goals.append(Goal(f"--dedupe throughput, {kind}", ">= 0.8x of --no-dedupe", f"{ratio:.2f}x", ratio >= 0.8))
+    for same in (True, False):
+        kind = "the same lines" if same else "own lines"
+        rows.append([f"folding path (pass-through off), 4 ranks, {kind}", f"{folding_cost(same):.2f} us a line"])
+    notes = ["status: `python -m detlaunch status JOB`, a new Python each time; console: whole job, start-up "
+             "included, the two cases interleaved; ranks this fast are over dedupe.PASS_THROUGH_RATE, so after "
+             "their first second the console passes their output through; the folding path is measured alone "
+             "(best of 3, in the bench's process)"]
+    table = Table("Watching a job: status, idle CPU, --dedupe's cost", ["measurement", "result"], rows, notes)
+    return Section("status", [table], panels, goals)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.status", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -158,10 +207,7 @@ def main(argv: list[str] | None = None) -> int:
                   flush=True)
         if "console" not in args.skip:
             for same in (True, False):
-                t: dict[bool, list[float]] = {False: [], True: []}
-                for _ in range(args.reps):  # interleaved: the load of a shared machine falls on both alike
-                    for d in (False, True):
-                        t[d].append(console_job(d, args.lines, same, env))
+                t = console_pair(args.lines, same, args.reps, env)
                 med = {d: statistics.median(v) for d, v in t.items()}
                 kind = "the same lines (folded)" if same else "own lines (nothing folds)"
                 print(f"console, 4 ranks x {args.lines} {kind}, whole job: no dedupe {med[False]:.2f} s "
