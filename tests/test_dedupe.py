@@ -240,6 +240,13 @@ def test_a_read_that_ends_inside_a_line_keeps_passing_until_a_read_starts_a_line
     assert c.feed(line(0, "e\n") + line(1, "e\n"), 3.2) == b"[ranks=0-1] e\n"
 
 
+def test_a_flood_that_begins_inside_a_cut_crlf_keeps_the_lf_with_its_line() -> None:
+    c = ConsoleFolder(ranks=2, window=W, rate=10)
+    assert c.feed(line(1, "waits\n") + line(0, "10%\r"), 0.0) == line(0, "10%\r")  # the read ends inside "\r\n"
+    read = b"\n" + flood(2, 30)
+    assert c.feed(read, 0.0) == b"\n" + line(1, "waits\n") + flood(2, 30)  # not between "\r" and its "\n"
+
+
 def test_a_traceback_a_flood_began_is_not_folded_after_it() -> None:
     c = ConsoleFolder(ranks=2, window=W, rate=10)
     tb = "Traceback (most recent call last):\n"
@@ -311,14 +318,15 @@ def test_with_floods_any_reads_lose_nothing_reorder_nothing_and_delay_nothing(
     for _, out_line in LineSplitter().feed(out_stream) + LineSplitter().flush():
         offset += len(out_line)
         m = OUT_PREFIX.match(out_line)
-        if not m:  # the "\n" of a "\r\n" a read cut in two
+        if not m:  # the "\n" of a "\r\n" a read cut in two: the rank of the last "\r" line shown
             assert out_line == b"\n" and last >= 0, out_line
             got[last].append((b"\n", shown_at[offset - 1], False))
             continue
         ranks = [int(m.group(1))] if m.group(1) else expand(m.group(2))
         for r in ranks:
             got[r].append((out_line[m.end():], shown_at[offset - 1], bool(m.group(2))))
-        last = ranks[-1]
+        if out_line.endswith(b"\r"):
+            last = ranks[-1]
     for r in range(4):
         lost_or_reordered = f"rank {r}: lines lost, added or reordered"
         assert b"".join(t for t, _, _ in got[r]) == b"".join(t for t, _, _ in expected[r]), lost_or_reordered

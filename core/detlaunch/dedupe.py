@@ -309,7 +309,10 @@ class ConsoleFolder:
             return data
         if flooding:  # a flood begins: everything waiting first, then the reads as they come
             self.passing, self.line_ended = True, data[-1:] in (b"\n", b"\r")
-            return self.folder.flush_all() + b"".join(line for _, line in self.splitter.flush()) + data
+            head = b""
+            if self.splitter.after_cr is not None and data.startswith(b"\n") and not self.splitter.pending:
+                head, data = b"\n", data[1:]  # the end of the "\r\n" just shown: it stays with its line
+            return head + self.folder.flush_all() + b"".join(line for _, line in self.splitter.flush()) + data
         if self.passing:
             self.passing = False
             self.folder.assume_tracebacks()
