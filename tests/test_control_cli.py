@@ -74,3 +74,23 @@ def test_the_status_command_loads_none_of_the_launchers_parts(tmp_path: Path) ->
     heavy = {"detlaunch.cli", "detlaunch.config", "detlaunch.plugins", "detlaunch.eventloop", "detlaunch.events",
              "detlaunch.report", "tempfile", "pluggy"}
     assert not loaded & heavy, loaded & heavy
+
+
+def test_the_installed_commands_path_and_bad_input_are_one_line(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """`detlaunch status` (the script: cli.main) reaches the same client; bad input is one line, exit 2."""
+    from detlaunch.cli import main
+
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    a = fake_job(tmp_path, "aaaa", "job-a")
+    try:
+        assert main(["status", "no-such-job"], {}) == 1
+        assert capsys.readouterr().err.startswith("detlaunch: job no-such-job is not running on this node (running "
+                                                  "here: job-a")
+        assert main(["status", "--watch", "nan"], {}) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "--watch" in err and "0.1..3600 s" in err, err
+        assert main(["status"], {"DETLAUNCH_FORMAT": "yaml"}) == 2
+        assert capsys.readouterr().err == "detlaunch: error: DETLAUNCH_FORMAT='yaml': choose text or json\n"
+    finally:
+        a.close()

@@ -3,6 +3,8 @@
 Pure: no I/O, no clock. The supervisor reads its ranks' prefixed lines from a pipe, feeds them
 with the time it read them, writes what comes back, and calls `flush` when `next_deadline` comes
 (a timer, never a poll). The per-rank log files are untouched by this: they hold every line.
+`ConsoleFolder` (what the supervisor uses) adds one rule: while the ranks flood the console
+(over PASS_THROUGH_RATE lines a second each), reads go out as they came, unfolded and at once.
 
 The promises, which tests/test_dedupe.py checks over random interleavings:
 - every line is shown exactly once (a folded line stands for one line of each of its ranks);

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .events import Event
@@ -154,6 +155,17 @@ class StatusTracker:
                                                    exit_code=d.get("code"), signal=d.get("signal"),
                                                    ended_at=d.get("wall", event.time))
             self.usage.pop(rank, None)  # its processes are gone
+
+    def answer(self, host: str, last_output: Mapping[int, float], root_cause: str | None, restarts: int,
+               now: float) -> dict[str, Any]:
+        """This node's part of `detlaunch status`, ready for JSON: the snapshot at `now` and what the
+        supervisor knows beyond the events (each rank's last output line, the verdict's root cause,
+        the restarts so far)."""
+        self.last_output.update(last_output)
+        snapshot = self.snapshot(now)
+        return {"host": host, "phase": snapshot.phase, "taken_at": snapshot.taken_at,
+                "root_cause": snapshot.root_cause if root_cause is None else root_cause,
+                "ranks": [{**dataclasses.asdict(r), "restarts": restarts} for r in snapshot.ranks]}
 
     def snapshot(self, now: float) -> JobStatus:
         """The status at `now` (wall clock)."""

@@ -486,16 +486,11 @@ class NodeSupervisor:
         self.control.answered(key, data)
 
     def _status(self, args: Any, done: Any) -> None:
-        """This node's part of `detlaunch status`: its StatusTracker's snapshot (status.py), as JSON."""
-        tracker = self.events.tracker
-        for rank, entry in self.ranks.ranks.items():
-            if entry.last_output is not None:
-                tracker.last_output[rank] = entry.last_output
-        snapshot = tracker.snapshot(time.time())
+        """This node's part of `detlaunch status` (status.StatusTracker.answer)."""
         failure = self.verdict.failure
-        done({"host": self.ranks.host, "phase": snapshot.phase, "taken_at": snapshot.taken_at,
-              "root_cause": failure.what if failure else snapshot.root_cause,
-              "ranks": [{**dataclasses.asdict(r), "restarts": self.attempt - 1} for r in snapshot.ranks]})
+        last_output = {rank: e.last_output for rank, e in self.ranks.ranks.items() if e.last_output is not None}
+        done(self.events.tracker.answer(self.ranks.host, last_output, failure.what if failure else None,
+                                        self.attempt - 1, time.time()))
 
     def _sample(self) -> None:
         """CPU % and RSS of each running rank's process tree, every SAMPLE_EVERY s while ranks run."""
