@@ -91,8 +91,12 @@ def status_wall(ranks: int, reps: int, env: dict[str, str], tmp: Path) -> list[f
 def supervisor_cpu(ranks: int, seconds: float, env: dict[str, str], tmp: Path) -> float:
     proc, _ = start_job(ranks, env, tmp / "idle.out")
     try:
-        inner = psutil.Process(proc.pid).children()  # the supervisor: pid 1 of the job's PID namespace
-        supervisor = inner[0] if inner else psutil.Process(proc.pid)
+        supervisor = top = psutil.Process(proc.pid)  # the supervisor: pid 1 of the job's PID namespace, under
+        while True:  # the child that made the namespace: the last of the chain of detlaunch processes
+            same = [c for c in supervisor.children() if c.cmdline() == top.cmdline()]
+            if not same:
+                break
+            supervisor = same[0]
         time.sleep(5)  # past start-up: the first samples are taken
         c0, t0 = supervisor.cpu_times(), time.monotonic()
         time.sleep(seconds)
