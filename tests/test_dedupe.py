@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from detlaunch.dedupe import LineFolder, LineSplitter, format_ranks, parse_rank
+from detlaunch.dedupe import ConsoleFolder, LineFolder, LineSplitter, RateGate, format_ranks, parse_rank
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -196,3 +196,141 @@ def test_the_splitter_gives_back_every_byte_in_lines_whatever_the_reads(
         else:
             merged.append((r, x))
     assert merged == [(r, line(r, t)) for r, t in lines]
+
+
+# -- the flood: above PASS_THROUGH_RATE the reads go out as they came ---------------------------
+
+def flood(ranks: int, lines: int, text: str = "x {}\n") -> bytes:
+    return b"".join(line(i % ranks, text.format(i)) for i in range(lines))
+
+
+def test_the_gate_counts_lines_a_second_and_stays_over_for_the_next_second() -> None:
+    g = RateGate(limit=10)
+    assert not g.over_limit(0.0, 10) and g.over_limit(0.5, 1)  # 11 lines within a second
+    assert g.over_limit(1.2, 0) and g.over_limit(2.1, 0)  # the second after an over one is over too
+    assert not g.over_limit(3.2, 5)  # the second from 2.1 had no line: quiet again
+    g = RateGate(limit=10)
+    assert not g.over_limit(0.0, 9) and not g.over_limit(5.0, 9)  # a burst under the limit is no flood
+
+
+def test_a_flood_goes_out_as_read_after_every_line_waiting() -> None:
+    c = ConsoleFolder(ranks=2, window=W, rate=10)  # 20 lines a second for the node
+    assert c.feed(line(0, "waits\n") + line(1, "partial"), 0.0) == b""
+    read = b" line\n" + flood(2, 30)
+    assert c.feed(read, 0.01) == line(0, "waits\n") + line(1, "partial") + read
+    assert c.next_deadline() is None and c.flush(1.0) == b""
+    more = flood(2, 5) + line(0, "cut")
+    assert c.feed(more, 0.5) == more  # as it came, even a line cut by the read
+
+
+def test_folding_starts_again_after_a_second_under_the_rate() -> None:
+    c = ConsoleFolder(ranks=2, window=W, rate=10)
+    c.feed(flood(2, 30), 0.0)
+    assert c.feed(line(0, "a\n"), 1.5) == line(0, "a\n")  # the second after a flood still passes
+    out = c.feed(line(0, "b\n") + line(1, "b\n"), 3.0)
+    assert out == line(0, "b\n") + line(1, "b\n")  # first lines after it: maybe in a traceback, shown as is
+    assert c.feed(line(0, "c\n") + line(1, "c\n"), 3.1) == b"[ranks=0-1] c\n"
+
+
+def test_a_read_that_ends_inside_a_line_keeps_passing_until_a_read_starts_a_line() -> None:
+    c = ConsoleFolder(ranks=2, window=W, rate=10)
+    c.feed(flood(2, 30) + line(0, "cut "), 0.0)
+    assert c.feed(b"here\n", 3.0) == b"here\n"  # the end of that line, not a line of its own
+    assert c.feed(line(0, "d\n") + line(1, "d\n"), 3.1) == line(0, "d\n") + line(1, "d\n")
+    assert c.feed(line(0, "e\n") + line(1, "e\n"), 3.2) == b"[ranks=0-1] e\n"
+
+
+def test_a_flood_that_begins_inside_a_cut_crlf_keeps_the_lf_with_its_line() -> None:
+    c = ConsoleFolder(ranks=2, window=W, rate=10)
+    assert c.feed(line(1, "waits\n") + line(0, "10%\r"), 0.0) == line(0, "10%\r")  # the read ends inside "\r\n"
+    read = b"\n" + flood(2, 30)
+    assert c.feed(read, 0.0) == b"\n" + line(1, "waits\n") + flood(2, 30)  # not between "\r" and its "\n"
+
+
+def test_a_traceback_a_flood_began_is_not_folded_after_it() -> None:
+    c = ConsoleFolder(ranks=2, window=W, rate=10)
+    tb = "Traceback (most recent call last):\n"
+    c.feed(flood(2, 30) + line(0, tb) + line(1, tb), 0.0)
+    frame = '  File "x.py", line 3\n'
+    out = c.feed(line(0, frame) + line(1, frame) + line(0, "E: e\n") + line(1, "E: e\n"), 3.0)
+    assert out == line(0, frame) + line(1, frame) + line(0, "E: e\n") + line(1, "E: e\n")
+    assert c.feed(line(0, "ok\n") + line(1, "ok\n"), 3.1) == b"[ranks=0-1] ok\n"
+
+
+READS = st.lists(st.tuples(st.lists(st.tuples(st.integers(0, 3), st.sampled_from(TEXTS)), min_size=1, max_size=12),
+                           st.floats(0, 0.6)), max_size=40)
+
+
+def when_whole(chunks: list[tuple[bytes, float]]) -> tuple[bytes, list[float]]:
+    """The bytes of `chunks` joined, and for each byte the time of the chunk that brought it."""
+    times: list[float] = []
+    for chunk, at in chunks:
+        times += [at] * len(chunk)
+    return b"".join(chunk for chunk, _ in chunks), times
+
+
+@settings(max_examples=200, deadline=None)
+@given(reads=READS, rate=st.sampled_from([2, 5, 1000]), data=st.data())
+def test_with_floods_any_reads_lose_nothing_reorder_nothing_and_delay_nothing(
+        reads: list[tuple[list[tuple[int, str]], float]], rate: int, data: st.DataObject) -> None:
+    """Reads of several ranks' lines (cut anywhere, inside a line too), some fast enough to pass
+    through: each rank's lines come out whole, in order, no later than the window after the read
+    that completed them, and no traceback or progress line is ever folded."""
+    c = ConsoleFolder(ranks=4, window=W, rate=rate)
+    sent: list[tuple[int, str]] = []
+    stream, ends, now = b"", [], 0.0
+    for lines, gap in reads:
+        now += gap
+        sent += lines
+        stream += b"".join(line(r, t) for r, t in lines)
+        ends.append((len(stream), now))
+    fed: list[tuple[bytes, float]] = []
+    shown: list[tuple[bytes, float]] = []
+    start = 0
+    for i, (end, at) in enumerate([*ends, (len(stream), now)]):  # each read: some of what was written by then
+        cut = data.draw(st.integers(start, end)) if i < len(ends) else end
+        while (due := c.next_deadline()) is not None and due <= at:
+            shown.append((c.flush(due), due))
+        fed.append((stream[start:cut], at))
+        shown.append((c.feed(stream[start:cut], at), at))
+        start = cut
+    while (due := c.next_deadline()) is not None:
+        shown.append((c.flush(due), due))
+    assert c.close(now) == b""
+
+    expected: dict[int, list[tuple[bytes, float, bool]]] = {r: [] for r in range(4)}  # text, read at, unfoldable
+    in_traceback: set[int] = set()
+    _, read_at = when_whole(fed)
+    offset = 0
+    for rank, text in sent:
+        offset += len(line(rank, text))
+        starts = text.startswith("Traceback")
+        unfoldable = text.endswith("\r") or starts or rank in in_traceback
+        expected[rank].append((text.encode(), read_at[offset - 1], unfoldable))
+        if starts or (rank in in_traceback and text[0].isspace()):
+            in_traceback.add(rank)
+        else:
+            in_traceback.discard(rank)
+
+    out_stream, shown_at = when_whole(shown)
+    got: dict[int, list[tuple[bytes, float, bool]]] = {r: [] for r in range(4)}  # text, shown at, folded
+    offset, last = 0, -1
+    for _, out_line in LineSplitter().feed(out_stream) + LineSplitter().flush():
+        offset += len(out_line)
+        m = OUT_PREFIX.match(out_line)
+        if not m:  # the "\n" of a "\r\n" a read cut in two: the rank of the last "\r" line shown
+            assert out_line == b"\n" and last >= 0, out_line
+            got[last].append((b"\n", shown_at[offset - 1], False))
+            continue
+        ranks = [int(m.group(1))] if m.group(1) else expand(m.group(2))
+        for r in ranks:
+            got[r].append((out_line[m.end():], shown_at[offset - 1], bool(m.group(2))))
+        if out_line.endswith(b"\r"):
+            last = ranks[-1]
+    for r in range(4):
+        lost_or_reordered = f"rank {r}: lines lost, added or reordered"
+        assert b"".join(t for t, _, _ in got[r]) == b"".join(t for t, _, _ in expected[r]), lost_or_reordered
+        if len(got[r]) == len(expected[r]):  # (a cut "\r\n" is two lines out: then only the bytes are checked)
+            for (_, at, folded), (_, came, unfoldable) in zip(got[r], expected[r], strict=True):
+                assert at <= came + W + 1e-9, f"rank {r}: a line waited {at - came:.3f} s"
+                assert not (folded and unfoldable), "folded a traceback or \r line"

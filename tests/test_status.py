@@ -130,3 +130,17 @@ def test_merge_puts_every_node_in_one_status() -> None:
     merged = merge([chief, worker])
     assert merged.phase == "running" and merged.root_cause == "x"
     assert [r.rank for r in merged.ranks] == [0, 1, 2, 3]
+
+
+def test_a_nodes_answer_joins_what_the_supervisor_knows_beyond_the_events() -> None:
+    tracker = StatusTracker("job-7")
+    tracker.observe(ev(EventKind.RANK_REGISTERED, 1.0, 0, host="h"))
+    tracker.observe(ev(EventKind.RANK_STARTED, 1.5, 0, pid=100))
+    answer = tracker.answer("h", {0: (4.0, 4.5)}, None, 2, now=5.0)
+    assert (answer["host"], answer["phase"], answer["taken_at"], answer["root_cause"]) == ("h", "running", 5.0, None)
+    (row,) = answer["ranks"]
+    assert (row["rank"], row["pid"], row["state"], row["last_output"], row["last_heartbeat"], row["restarts"]) == (
+        0, 100, RUNNING, 4.0, 4.5, 2)
+    tracker.observe(ev(EventKind.ROOT_CAUSE, 6.0, 0, what="from the events", exit_code=3, at=5.9))
+    assert tracker.answer("h", {}, None, 0, now=7.0)["root_cause"] == "from the events"
+    assert tracker.answer("h", {}, "the verdict's", 0, now=7.0)["root_cause"] == "the verdict's"  # it knows best

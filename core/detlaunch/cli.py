@@ -9,15 +9,13 @@ import os
 import re
 import sys
 import tempfile
-import time
 import traceback
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from .config import (
     CORE_SECTION,
     Config,
-    Number,
     Parser,
     apply_defaults,
     build_parser,
@@ -27,14 +25,13 @@ from .config import (
     resolve_command,
     split_argv,
 )
+from .control_cli import CONTROL_COMMANDS, control_command
 from .errors import ConfigError, DetlaunchError
 
 if TYPE_CHECKING:
     from .plugins import Hooks, PluginSet
 
 SUBCOMMANDS = ("layers", "plugins", "info", "doctor")
-CONTROL_COMMANDS = ("status", "stacks")  # questions to a running job (control.py): no plugin is loaded for them
-CONTROL_ARGS = {"stacks": {"budget": 2.0}}  # py-spy's budget on every node (the answer comes within it + 2 s)
 
 
 def _truthy(value: str | None) -> bool:
@@ -77,7 +74,7 @@ def _pre_parse(argv: Sequence[str], env: Mapping[str, str]) -> argparse.Namespac
 def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     env = dict(os.environ if env is None else env)
-    if argv and argv[0] in CONTROL_COMMANDS:
+    if argv and argv[0] in CONTROL_COMMANDS:  # questions to a running job: no plugin is loaded for them
         return control_command(argv[0], argv[1:], env)
     args = argv[1:] if argv and argv[0] in SUBCOMMANDS else argv
     try:
@@ -187,91 +184,6 @@ def run(argv: list[str], env: dict[str, str]) -> int:
     finally:
         if job_lock is not None:
             job_lock.release()
-
-
-def control_command(what: str, argv: list[str], env: Mapping[str, str]) -> int:
-    """``detlaunch status [JOB] [--format json] [--watch [S]]``: ask a running job on this node, print its answer."""
-    from . import control
-    from . import status as status_view
-
-    p = Parser(prog=f"detlaunch {what}", description=f"Ask this user's running job (on this node) for its {what}.")
-    p.add_argument("job", nargs="?", help="the job id (default: your only running job on this node)")
-    p.add_argument("--format", choices=("text", "json"), default=env.get("DETLAUNCH_FORMAT") or "text")
-    p.add_argument("--watch", nargs="?", const=2.0, type=WATCH_EVERY, metavar="S",
-                   help="ask again every S seconds (default 2), redrawn in place on a terminal, until the job ends")
-    if what == "stacks":
-        p.add_argument("--full", action="store_true", help="every frame of each group's main thread")
-    try:
-        ns = p.parse_args(argv)
-        if ns.format not in ("text", "json"):  # argparse does not check a default against the choices
-            raise ConfigError(f"DETLAUNCH_FORMAT={ns.format!r}: choose text or json")
-        job, path = control.find_job(ns.job)
-        data = control.ask(path, what, CONTROL_ARGS.get(what))
-    except ConfigError as e:
-        print(f"detlaunch: error: {e}", file=sys.stderr)
-        return e.exit_code
-    except SystemExit as e:  # --help
-        return e.code if isinstance(e.code, int) else 0
-    except (control.NotRunning, OSError) as e:
-        print(f"detlaunch: {e}", file=sys.stderr)
-        return 1
-    except ValueError as e:  # an answer that is not what this detlaunch reads (another version's)
-        print(f"detlaunch: the job's answer could not be read ({e}): is it run by another detlaunch version?",
-              file=sys.stderr)
-        return 1
-    tty = sys.stdout.isatty()
-    try:
-        while True:
-            if what == "stacks":
-                text = format_stacks(data, ns.format == "json", full=ns.full)
-            else:
-                text = json.dumps(data, indent=2, sort_keys=True) if ns.format == "json" else format_status(data)
-            if ns.watch is None:
-                print(text, flush=True)
-                return 0
-            sys.stdout.write(status_view.watch_frame(text + "\n", tty))
-            sys.stdout.flush()
-            time.sleep(ns.watch)  # the refresh the user asked for: the job is never touched in between
-            try:
-                data = control.ask(path, what, CONTROL_ARGS.get(what))
-            except (control.NotRunning, OSError):
-                print(f"detlaunch: job {job} is not running any more", file=sys.stderr)
-                return 0
-    except ValueError as e:
-        print(f"detlaunch: the job's answer could not be read ({e}): is it run by another detlaunch version?",
-              file=sys.stderr)
-        return 1
-    except BrokenPipeError:  # `detlaunch status | head`
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-    except KeyboardInterrupt:  # the usual way out of --watch
-        return 0
-    return 0
-
-
-WATCH_EVERY = Number(float, 0.1, 3600, None, "s")
-
-
-def format_status(data: Mapping[str, Any]) -> str:
-    """The table of `detlaunch status` (status.py's): every rank of every node that answered, one row each."""
-    from . import status as status_view
-
-    parts = []
-    for node in data.get("nodes") or []:
-        if "ranks" not in node:  # an old supervisor's, or an error: shown as it came
-            parts.append(status_view.JobStatus(str(data.get("job")), str(node.get("error") or "?"), time.time()))
-            continue
-        known = {f.name for f in dataclasses.fields(status_view.RankState)}
-        ranks = tuple(status_view.RankState(**{k: v for k, v in r.items() if k in known}) for r in node["ranks"])
-        parts.append(status_view.JobStatus(str(data.get("job")), str(node.get("phase")),
-                                           float(node.get("taken_at") or time.time()), ranks,
-                                           node.get("root_cause")))
-    if not parts:
-        return f"job {data.get('job')}: {data.get('error') or 'no node answered'}"
-    text = status_view.render_table(status_view.merge(parts), time.time())
-    missing = data.get("missing") or []
-    if missing:
-        text += f"no answer from node(s) {', '.join(map(str, missing))}\n"
-    return text.rstrip("\n")
 
 
 def format_stacks(data: Mapping[str, object], as_json: bool, full: bool = False) -> str:

@@ -4,8 +4,10 @@ Without dedupe the wrappers write straight to the console (the supervisor's stdo
 handed over the rank socket) and nothing here runs. With it, the supervisor hands them the write
 ends of two pipes instead; this part reads them in the event loop, cuts whole lines
 (`dedupe.LineSplitter`), folds identical lines of several ranks (`dedupe.LineFolder`, whose window
-ends on a loop timer, never a poll) and writes the result to the real console. The per-rank log
-files are written by the wrappers themselves, so they hold every line whatever happens here.
+ends on a loop timer, never a poll) and writes the result to the real console; while the ranks flood
+it (more than `dedupe.PASS_THROUGH_RATE` lines a second each) the reads go out as they came
+(`dedupe.ConsoleFolder`). The per-rank log files are written by the wrappers themselves, so they
+hold every line whatever happens here.
 
 The console may stall (a full pipe nobody reads, a suspended terminal); the supervisor's loop must
 not. So output waits in a bounded outbox and goes out only when the selector says the console is
@@ -19,7 +21,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 
-from .dedupe import DEFAULT_WINDOW, LineFolder, LineSplitter
+from .dedupe import DEFAULT_WINDOW, PASS_THROUGH_RATE, ConsoleFolder
 from .eventloop import EventLoop, Priority, Timer
 
 PIPE_BUF = 4096
@@ -31,10 +33,9 @@ class FoldedStream:
     """One console stream (stdout or stderr): a pipe the wrappers write to, folded onto `console_fd`."""
 
     def __init__(self, loop: EventLoop, console_fd: int, ranks: int, window: float,
-                 on_output: Callable[[], None] = lambda: None) -> None:
+                 on_output: Callable[[], None] = lambda: None, rate: float = PASS_THROUGH_RATE) -> None:
         self.loop, self.console_fd, self.on_output = loop, console_fd, on_output
-        self.splitter = LineSplitter()
-        self.folder = LineFolder(ranks, window)
+        self.folder = ConsoleFolder(ranks, window, rate)
         self.read_fd, self.write_fd = os.pipe()
         os.set_blocking(self.read_fd, False)
         self.outbox = bytearray()
@@ -57,7 +58,7 @@ class FoldedStream:
         except BlockingIOError:
             return
         now = self.loop.clock()
-        self._out(self.folder.feed_lines(self.splitter.feed(data), now))
+        self._out(self.folder.feed(data, now))
         self._arm_timer()
         self.on_output()
 
@@ -135,9 +136,8 @@ class FoldedStream:
                 break
             if not data:
                 break
-            self.outbox += self.folder.feed_lines(self.splitter.feed(data), self.loop.clock())
-        self.outbox += self.folder.feed_lines(self.splitter.flush(), self.loop.clock())
-        self.outbox += self.folder.flush_all()
+            self.outbox += self.folder.feed(data, self.loop.clock())
+        self.outbox += self.folder.close(self.loop.clock())
         os.close(self.read_fd)
         self.read_fd = -1
         self._write_out()

@@ -26,15 +26,30 @@ import itertools
 import os
 import socket
 import stat
-import tempfile
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
-from .eventloop import EventLoop, Timer
+if TYPE_CHECKING:  # the client's side (another shell) runs no loop: it does not import one
+    from .eventloop import EventLoop, Timer
 
 Handler = Callable[[Mapping[str, Any], Callable[[Any], None]], None]
 JOB_FILE = "job"  # in a node's run dir: which job this supervisor runs (the client's index)
 RUN_DIR_PREFIX = "detlaunch-"
+
+
+class ChiefSide(Protocol):
+    """What routing needs of the chief's end of the job link (joblink.ChiefLink)."""
+
+    def live_nodes(self) -> set[int]: ...
+    def request(self, node: int, key: int, what: str, args: dict[str, Any]) -> None: ...
+    def answer(self, node: int, key: int, data: dict[str, Any]) -> None: ...
+
+
+class WorkerSide(Protocol):
+    """What routing needs of a worker's end of the job link (joblink.WorkerLink)."""
+
+    def ask(self, key: int, what: str, args: dict[str, Any]) -> bool: ...
+    def reply(self, key: int, data: Any) -> None: ...
 
 
 class NotRunning(Exception):
@@ -51,10 +66,17 @@ class Gathering:
 
 
 class ControlRequests:
-    """The supervisor's side: local handlers, and (on the chief) gathering every node's answer."""
+    """The supervisor's side: local handlers, and (on the chief) gathering every node's answer.
 
-    def __init__(self, loop: EventLoop, job_id: str, node: int, *, budget: float = 3.0) -> None:
+    Routing (see the module docstring) needs the node's end of the job link, which changes with
+    each attempt: `chief` and `worker` give the current one (None: not this node's role, or no link).
+    """
+
+    def __init__(self, loop: EventLoop, job_id: str, node: int, *, budget: float = 3.0,
+                 chief: Callable[[], ChiefSide | None] = lambda: None,
+                 worker: Callable[[], WorkerSide | None] = lambda: None) -> None:
         self.loop, self.job_id, self.node, self.budget = loop, job_id, node, budget
+        self.chief, self.worker = chief, worker
         self.handlers: dict[str, Handler] = {}
         self.gatherings: dict[int, Gathering] = {}
         self.forwarded: dict[int, Callable[[dict[str, Any]], None]] = {}  # worker: ids asked of the chief
@@ -62,6 +84,44 @@ class ControlRequests:
 
     def handle(self, what: str, handler: Handler) -> None:
         self.handlers[what] = handler
+
+    # -- routing: who answers a question --------------------------------------------------------
+    def client_request(self, message: Mapping[str, Any], reply: Callable[[dict[str, Any]], None]) -> None:
+        """A client on this node asked (a "request" on the supervisor socket); `reply` sends it the answer."""
+        what, args = str(message.get("what")), dict(message.get("args") or {})
+
+        def answer(data: dict[str, Any]) -> None:
+            for node in data.get("nodes") or []:  # the client translates this node's pids into its own
+                node["answered_here"] = node.get("node") == self.node
+            reply(data)
+
+        self.ask_job(what, args, answer)
+
+    def ask_job(self, what: str, args: dict[str, Any], answer: Callable[[dict[str, Any]], None]) -> None:
+        """The job's answer: the chief gathers every node's; a worker asks the chief (or answers alone)."""
+        worker = self.worker()
+        if worker is not None and worker.ask(self.forward(answer), what, args):
+            return
+        chief = self.chief()
+        if chief is None:
+            self.gather(what, args, set(), ask=lambda node, key: None, answer=answer)
+            return
+        self.gather(what, args, chief.live_nodes(), ask=lambda node, key: chief.request(node, key, what, args),
+                    answer=answer)
+
+    def remote_ask(self, node: int, key: int, what: str, args: dict[str, Any]) -> None:
+        """Chief: a worker's client asked; the answer goes back to that worker."""
+        chief = self.chief()
+        if chief is not None:
+            self.ask_job(what, args, lambda data: chief.answer(node, key, data))
+
+    def chief_request(self, key: int, what: str, args: dict[str, Any]) -> None:
+        """Worker: the chief gathers; this node's own answer goes back to it."""
+        worker = self.worker()
+        if worker is not None:
+            self.local(what, args, lambda data: worker.reply(key, data))
+
+    # -- answering -----------------------------------------------------------------------------
 
     def local(self, what: str, args: Mapping[str, Any], done: Callable[[Any], None]) -> None:
         """This node's own answer."""
@@ -142,12 +202,22 @@ def write_job_file(run_dir: str, job_id: str, node: int) -> None:
         json.dump({"job": job_id, "node": node}, f)
 
 
-def running_jobs(bases: tuple[str, ...] | None = None) -> dict[str, str]:
-    """{job id: socket path} of this user's running jobs on this node (a stale run dir is skipped)."""
+def temp_dirs() -> tuple[str, ...]:
+    """Where run dirs may be: every place `tempfile.gettempdir()` may pick (the planning shell's
+    choice), without importing tempfile (~10 ms of a `detlaunch status` that should answer at once)."""
+    return tuple(dict.fromkeys([*(os.environ[v] for v in ("TMPDIR", "TEMP", "TMP") if os.environ.get(v)),
+                                "/tmp", "/var/tmp", "/usr/tmp"]))
+
+
+def running_jobs(bases: tuple[str, ...] | None = None, only: str | None = None) -> dict[str, str]:
+    """{job id: socket path} of this user's running jobs on this node (a stale run dir is skipped).
+
+    only: look for that job alone (no other job's socket is tried)."""
     import json
 
     found: dict[str, str] = {}
-    for base in bases or tuple(dict.fromkeys((tempfile.gettempdir(), "/tmp"))):
+    uid = os.getuid()
+    for base in bases or temp_dirs():
         try:
             names = [n for n in os.listdir(base) if n.startswith(RUN_DIR_PREFIX)]
         except OSError:
@@ -156,15 +226,17 @@ def running_jobs(bases: tuple[str, ...] | None = None) -> dict[str, str]:
             run_dir = os.path.join(base, name)
             try:
                 st = os.lstat(run_dir)
-                if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
+                if not stat.S_ISDIR(st.st_mode) or st.st_uid != uid:
                     continue
                 with open(os.path.join(run_dir, JOB_FILE)) as f:
                     job = str(json.load(f)["job"])
             except (OSError, ValueError, KeyError):
                 continue
+            if job in found or (only is not None and job != only):
+                continue
             path = os.path.join(run_dir, "supervisor.sock")
             if _answers(path):
-                found.setdefault(job, path)
+                found[job] = path
     return found
 
 
@@ -179,9 +251,10 @@ def _answers(path: str) -> bool:
 
 def find_job(job: str | None) -> tuple[str, str]:
     """(job id, socket path) of `job`, or of this user's only running job here; NotRunning otherwise."""
-    jobs = running_jobs()
+    jobs = running_jobs(only=job)
     if job is not None:
         if job not in jobs:
+            jobs = running_jobs()  # to say which do run
             raise NotRunning(f"job {job} is not running on this node" +
                              (f" (running here: {', '.join(sorted(jobs))})" if jobs else ""))
         return job, jobs[job]

@@ -3,6 +3,8 @@
 Pure: no I/O, no clock. The supervisor reads its ranks' prefixed lines from a pipe, feeds them
 with the time it read them, writes what comes back, and calls `flush` when `next_deadline` comes
 (a timer, never a poll). The per-rank log files are untouched by this: they hold every line.
+`ConsoleFolder` (what the supervisor uses) adds one rule: while the ranks flood the console
+(over PASS_THROUGH_RATE lines a second each), reads go out as they came, unfolded and at once.
 
 The promises, which tests/test_dedupe.py checks over random interleavings:
 - every line is shown exactly once (a folded line stands for one line of each of its ranks);
@@ -27,6 +29,7 @@ import functools
 from collections.abc import Iterable
 
 DEFAULT_WINDOW = 0.2  # seconds a line may wait for its twins from other ranks
+PASS_THROUGH_RATE = 1000  # lines a second per rank: above it nobody reads the console, so it is not folded
 
 _TRACEBACK = b"Traceback (most recent call last):"  # also ends the header of an exception group's
 _TRACEBACK_STARTS = (_TRACEBACK, b"+ Exception Group " + _TRACEBACK)
@@ -99,6 +102,7 @@ class LineSplitter:
     def flush(self) -> list[tuple[int | None, bytes]]:
         """At the end of the stream: the last partial line, if any, as it is."""
         rest, self.pending = self.pending, b""
+        self.after_cr = None
         parsed = parse_rank(rest)
         return [(parsed[0] if parsed else None, rest)] if rest else []
 
@@ -129,6 +133,8 @@ class LineFolder:
         self._order: collections.deque[_Group] = collections.deque()  # by number, so by deadline
         self._waiting: dict[int, collections.deque[_Group]] = {}  # rank -> its groups, oldest first
         self._in_traceback: set[int] = set()
+        self._unsure = False  # lines went by unseen (a pass-through): see assume_tracebacks
+        self._seen: set[int] = set()  # while unsure: the ranks seen since
 
     def feed(self, rank: int | None, line: bytes, now: float) -> bytes:
         """Take one whole line (as the splitter gives it) read at `now`; return what to write now."""
@@ -142,7 +148,12 @@ class LineFolder:
             self._show_due(now, out)
         open_groups, waiting_of, in_traceback = self._open, self._waiting, self._in_traceback
         deadline = now + self.window
+        unsure, seen = self._unsure, self._seen
         for rank, line in lines:  # the hot loop: locals only, one lookup per step
+            if unsure and rank not in seen and rank is not None:
+                seen.add(rank)
+                in_traceback.add(rank)
+                unsure = self._unsure = len(seen) < self.ranks
             start = line.find(b"] ", 6) + 2 if rank is not None and line.startswith(b"[rank=") else 1
             if rank is None or start == 1:  # not a rank's prefixed line: nothing to fold it with
                 if rank is not None:
@@ -197,6 +208,11 @@ class LineFolder:
             self._order.popleft()
         return self._order[0].deadline if self._order else None
 
+    def assume_tracebacks(self) -> None:
+        """Lines went by unseen (a pass-through): each rank may be inside a traceback, so its lines
+        are not folded until one that cannot be (one not indented, also left unfolded)."""
+        self._unsure, self._seen = True, set()
+
     def _foldable(self, rank: int, text: bytes) -> bool:
         """False for a progress line and for the lines of a traceback (which this also tracks)."""
         if text.endswith(b"\r"):
@@ -248,3 +264,69 @@ class LineFolder:
                     out.append(next(iter(top.lines.values())))
                 else:
                     out.append(folded_prefix(tuple(sorted(top.lines))) + top.text)
+
+
+class RateGate:
+    """Is the console's line rate over `limit` lines a second? Counted in one-second buckets from
+    the first line after a quiet second: over as soon as a bucket's count passes the limit, and for
+    the whole of the next bucket; a burst shorter than the limit does not count as a flood."""
+
+    def __init__(self, limit: float) -> None:
+        self.limit = limit
+        self.bucket_end = float("-inf")
+        self.count = 0
+        self.over = False  # the last bucket was over the limit
+
+    def over_limit(self, now: float, lines: int) -> bool:
+        if now >= self.bucket_end:
+            self.over = self.count > self.limit and now < self.bucket_end + 1.0  # the bucket just before
+            self.bucket_end, self.count = now + 1.0, 0
+        self.count += lines
+        return self.over or self.count > self.limit
+
+
+class ConsoleFolder:
+    """What the console shows for what is read from the wrappers' pipe: whole lines, folded.
+
+    While the ranks print more than `rate` lines a second each (`RateGate`), nobody can read the
+    console and folding would only cost CPU (a few microseconds a line): the reads then go out as
+    they came, after every line still waiting (so no rank's lines are reordered). Folding starts
+    again at the first read after a second under the rate that begins a line (the wrappers write
+    whole lines, so a read nearly always does)."""
+
+    def __init__(self, ranks: int, window: float = DEFAULT_WINDOW, rate: float = PASS_THROUGH_RATE) -> None:
+        self.splitter = LineSplitter()
+        self.folder = LineFolder(ranks, window)
+        self.gate = RateGate(rate * max(ranks, 1))
+        self.passing = False
+        self.line_ended = True  # the last read passed through ended with a line end
+
+    def feed(self, data: bytes, now: float) -> bytes:
+        """Take one read of the pipe at `now`; return what to write now."""
+        if not data:
+            return b""
+        flooding = self.gate.over_limit(now, data.count(b"\n"))
+        if self.passing and (flooding or not self.line_ended):
+            self.line_ended = data[-1:] in (b"\n", b"\r")
+            return data
+        if flooding:  # a flood begins: everything waiting first, then the reads as they come
+            self.passing, self.line_ended = True, data[-1:] in (b"\n", b"\r")
+            head = b""
+            if self.splitter.after_cr is not None and data.startswith(b"\n") and not self.splitter.pending:
+                head, data = b"\n", data[1:]  # the end of the "\r\n" just shown: it stays with its line
+            return head + self.folder.flush_all() + b"".join(line for _, line in self.splitter.flush()) + data
+        if self.passing:
+            self.passing = False
+            self.folder.assume_tracebacks()
+        return self.folder.feed_lines(self.splitter.feed(data), now)
+
+    def flush(self, now: float) -> bytes:
+        """The lines whose window has ended by `now` (call it at `next_deadline`)."""
+        return self.folder.flush(now)
+
+    def next_deadline(self) -> float | None:
+        return self.folder.next_deadline()
+
+    def close(self, now: float) -> bytes:
+        """At the end of the stream: everything left, in order."""
+        return self.folder.feed_lines(self.splitter.flush(), now) + self.folder.flush_all()

@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
-from .events import Event, EventKind
-from .report import describe_exit
+if TYPE_CHECKING:
+    from .events import Event
 
 STATUS_VERSION = 1
 STARTING, RUNNING, EXITED, STOPPED = "starting", "running", "exited", "stopped"
@@ -53,11 +55,13 @@ class RankState:
 
     def describe_state(self) -> str:
         """``running``; ``exit 3`` or ``killed by SIGKILL``; ``stopped (exit 143)``."""
-        if self.state == EXITED:
-            return describe_exit(self.exit_code, self.signal)
-        if self.state == STOPPED and (self.exit_code is not None or self.signal):
-            return f"stopped ({describe_exit(self.exit_code, self.signal)})"
-        return self.state
+        if self.state not in (EXITED, STOPPED) or (self.state == STOPPED and self.exit_code is None
+                                                   and not self.signal):
+            return self.state
+        from .report import describe_exit  # not at import: only an ended rank needs it
+
+        ended = describe_exit(self.exit_code, self.signal)
+        return ended if self.state == EXITED else f"stopped ({ended})"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,9 +105,8 @@ def merge(parts: list[JobStatus]) -> JobStatus:
                                root_cause=next((p.root_cause for p in parts if p.root_cause), None))
 
 
+RANK_FIELDS = frozenset(f.name for f in dataclasses.fields(RankState))
 PHASES = ("starting", "running", "stopping", "finished")  # in order; a restart goes back to running
-_PHASE_OF = {EventKind.JOB_PLANNED: "starting", EventKind.RANK_STARTED: "running",
-             EventKind.STOP_REQUESTED: "stopping", EventKind.JOB_FINISHED: "finished"}
 
 
 class StatusTracker:
@@ -114,6 +117,10 @@ class StatusTracker:
     """
 
     def __init__(self, job_id: str) -> None:
+        from .events import EventKind  # the supervisor's side only: `detlaunch status` does not load events.py
+
+        self.phase_of = {EventKind.JOB_PLANNED: "starting", EventKind.RANK_STARTED: "running",
+                         EventKind.STOP_REQUESTED: "stopping", EventKind.JOB_FINISHED: "finished"}
         self.job_id = job_id
         self.phase = PHASES[0]
         self.root_cause: str | None = None
@@ -124,8 +131,10 @@ class StatusTracker:
 
     def observe(self, event: Event) -> None:
         """Apply one event (any kind; those that say nothing about status change nothing)."""
+        from .events import EventKind
+
         d, rank = event.details, event.rank
-        phase = _PHASE_OF.get(event.kind)
+        phase = self.phase_of.get(event.kind)
         if phase and PHASES.index(phase) > PHASES.index(self.phase):
             self.phase = phase
         if event.kind == EventKind.ROOT_CAUSE:
@@ -146,6 +155,21 @@ class StatusTracker:
                                                    exit_code=d.get("code"), signal=d.get("signal"),
                                                    ended_at=d.get("wall", event.time))
             self.usage.pop(rank, None)  # its processes are gone
+
+    def answer(self, host: str, last_seen: Mapping[int, tuple[float | None, float | None]],
+               root_cause: str | None, restarts: int, now: float) -> dict[str, Any]:
+        """This node's part of `detlaunch status`, ready for JSON: the snapshot at `now` and what the
+        supervisor knows beyond the events (each rank's last output line and heartbeat, from its
+        progress records; the verdict's root cause; the restarts so far)."""
+        for rank, (output, beat) in last_seen.items():
+            if output is not None:
+                self.last_output[rank] = output
+            if beat is not None:
+                self.last_heartbeat[rank] = beat
+        snapshot = self.snapshot(now)
+        return {"host": host, "phase": snapshot.phase, "taken_at": snapshot.taken_at,
+                "root_cause": snapshot.root_cause if root_cause is None else root_cause,
+                "ranks": [{**dataclasses.asdict(r), "restarts": restarts} for r in snapshot.ranks]}
 
     def snapshot(self, now: float) -> JobStatus:
         """The status at `now` (wall clock)."""

@@ -134,13 +134,16 @@ class NodeSupervisor:
         self.history: list[restart.AttemptEnd] = []
         self.decision: restart.Decision | None = None
         self.rng = random.Random()
-        self.control = ControlRequests(self.loop, plan.cluster.job_id, self.node)  # questions from other shells
+        self.control = ControlRequests(  # questions from other shells, routed over the job link
+            self.loop, plan.cluster.job_id, self.node,
+            chief=lambda: self.link if isinstance(self.link, ChiefLink) else None,
+            worker=lambda: self.link if isinstance(self.link, WorkerLink) else None)
         self.control.handle("status", self._status)
         c = plan.cluster
         self.hangs = HangPolicy(self.loop, node=self.node, host=c.node_addr or socket.gethostname(),
                                 run_dir=plan.run_dir, is_chief=c.is_chief, hang_timeout=plan.hang_timeout,
-                                dump_budget=plan.dump_budget, ask_job=self._ask_job, fail=self._fail, say=self.say,
-                                live_ranks=self._live_ranks, active=lambda: self.phase.active)
+                                dump_budget=plan.dump_budget, ask_job=self.control.ask_job, fail=self._fail,
+                                say=self.say, live_ranks=self._live_ranks, active=lambda: self.phase.active)
         self.control.handle("stacks", self.hangs.answer_stacks)
         self.control.handle("progress", self.hangs.answer_progress)
         self.run_dir: RunDir | None = None
@@ -467,60 +470,29 @@ class NodeSupervisor:
     def link_failed_to_start(self, what: str) -> None:
         self.fail_to_start(what)
 
-    # -- questions from another shell (control.py) ----------------------------------------------
+    # -- questions from another shell (control.py routes them; the link's events come through here) --
     def _on_client_request(self, entry: RankEntry, message: dict[str, Any]) -> None:
-        what, args = str(message.get("what")), dict(message.get("args") or {})
-
-        def answer(data: dict[str, Any]) -> None:
-            for node in data.get("nodes") or []:  # the client translates this node's pids into its own
-                node["answered_here"] = node.get("node") == self.node
-            self.ranks.answer(entry, data)
-
-        self._ask_job(what, args, answer)
-
-    def _ask_job(self, what: str, args: dict[str, Any], answer: Any) -> None:
-        """The job's answer: the chief gathers every node's; a worker asks the chief (or answers alone)."""
-        link = self.link
-        if isinstance(link, WorkerLink) and link.ask(self.control.forward(answer), what, args):
-            return
-        nodes = link.live_nodes() if isinstance(link, ChiefLink) else set()
-        self.control.gather(what, args, nodes, ask=lambda n, key: self._ask_node(n, key, what, args), answer=answer)
-
-    def _ask_node(self, node: int, key: int, what: str, args: dict[str, Any]) -> None:
-        assert isinstance(self.link, ChiefLink)
-        self.link.request(node, key, what, args)
+        self.control.client_request(message, lambda data: self.ranks.answer(entry, data))
 
     def remote_ask(self, node: int, key: int, what: str, args: dict[str, Any]) -> None:
-        """Chief: a worker's client asked; the answer goes back to that worker."""
-        link = self.link
-        assert isinstance(link, ChiefLink)
-        self._ask_job(what, args, lambda data: link.answer(node, key, data))
+        self.control.remote_ask(node, key, what, args)
 
     def remote_reply(self, node: int, key: int, data: Any) -> None:
         self.control.part(key, node, data)
 
     def chief_request(self, key: int, what: str, args: dict[str, Any]) -> None:
-        """Worker: the chief gathers; this node's own answer goes back to it."""
-        link = self.link
-        assert isinstance(link, WorkerLink)
-        self.control.local(what, args, lambda data: link.reply(key, data))
+        self.control.chief_request(key, what, args)
 
     def chief_answer(self, key: int, data: dict[str, Any]) -> None:
         self.control.answered(key, data)
 
     def _status(self, args: Any, done: Any) -> None:
-        """This node's part of `detlaunch status`: its StatusTracker's snapshot (status.py), as JSON."""
-        tracker = self.events.tracker
-        for rank, (output, beat) in last_seen(self.plan.run_dir, self.ranks.ranks).items():
-            if output is not None:
-                tracker.last_output[rank] = output
-            if beat is not None:
-                tracker.last_heartbeat[rank] = beat
-        snapshot = tracker.snapshot(time.time())
+        """This node's part of `detlaunch status` (status.StatusTracker.answer); each rank's last
+        output and heartbeat come from its progress records (the ones the hang watch reads)."""
+        seen = last_seen(self.plan.run_dir, self.ranks.ranks)
         failure = self.verdict.failure
-        done({"host": self.ranks.host, "phase": snapshot.phase, "taken_at": snapshot.taken_at,
-              "root_cause": failure.what if failure else snapshot.root_cause,
-              "ranks": [{**dataclasses.asdict(r), "restarts": self.attempt - 1} for r in snapshot.ranks]})
+        done(self.events.tracker.answer(self.ranks.host, seen, failure.what if failure else None,
+                                        self.attempt - 1, time.time()))
 
     def _sample(self) -> None:
         """CPU % and RSS of each running rank's process tree, every SAMPLE_EVERY s while ranks run."""

@@ -112,3 +112,82 @@ def test_a_lost_node_is_not_waited_for_and_unknown_questions_say_so() -> None:
     assert "unknown question 'nosuch'" in str(answer["nodes"])
     loop.close()
     assert os.getuid() == 0  # the suite runs as root (useradd, sshd): say so if that ever changes
+
+
+# -- routing (control.ControlRequests), in milliseconds: the link's two ends stand in as recorders --
+
+class ChiefEnd:
+    """The chief's end of the link as routing sees it: who is connected, and what was sent."""
+
+    def __init__(self, nodes: set[int]) -> None:
+        self.nodes = nodes
+        self.requests: list[tuple[int, int, str]] = []
+        self.answers: list[tuple[int, int, dict[str, object]]] = []
+
+    def live_nodes(self) -> set[int]:
+        return set(self.nodes)
+
+    def request(self, node: int, key: int, what: str, args: dict[str, object]) -> None:
+        self.requests.append((node, key, what))
+
+    def answer(self, node: int, key: int, data: dict[str, object]) -> None:
+        self.answers.append((node, key, data))
+
+
+class WorkerEnd:
+    def __init__(self, authed: bool) -> None:
+        self.authed = authed
+        self.asked: list[tuple[int, str]] = []
+        self.replies: list[tuple[int, object]] = []
+
+    def ask(self, key: int, what: str, args: dict[str, object]) -> bool:
+        if self.authed:
+            self.asked.append((key, what))
+        return self.authed
+
+    def reply(self, key: int, data: object) -> None:
+        self.replies.append((key, data))
+
+
+def test_the_chief_gathers_every_live_node_for_a_workers_client() -> None:
+    loop = EventLoop()
+    end = ChiefEnd({1, 2})
+    control = ControlRequests(loop, "job-1", node=0, chief=lambda: end)
+    control.handle("status", lambda args, done: done({"phase": "running"}))
+    control.remote_ask(2, 7, "status", {})  # node 2's client asked node 2, which asked the chief
+    assert [(n, what) for n, _, what in end.requests] == [(1, "status"), (2, "status")] and end.answers == []
+    key = end.requests[0][1]
+    control.part(key, 1, {"phase": "running"})
+    control.part(key, 2, {"phase": "stopping"})
+    assert end.answers == [(2, 7, {"job": "job-1", "what": "status", "missing": [], "nodes": [
+        {"node": 0, "phase": "running"}, {"node": 1, "phase": "running"}, {"node": 2, "phase": "stopping"}]})]
+    loop.close()
+
+
+def test_a_worker_passes_its_clients_question_to_the_chief_and_relays_the_answer() -> None:
+    loop = EventLoop()
+    end = WorkerEnd(authed=True)
+    control = ControlRequests(loop, "job-1", node=1, worker=lambda: end)
+    replies: list[dict[str, object]] = []
+    control.client_request({"t": "request", "what": "status"}, replies.append)
+    ((key, what),) = end.asked
+    assert what == "status" and replies == []
+    control.answered(key, {"job": "job-1", "nodes": [{"node": 0}, {"node": 1}], "missing": []})
+    assert replies == [{"job": "job-1", "missing": [], "nodes": [{"node": 0, "answered_here": False},
+                                                                 {"node": 1, "answered_here": True}]}]
+    control.handle("status", lambda args, done: done({"phase": "running"}))
+    control.chief_request(5, "status", {})  # the chief gathers: this node's own part goes back to it
+    assert end.replies == [(5, {"phase": "running"})]
+    loop.close()
+
+
+def test_a_node_without_a_chief_to_ask_answers_for_itself() -> None:
+    loop = EventLoop()
+    control = ControlRequests(loop, "job-1", node=1, worker=lambda: WorkerEnd(authed=False))
+    control.handle("status", lambda args, done: done({"phase": "starting"}))
+    replies: list[dict[str, object]] = []
+    control.client_request({"what": "status"}, replies.append)
+    assert replies == [{"job": "job-1", "what": "status", "missing": [],
+                        "nodes": [{"node": 1, "phase": "starting", "answered_here": True}]}]
+    control.remote_ask(3, 1, "status", {})  # not the chief: nothing to route, nothing sent
+    loop.close()

@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 from detlaunch import console as console_module
-from detlaunch.cli import format_status, main
+from detlaunch.cli import main
 from detlaunch.config import apply_defaults, build_parser, parse
 from detlaunch.console import FoldedStream
+from detlaunch.control_cli import format_status
 from detlaunch.emitter import EventEmitter
 from detlaunch.eventloop import EventLoop
 from detlaunch.events import Event, EventKind
@@ -107,11 +108,33 @@ def test_the_console_folds_at_once_when_every_rank_printed_and_at_the_window_end
     os.close(out_w)
 
 
+def test_a_flood_reaches_the_console_byte_for_byte_after_the_lines_waiting() -> None:
+    now = [0.0]
+    loop = EventLoop(clock=lambda: now[0])
+    out_r, out_w = _pipe()
+    stream = FoldedStream(loop, out_w, ranks=2, window=0.5, rate=100)  # over 200 lines a second: a flood
+    os.write(stream.write_fd, b"[rank=0] waits\n")
+    loop.run_once(timeout=0)
+    flood = b"".join(b"[rank=%d] line %d\n" % (i % 2, i) for i in range(300))
+    got = b""
+    for i in range(0, len(flood), 4096):
+        os.write(stream.write_fd, flood[i:i + 4096])
+        loop.run_once(timeout=0)  # read
+        loop.run_once(timeout=0)  # write
+        got += _read_all(out_r)
+    assert got == b"[rank=0] waits\n" + flood  # at once (the clock never moved): the waiting line, then every byte
+    stream.close()
+    assert _read_all(out_r) == b""
+    loop.close()
+    os.close(out_r)
+    os.close(out_w)
+
+
 def test_a_stalled_console_never_blocks_the_loop_and_loses_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(console_module, "OUTBOX_LIMIT", 8192)
     loop = EventLoop()
     out_r, out_w = _pipe(4096)  # a console nobody reads: one page
-    stream = FoldedStream(loop, out_w, ranks=2, window=0.2)
+    stream = FoldedStream(loop, out_w, ranks=2, window=0.2, rate=float("inf"))  # never a flood: always folds
     data = b"".join(b"[rank=0] line %d\n[rank=1] line %d\n" % (i, i) for i in range(2000))  # folds at once
     sent = 0
     while sent < len(data) and stream.reading:
