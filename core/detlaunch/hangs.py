@@ -50,6 +50,7 @@ class HangPolicy:
         self.collector = StackCollector(loop)
         self.watch: ProgressWatch | None = None
         self.timers: list[Timer] = []
+        self.attempt = 0  # answers to a question of an earlier attempt are dropped
         self.dumping = False  # the survivors' stacks are being taken: the stop waits for them
         self.dumped: tuple[str, ...] = ()  # ... and here they are, grouped, for the report
 
@@ -78,15 +79,31 @@ class HangPolicy:
 
     def _arm(self) -> None:
         assert self.watch is not None
-        self.timers.append(self.loop.call_at(self.watch.deadline(), self._check))
+        self._after(self.watch.deadline() - self.loop.clock(), self._check)
+
+    def _after(self, delay: float, callback: Callable[[], None]) -> None:
+        """A timer of this attempt (new_attempt cancels it); fired ones are forgotten as new ones come."""
+        now = self.loop.clock()
+        self.timers = [t for t in self.timers if not t.cancelled and t.when > now]
+        self.timers.append(self.loop.call_later(max(delay, 0.0), callback))
+
+    def _of_this_attempt(self, callback: Answer) -> Answer:
+        """`callback`, unless the answer comes after the attempt that asked is over."""
+        attempt = self.attempt
+
+        def answered(answer: dict[str, Any]) -> None:
+            if self.attempt == attempt and self.watch is not None and self.active():
+                callback(answer)
+
+        return answered
 
     def _check(self) -> None:
         if self.active():
-            self.ask_job("progress", {}, self._on_progress)
+            self.ask_job("progress", {}, self._of_this_attempt(self._on_progress))
 
     def _on_progress(self, answer: dict[str, Any]) -> None:
         watch = self.watch
-        assert watch is not None
+        assert watch is not None  # _of_this_attempt
         now = self.loop.clock()
         for node in answer.get("nodes") or []:
             watch.update(int(node.get("node", -1)), parse_ages(node), now, is_starting(node))
@@ -98,7 +115,8 @@ class HangPolicy:
         idle = watch.idle_for(now)
         self.say(f"no rank has shown progress for {idle:.1f} s (--hang-timeout {self.hang_timeout:g}): "
                  "taking every rank's stack")
-        self.ask_job("stacks", {"budget": DEFAULT_BUDGET}, lambda a: self._on_hang_stacks(a, idle))
+        then = self._of_this_attempt(lambda answer: self._on_hang_stacks(answer, idle))
+        self.ask_job("stacks", {"budget": DEFAULT_BUDGET}, then)
 
     def _on_hang_stacks(self, answer: dict[str, Any], idle: float) -> None:
         report = report_of(answer, self.watch.last_progress() if self.watch else None)
@@ -108,11 +126,18 @@ class HangPolicy:
 
     # -- a rank that printed its traceback and does not exit -----------------------------------
     def traceback(self, rank: int, tail: Sequence[str], wall: float) -> None:
+        """The rank printed a whole traceback. It failed if, TRACEBACK_DELAY later, it still runs and
+        has shown no progress since (no output line, no beat): a traceback the script handled
+        (logging.exception, "Exception ignored in ...") and went on from is not a failure."""
+        told = self.loop.clock()
+
         def check() -> None:
-            if self.active() and rank in {r for r, _ in self.live_ranks()}:
+            if not self.active() or rank not in {r for r, _ in self.live_ranks()}:
+                return
+            if not self.progress.shown_since(rank, told):
                 self.fail(StuckAfterTraceback(rank, self.node, self.host, tuple(tail), TRACEBACK_DELAY, wall))
 
-        self.timers.append(self.loop.call_later(TRACEBACK_DELAY, check))
+        self._after(TRACEBACK_DELAY, check)
 
     # -- dump before kill ------------------------------------------------------------------------
     def dump_before_stop(self, failure: Failure, stop: Callable[[], None]) -> bool:
@@ -133,7 +158,7 @@ class HangPolicy:
 
             self.ask_job("stacks", {"budget": self.dump_budget}, dumped)
         else:  # the chief takes the stacks (this node's too) and sends the stop; if it does not, stop anyway
-            self.timers.append(self.loop.call_later(self.dump_budget + 1.5, then))
+            self._after(self.dump_budget + 1.5, then)
         return True
 
     def hold_time(self) -> float:
@@ -149,6 +174,7 @@ class HangPolicy:
         for timer in self.timers:
             timer.cancel()
         self.timers.clear()
+        self.attempt += 1
         self.watch = None  # re-made when the next attempt's first rank registers
         self.progress = NodeProgress(self.run_dir)  # no rank of the next attempt has started yet
         self.dumping = False

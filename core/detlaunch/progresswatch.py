@@ -79,6 +79,12 @@ class NodeProgress:
         """No rank of this node has started yet (in this attempt)."""
         return not self.started
 
+    def shown_since(self, rank: int, since: float) -> bool:
+        """Whether `rank` printed a line or sent a beat after `since` (monotonic)."""
+        path = progress_path(self.run_dir, rank)
+        return any(r is not None and r.monotonic > since
+                   for r in (read_progress(path), read_progress(path, OUTPUT_RECORD)))
+
     def ages(self, ranks: Iterable[int], now: float) -> list[tuple[int, float]]:
         """[(rank, seconds since its last progress)] for `ranks` (the live ones)."""
         out = []

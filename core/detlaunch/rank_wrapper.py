@@ -409,10 +409,10 @@ class WrappedRank:
                     self.output_mark.touch()
                 if is_stderr:
                     self.tail = (self.tail + data)[-rank_protocol.TAIL_BYTES:]
-                    if not self.told_traceback and (b"Traceback" in data or self.traceback_started):
-                        self.traceback_started = True  # its exception line may come in a later read
-                        if rank_protocol.ends_traceback(self.tail):
-                            self.tell_traceback()
+                    if b"Traceback" in data:  # a new one (a handled one may come first): told once whole
+                        self.traceback_started, self.told_traceback = True, False
+                    if self.traceback_started and not self.told_traceback and rank_protocol.ends_traceback(self.tail):
+                        self.tell_traceback()  # its exception line may have come in a later read
             else:
                 output.write(prefixer.flush())
                 poller.unregister(fd)

@@ -255,6 +255,27 @@ def test_a_traceback_then_still_running_fails_after_the_delay(monkeypatch: pytes
     loop.close()
 
 
+@pytest.mark.timeout(10)
+def test_a_traceback_the_rank_went_on_from_is_not_a_failure(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """logging.exception, "Exception ignored in ...": a line after the traceback, and the rank lives on."""
+    from detlaunch.progress import OutputMark, create_progress_file
+
+    monkeypatch.setattr(hangs_module, "TRACEBACK_DELAY", 0.05)
+    loop, failed = EventLoop(), []  # type: ignore[var-annotated]
+    marks = {rank: OutputMark(create_progress_file(str(tmp_path), rank)) for rank in (0, 1)}
+    hangs = policy(loop, [], failed, {}, run_dir=str(tmp_path))
+    for rank, mark in marks.items():
+        mark.touch()  # the traceback's own lines
+        hangs.traceback(rank, ["Traceback (most recent call last):", f"ValueError: {rank}"], 7.0)
+    marks[0].touch()  # rank 0 printed on after it; rank 1 is silent
+    while not failed:
+        loop.run_once(timeout=1)
+    loop.run_once(timeout=0.2)
+    assert failed == [StuckAfterTraceback(1, 0, "h", ("Traceback (most recent call last):", "ValueError: 1"),
+                                          0.05, 7.0)]
+    loop.close()
+
+
 def test_hang_timeout_and_dump_budget_from_flag_variable_and_file() -> None:
     from detlaunch.config import apply_defaults, build_parser, parse
 
@@ -375,6 +396,30 @@ def test_a_rank_that_raises_then_hangs_in_atexit_fails_the_job_with_its_tracebac
     assert dump > start and re.search(r"rank 1 \(node 0\): time\.sleep <- linger \(hang\.py:\d+\)",
                                       "\n".join(lines[dump:])), r.stderr  # where it hangs
     assert "rank 1 (node 0): " in r.stderr and "(root cause)" in r.stderr
+
+
+HANDLED_TRACEBACKS = """
+import logging, sys, time
+for i in range(2):
+    try:
+        raise ValueError(f"handled {i}")
+    except ValueError:
+        logging.exception("caught it, going on")  # a whole traceback on stderr
+    for step in range(7):
+        print(f"step {i}.{step}", flush=True)
+        time.sleep(1)
+print("done", flush=True)
+"""
+
+
+@pytest.mark.timeout(120)
+def test_a_rank_that_handles_its_tracebacks_and_goes_on_is_not_failed(launcher: Launcher, tmp_path: Path) -> None:
+    script = tmp_path / "handled.py"
+    script.write_text(HANDLED_TRACEBACKS)
+    r = launcher.run("--layer", "direct", "--nproc-per-node", "2", "--master-port", str(free_port()), str(script),
+                     timeout=100)
+    assert r.returncode == 0, r.output
+    assert r.rank_lines(1)[-1] == "done" and r.stderr.count("ValueError: handled 1") == 2, r.output
 
 
 @pytest.mark.timeout(200)
