@@ -166,6 +166,10 @@ def main(argv: list[str]) -> int:
     if out == "-":
         sys.stdout.write(text)
         return 0
+    try:  # a restarted attempt runs this again: the last attempt's file (in the chief's private run dir) goes
+        os.unlink(out)
+    except FileNotFoundError:
+        pass
     fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
     with os.fdopen(fd, "w", encoding="utf-8", errors="surrogateescape") as f:
         f.write(text)
