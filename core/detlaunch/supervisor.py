@@ -18,7 +18,6 @@ from __future__ import annotations
 import dataclasses
 import enum
 import os
-import random
 import signal
 import socket
 import sys
@@ -26,6 +25,7 @@ import time
 from typing import Any, TextIO
 
 from . import rank_protocol, restart
+from .attempts import Attempts, attempt_end
 from .config import DEDUPE_MIN_RANKS, DEFAULT_PREFIX
 from .console import FoldingConsole
 from .control import ControlRequests, write_job_file
@@ -39,7 +39,7 @@ from .joblink import ChiefLink, WorkerLink
 from .plan import LaunchPlan
 from .process_table import Child, ProcessTable
 from .rank_registry import RankEntry, RankRegistry, RankRules
-from .report import Failure, FailureKind, JobResult, RankStatus, describe_exit, signal_name
+from .report import Failure, JobResult, RankStatus, describe_exit, signal_name
 from .rundirs import RunDir, create_run_dir
 from .safefs import ensure_private_dir, write_private_file
 from .sampler import ProcessTreeSampler
@@ -130,10 +130,7 @@ class NodeSupervisor:
         self.prepared = False
         # Job-wide restarts (restart.py): the chief keeps the history and decides; every node counts attempts.
         self.policy = plan.restarts
-        self.attempt = 1
-        self.history: list[restart.AttemptEnd] = []
-        self.decision: restart.Decision | None = None
-        self.rng = random.Random()
+        self.attempts = Attempts(self.policy)
         self.control = ControlRequests(self.loop, plan.cluster.job_id, self.node)  # questions from other shells
         self.control.handle("status", self._status)
         c = plan.cluster
@@ -150,12 +147,16 @@ class NodeSupervisor:
         self.sampler: ProcessTreeSampler | None = None
         self._new_attempt_parts()
 
+    @property
+    def attempt(self) -> int:
+        """The attempt that runs, or comes next (1 for the first)."""
+        return self.attempts.number
+
     def _new_attempt_parts(self) -> None:
         """What lives for one attempt only: its verdict, its processes, its ranks and its timers."""
         plan, c = self.plan, self.plan.cluster
         self.attempt_started_at = time.monotonic()
         self.attempt_wall = time.time()
-        self.attempt_running = True  # False while waiting out the backoff before it
         self.verdict = Verdict()
         log_dir = restart.attempt_log_dir(plan.log_dir, self.attempt, self.policy.enabled) if plan.log_dir else None
         self.processes = ProcessTable(self.loop, log_dir=log_dir, node_rank=self.node,
@@ -175,7 +176,6 @@ class NodeSupervisor:
         self.sweep_timer: Timer | None = None
         self.backoff_timer: Timer | None = None
         self.rejoin_timer: Timer | None = None  # chief: the bound on lost nodes coming back (--start-timeout)
-        self.due: int | None = None  # chief: the attempt whose backoff is over, waiting for lost nodes
         self.awaiting_join = False  # worker: the stage starts once the chief said which attempt this is
 
     # -- output ------------------------------------------------------------------------------
@@ -718,18 +718,15 @@ class NodeSupervisor:
         policy says so (workers follow the chief's "restart"). False: the job ends now."""
         if not self.policy.enabled or not self.plan.cluster.is_chief:
             return False
-        if not self.attempt_running:  # stopped during the backoff: that attempt never started
+        if not self.attempts.running:  # stopped during the backoff: that attempt never started
             why = "the job was interrupted" if self.verdict.interrupted_by is not None else \
                 (self.verdict.failure.what if self.verdict.failure else "the job ended")
-            self.decision = restart.Decision(False, f"{why} before attempt {self.attempt + 1} started: not restarting")
+            self.attempts.stopped_waiting(why)
             return False
-        self.history.append(self._attempt_end())
-        decision = self.decision = self.policy.decide(self.history, self.rng)
+        decision = self.attempts.ended(self._attempt_end())
         if not decision.restart:
             return False
-        end = self.history[-1]
-        cause = end.what if end.kind is restart.FailureKind.NODE_LOST else end.cause
-        self.say(f"attempt {self.attempt} failed ({cause}): {decision.why}")
+        self.say(self.attempts.restarting())
         if isinstance(self.link, ChiefLink):
             self.link.restart(decision.next_attempt, decision.delay)  # lost nodes are forgotten: they may rejoin
         self._begin_backoff(decision.next_attempt, decision.delay)
@@ -737,26 +734,18 @@ class NodeSupervisor:
 
     def _attempt_end(self) -> restart.AttemptEnd:
         """How the attempt that just ended ended, as the restart policy reads it."""
-        v, now = self.verdict, time.time()
-        failure = v.failure
-        if failure is None and v.interrupted_by is None:
-            return restart.AttemptEnd(self.attempt, None, 0, started_at=self.attempt_wall, ended_at=now)
+        v = self.verdict
         remote = self.link.remote_ranks if isinstance(self.link, ChiefLink) else {}
-        rank = failure.rank if failure else None
-        kind = failure.kind if failure else FailureKind.INTERRUPTED
-        what = failure.what if failure else f"interrupted by {signal_name(v.interrupted_by or 0)}"
-        return restart.AttemptEnd.from_failure(
-            self.attempt, v.exit_code, rank.signal if rank else None, failure.tail if failure else (), what,
-            started=bool(self.ranks.ranks or remote), lost=kind in (FailureKind.NODE_LOST, FailureKind.CHIEF_LOST),
-            hung=kind is FailureKind.HANG, interrupted=v.interrupted_by is not None or kind is FailureKind.INTERRUPTED,
-            no_restart_exit_code=self.policy.no_restart_exit_code, started_at=self.attempt_wall, ended_at=now)
+        return attempt_end(self.attempt, v.failure, v.interrupted_by, v.exit_code,
+                           started=bool(self.ranks.ranks or remote), policy=self.policy,
+                           started_at=self.attempt_wall, ended_at=time.time())
 
     def _begin_backoff(self, attempt: int, delay: float | None) -> None:
         """Every process of the last attempt is gone: wait `delay`, then start `attempt` afresh
         (None: a worker waiting for the chief's go, which comes once every lost node is back)."""
         for timer in (self.kill_timer, self.start_timer, self.sweep_timer):
             self._cancel(timer)
-        self.attempt_running = False
+        self.attempts.wait()
         self.hangs.new_attempt()  # a traceback timer or the hang watch of the last attempt must not fire in the next
         self.verdict = Verdict()  # a signal or a failure during the wait is the job's end, not the last attempt's
         self._enter(Phase.BACKOFF)
@@ -777,7 +766,7 @@ class NodeSupervisor:
             os.unlink(self.plan.socket_path)  # the new attempt's registry listens on the same path
         except OSError:
             pass
-        self.attempt = attempt
+        self.attempts.begin(attempt)
         self._new_attempt_parts()
         self._enter(Phase.STARTING)
         if isinstance(self.link, ChiefLink):
@@ -792,7 +781,7 @@ class NodeSupervisor:
     def _await_rejoin(self, attempt: int) -> None:
         """Chief: attempt `attempt` is due, but lost nodes are not back: wait at most --start-timeout."""
         assert isinstance(self.link, ChiefLink)
-        self.due = attempt
+        self.attempts.due = attempt
         if self.rejoin_timer is None:
             missing = self.link.missing_nodes()
             who = ", ".join(f"{n} ({self.link.addr_of(n)})" for n in missing)
@@ -804,10 +793,11 @@ class NodeSupervisor:
         """Chief, in the backoff: every lost node is back; the attempt starts if its backoff is over."""
         self._cancel(self.rejoin_timer)
         self.rejoin_timer = None
-        self.say(f"every node is back: attempt {self.due or self.attempt + 1} starts"
-                 + ("" if self.due is not None else " when the backoff is over"))
-        if self.due is not None:
-            self._next_attempt(self.due)
+        due = self.attempts.due
+        self.say(f"every node is back: attempt {due or self.attempt + 1} starts"
+                 + ("" if due is not None else " when the backoff is over"))
+        if due is not None:
+            self._next_attempt(due)
 
     def _rejoin_timeout(self) -> None:
         """Chief: a lost node did not come back within --start-timeout: the job ends (lost node's exit code)."""
@@ -847,7 +837,7 @@ class NodeSupervisor:
 
     def attempts_report(self) -> list[str]:
         """The chief's report of every attempt, printed before the last one's (restarts on only)."""
-        return restart.format_attempts(self.history, self.decision) if self.history else []
+        return self.attempts.report()
 
     # -- the end ----------------------------------------------------------------------------------
     def _cleanup(self) -> None:
