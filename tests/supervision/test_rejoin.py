@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from conftest import Job, Launcher
-from helpers import rank_lines, report_line
+from helpers import free_port, rank_lines, report_line
 from test_restarts import DDP, WEIGHTS, attempt_lines, only_detlaunch_between_attempts, torchrun_nodes, train_args
 
 pytestmark = pytest.mark.timeout(300)
@@ -68,3 +68,32 @@ def test_a_lost_worker_node_that_never_comes_back_ends_the_job_after_the_start_t
     assert report_line(rc.stderr) == "detlaunch: job failed: lost node 1 (127.0.0.2): it did not join again " \
                                      "within 40 s (--start-timeout)"
     assert "attempt 2 starts" not in rc.stdout
+
+
+def test_three_nodes_the_surviving_worker_waits_for_the_lost_one_then_all_resume(
+        launcher: Launcher, tmp_path: Path) -> None:
+    common = ["--layer", "torchrun", "--nnodes", "3", "--nproc-per-node", "1", "--master-addr", "127.0.0.1",
+              "--master-port", str(free_port()), "--max-restarts", "1", "--restart-backoff", "0"]
+    script = train_args(tmp_path, DDP, "--crash-step", "3", "--crash-rank", "2", "--crash-how", "hang")
+
+    def node(n: int) -> Job:
+        return launcher.start(*common, "--node-rank", str(n), "--node-addr", f"127.0.0.{n + 1}", *script)
+
+    chief, survivor, lost = node(0), node(1), node(2)
+    lost.wait_for_output("rank 2 attempt 1 fails at step 3 (hang)", timeout=150)
+    lost.send_signal(signal.SIGKILL)
+    lost.wait(30)
+    survivor.wait_for_output("detlaunch: the chief restarts the job: attempt 2 once every lost node is back", 60)
+    chief.wait_for_output("detlaunch: waiting for node(s) 2 (127.0.0.3) to join again", timeout=30)
+    only_detlaunch_between_attempts(launcher, [chief, survivor])
+    back = node(2)
+    rc, rs, rb = chief.wait(180), survivor.wait(60), back.wait(60)
+    assert (rc.returncode, rs.returncode, rb.returncode) == (0, 0, 0), rc.output + rs.output + rb.output
+    assert len(attempt_lines(rc.stderr)) == 3 and "attempt 1: node-lost" in attempt_lines(rc.stderr)[0]
+    finals = []
+    for done, rank in ((rc, 0), (rs, 1), (rb, 2)):
+        lines = rank_lines(done.stdout, rank)
+        assert f"rank {rank} attempt 2 starts at step 2" in lines, lines
+        assert lines[-1].startswith(f"rank {rank} done: 4 steps, weights "), lines
+        finals.append(lines[-1].split("weights ")[1])
+    assert len(set(finals)) == 1, finals  # DDP kept every rank's weights equal, through the restart
