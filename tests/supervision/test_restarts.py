@@ -217,3 +217,16 @@ def test_ctrl_c_to_the_worker_during_the_backoff_ends_both_nodes(launcher: Launc
     assert attempt_lines(rc.stderr)[-1] == "detlaunch:     -> node 1 was interrupted by SIGINT before attempt 2 " \
                                            "started: not restarting"
     assert "attempt 2 starts" not in rc.stdout + rw.stdout
+
+
+def test_a_hang_is_retried_and_the_job_resumes(launcher: Launcher, tmp_path: Path) -> None:
+    rc, out, err = single_node(launcher, tmp_path, "--max-restarts", "1", "--hang-timeout", "6",
+                               *train_args(tmp_path, DDP, "--crash-step", "3", "--crash-rank", "1",
+                                           "--crash-how", "hang"))
+    assert rc == 0, out + err
+    lines = attempt_lines(err)
+    assert len(lines) == 3 and lines[0].startswith("detlaunch:   attempt 1: hang after "), lines
+    assert "restart 1 of 1 in 0.0 s" in err
+    for rank in (0, 1):
+        assert f"rank {rank} attempt 2 starts at step 2" in rank_lines(out, rank)
+        assert rank_lines(out, rank)[-1] == f"rank {rank} done: 4 steps, weights {WEIGHTS}"
