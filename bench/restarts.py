@@ -6,7 +6,13 @@ init_process_group and a barrier (the job is running again), all on CLOCK_MONOTO
 detlaunch --layer torchrun --max-restarts 1 --restart-backoff 0 (the whole job on every node stops,
 then starts again) against bare torchrun --max-restarts 1 on the same script, on 1 node x 2 ranks
 and 2 nodes (127.0.0.1, 127.0.0.2) x 1 rank; and, as the baseline the issue sets for 2 nodes, a fresh
-2-node detlaunch start (launch to every rank running).
+2-node detlaunch start (launch to every rank running). The direct layer (--layer direct: the supervisor
+starts the ranks itself, no torchrun agent) runs as a case of its own.
+
+Where the time goes, from the ranks' stamps (each a max over the ranks of attempt 2): "to start" is
+the failure to the last rank process starting (detlaunch's teardown and restart, plus the launcher's
+own start: torchrun's agent imports torch before it starts any worker); "import torch" from there to
+the last rank done importing torch.distributed; "rendezvous" the rest: init_process_group and a barrier.
 
 Count: on 2 nodes, --max-restarts 5 and N injected failures (each a different exit code, so the
 crash-loop breaker does not apply): the job must restart exactly N times, counted from the attempts
@@ -15,6 +21,7 @@ the ranks stamped, over M runs.
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -26,11 +33,11 @@ NODES = str(SCRIPTS / "nodes.py")
 FAILURES, COUNT_RUNS = 3, 3
 
 
-def detlaunch_job(nodes: int, *extra: str) -> list[str]:
+def detlaunch_job(nodes: int, *extra: str, layer: str = "torchrun") -> list[str]:
     port = str(free_port())
     if nodes == 1:
-        return [DETLAUNCH, "--layer", "torchrun", "--nproc-per-node", "2", "--master-port", port, *extra, SCRIPT]
-    common = ["--layer", "torchrun", "--nnodes", "2", "--nproc-per-node", "1", "--master-addr", "127.0.0.1",
+        return [DETLAUNCH, "--layer", layer, "--nproc-per-node", "2", "--master-port", port, *extra, SCRIPT]
+    common = ["--layer", layer, "--nnodes", "2", "--nproc-per-node", "1", "--master-addr", "127.0.0.1",
               "--master-port", port, *extra]
     return [PY, NODES, DETLAUNCH, *common, "--node-rank", "0", "--node-addr", "127.0.0.1", SCRIPT, "---",
             DETLAUNCH, *common, "--node-rank", "1", "--node-addr", "127.0.0.2", SCRIPT]
@@ -50,47 +57,66 @@ def bare_torchrun(nodes: int) -> list[str]:
     return [PY, NODES, *agent(0), "---", *agent(1)]
 
 
-def stamps(out: Path, attempt: int) -> list[tuple[float, float]]:
+def stamps(out: Path, attempt: int) -> list[tuple[float, float, float]]:
+    """(process start, ready, torch imported) of each rank of `attempt` (0 for the first)."""
     return [tuple(map(float, p.read_text().split())) for p in sorted(out.glob(f"a{attempt}-r*"))]  # type: ignore
 
 
-def restart_time(out: Path, ranks: int) -> float | None:
-    """Seconds from attempt 1's failure to every rank of attempt 2 running (None: attempt 2 never ran whole)."""
+def restart_time(out: Path, ranks: int) -> tuple[float, float, float] | None:
+    """Seconds from attempt 1's failure to every rank of attempt 2 running, and of that, to the last rank
+    process starting and to the last rank done importing torch (None: attempt 2 never ran whole)."""
     second = stamps(out, 1)
     if not (out / "fail0").exists() or len(second) != ranks:
         return None
-    return max(ready for _, ready in second) - float((out / "fail0").read_text())
+    failed = float((out / "fail0").read_text())
+    return (max(ready for _, ready, _ in second) - failed, max(start for start, _, _ in second) - failed,
+            max(imported for _, _, imported in second) - failed)
 
 
 def main(env: dict[str, str], reps: int, quick: bool, tmp: Path, only: str = "") -> Section:
-    """only: run just the cases whose name contains it (and no count runs); "" runs everything."""
+    """only: run just the cases whose name contains it, or one of its |-separated parts (and no count runs);
+    "" runs everything."""
     cases = {
         "detlaunch torchrun, 1 node x 2": (lambda: detlaunch_job(1, "--max-restarts", "1", "--restart-backoff", "0"),
                                            2, 1),
+        "detlaunch direct, 1 node x 2": (lambda: detlaunch_job(1, "--max-restarts", "1", "--restart-backoff", "0",
+                                                               layer="direct"), 2, 1),
         "bare torchrun --max-restarts 1, 1 node x 2": (lambda: bare_torchrun(1), 2, 1),
         "detlaunch torchrun, 2 nodes x 1": (lambda: detlaunch_job(2, "--max-restarts", "1", "--restart-backoff", "0"),
                                             2, 1),
+        "detlaunch direct, 2 nodes x 1": (lambda: detlaunch_job(2, "--max-restarts", "1", "--restart-backoff", "0",
+                                                                layer="direct"), 2, 1),
         "bare torchrun --max-restarts 1, 2 nodes x 1": (lambda: bare_torchrun(2), 2, 1),
         "fresh start, detlaunch 2 nodes x 1 (no failure)": (lambda: detlaunch_job(2), 2, 0),
     }
-    cases = {name: case for name, case in cases.items() if only in name}
+    cases = {name: case for name, case in cases.items() if any(part in name for part in only.split("|"))}
     samples: dict[str, list[float]] = {name: [] for name in cases}
+    # failure -> the last rank process started, and -> the last rank done importing torch
+    to_start: dict[str, list[float]] = {name: [] for name in cases}
+    to_import: dict[str, list[float]] = {name: [] for name in cases}
     failed: dict[str, list[str]] = {name: [] for name in cases}
     for n, (rep, name) in enumerate(interleaved(reps, list(cases))):
         make, ranks, failures = cases[name]
         out = tmp / f"restarts-{n}"
         out.mkdir()
         job = run(make(), {**env, "BENCH_OUT": str(out), "BENCH_FAILURES": str(failures)}, timeout=240)
+        start = imported = None
         if failures:
-            took = restart_time(out, ranks)
+            times = restart_time(out, ranks)
+            took, start, imported = times if times else (None, None, None)
         else:
             first = stamps(out, 0)
-            took = max(ready for _, ready in first) - job.start if len(first) == ranks else None
+            took = max(ready for _, ready, _ in first) - job.start if len(first) == ranks else None
         if took is None or job.code != 0 or job.leaked:
             failed[name].append(f"exit {job.code}, {len(job.leaked)} leaked: {job.stderr.strip()[-300:]!r}")
         else:
             samples[name].append(took)
-        say(f"restarts {rep + 1}/{reps} {name}: {'failed' if took is None or job.code else f'{took:.2f} s'}")
+            if start is not None and imported is not None:
+                to_start[name].append(start)
+                to_import[name].append(imported)
+        load = os.getloadavg()[0]
+        say(f"restarts {rep + 1}/{reps} {name}: {'failed' if took is None or job.code else f'{took:.2f} s'} "
+            f"(load {load:.1f})")
         shutil.rmtree(out)
 
     counts: list[int] = []
@@ -108,7 +134,14 @@ def main(env: dict[str, str], reps: int, quick: bool, tmp: Path, only: str = "")
         shutil.rmtree(out)
 
     stats = {name: Stat(s) if s else None for name, s in samples.items()}
-    rows = [[name, stats[name].fmt() if stats[name] else "n/a",  # type: ignore[union-attr]
+    def split(name: str) -> list[str]:
+        if not to_start[name]:
+            return ["-", "-", "-"]
+        start, imported = to_start[name], to_import[name]
+        return [Stat(start).fmt(), Stat([i - s for i, s in zip(imported, start, strict=True)]).fmt(),
+                Stat([t - i for t, i in zip(samples[name], imported, strict=True)]).fmt()]
+
+    rows = [[name, stats[name].fmt() if stats[name] else "n/a", *split(name),  # type: ignore[union-attr]
              f"{len(samples[name])}/{len(samples[name]) + len(failed[name])}"] for name in cases]
     notes = [f"{name}: {why}" for name, whys in failed.items() for why in whys]
     exact = sum(1 for c in counts if c == FAILURES)
@@ -131,7 +164,7 @@ def main(env: dict[str, str], reps: int, quick: bool, tmp: Path, only: str = "")
              f"{exact}/{COUNT_RUNS} runs", exact == COUNT_RUNS if counts else None),
     ]
     table = Table("Restart: from a rank's failure to every rank of the next attempt running",
-                  ["case", "seconds", "runs ok"], rows, notes)
+                  ["case", "seconds", "of which: to start", "import torch", "rendezvous", "runs ok"], rows, notes)
     panel = Panel("restart: failure to running again", "s", list(cases), [stats[n] for n in cases])
     return Section("restarts", [table, count_table], [panel], goals)
 

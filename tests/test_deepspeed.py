@@ -169,6 +169,11 @@ def test_the_env_file_writer(tmp_path: Path) -> None:
     again = subprocess.run([sys.executable, "-S", envfile.__file__, str(out)], env=env, capture_output=True,
                            timeout=20)
     assert again.returncode != 0 and out.read_text() == text
+    # --replace: the layer's own file of the last attempt, written again by a restarted attempt.
+    out.write_text("stale\n")
+    again = subprocess.run([sys.executable, "-S", envfile.__file__, "--replace", str(out)], env=env,
+                           capture_output=True, timeout=20)
+    assert again.returncode == 0 and "stale" not in out.read_text() and "TRICKY=" in out.read_text()
 
 
 @pytest.mark.timeout(10)
@@ -249,7 +254,7 @@ def test_dry_run_shows_the_chief_and_worker_chains(launcher: Launcher) -> None:
     assert folder in plan["dirs"] and f"{folder}/hostfile" in plan["files"]
     writer = plan["prelaunch"][-1]
     assert writer[:5] == [sys.executable, "-S", envfile.__file__, "--quoting", "double"]
-    assert writer[-1] == f"{folder}/env" and writer[5:-1] == [a for p in DENY for a in ("--deny", p)]
+    assert writer[-2:] == ["--replace", f"{folder}/env"] and writer[5:-2] == [a for p in DENY for a in ("--deny", p)]
     assert (plan["env"]["USE_DEEPSPEED"], plan["env"]["DS_ACCELERATOR"]) == ("1", "cpu")
     # The text tree says the same, and what would not be exported.
     assert re.search(r"├── writes /\S*/detlaunch-[0-9a-f]+/deepspeed/hostfile\n", chief.stdout)

@@ -3,9 +3,10 @@ on the first attempts.
 
     BENCH_OUT=DIR BENCH_FAILURES=N [BENCH_HOW=kill|exit] restart_rank.py
 
-Writes DIR/a<attempt>-r<rank> = "<process start> <after init + barrier>" (CLOCK_MONOTONIC, the clock the
-bench reads). On attempts 0..N-1 the last rank writes DIR/fail<attempt> (the time) and fails: SIGKILL
-(kill), or exit 10+attempt (exit: a different failure each attempt, so no crash-loop breaker stops it).
+Writes DIR/a<attempt>-r<rank> = "<process start> <after init + barrier> <after import torch>"
+(CLOCK_MONOTONIC, the clock the bench reads). On attempts 0..N-1 the last rank writes DIR/fail<attempt>
+(the time) and fails: SIGKILL (kill), or exit 10+attempt (exit: a different failure each attempt, so no
+crash-loop breaker stops it).
 The attempt comes from DETLAUNCH_RESTART_COUNT, else TORCHELASTIC_RESTART_COUNT (bare torchrun).
 """
 
@@ -20,11 +21,13 @@ attempt = int(os.environ.get("DETLAUNCH_RESTART_COUNT") or os.environ.get("TORCH
 
 import torch.distributed as dist  # noqa: E402  (the start stamp comes before the import)
 
+imported = time.monotonic()
+
 dist.init_process_group("gloo")
 dist.barrier()
 rank, world = dist.get_rank(), dist.get_world_size()
 with open(os.path.join(out, f"a{attempt}-r{rank}"), "w") as f:
-    f.write(f"{started} {time.monotonic()}\n")
+    f.write(f"{started} {time.monotonic()} {imported}\n")
 if attempt < int(os.environ.get("BENCH_FAILURES", "1")) and rank == world - 1:
     with open(os.path.join(out, f"fail{attempt}"), "w") as f:
         f.write(f"{time.monotonic()}\n")

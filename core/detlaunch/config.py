@@ -192,7 +192,8 @@ def build_parser(layer_names: Sequence[str] = (), add_help: bool = True) -> Pars
     g.add_argument("--grace-period", **number("grace_period"), metavar="S",
                    help="after asking processes to stop, SIGKILL them this many seconds later (default %(default)g)")
     g.add_argument("--start-timeout", **number("start_timeout"), metavar="S",
-                   help="give up when the ranks (or peers) have not started after this long (default %(default)g)")
+                   help="give up when the ranks (or peers) have not started after this long, or when a lost node has "
+                   "not joined again for the next attempt (default %(default)g)")
     g.add_argument("--no-pid-namespace", action="store_true",
                    help="do not run the job in a PID namespace of its own (by default every process of the job "
                    "is in one, so nothing it starts can outlive detlaunch, even a SIGKILLed one)")

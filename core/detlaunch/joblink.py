@@ -5,6 +5,12 @@ authority on the job's outcome, answers any failure anywhere by telling every no
 with the root cause and the exit code every node then exits with. Both sides send a heartbeat;
 a peer silent for HEARTBEAT_MISSES intervals is lost, and a lost peer stops the job.
 
+A lost worker node can join again, for the job's next attempt (restart.py decides whether there
+is one): the chief forgets it and listens again, and the node's new detlaunch joins through the
+same authenticated admission as a first join. The welcome says which attempt the node joins and
+whether it waits for the chief's "go" (every node is back). A node that is still connected is
+never displaced: a second join for it is refused, whatever its credentials.
+
 Authentication: an HMAC-SHA256 challenge-response in both directions over a per-job secret,
 which never appears on a command line: it comes from DETLAUNCH_JOB_SECRET when the scheduler
 sets one on every node, else from a 0600 file in the job directory shared by the nodes (the
@@ -84,10 +90,11 @@ class WorkerEvents(Protocol):
     """What a worker's link tells its supervisor."""
 
     def trace(self, message: str) -> None: ...
-    def joined(self) -> None: ...  # this node joined the chief
+    def joined(self) -> None: ...  # this node joined the chief (WorkerLink.attempt, .hold: what it joined)
     def link_failed_to_start(self, what: str) -> None: ...
     def chief_verdict(self, failure: Failure | None) -> None: ...
-    def chief_restart(self, attempt: int, delay: float) -> None: ...
+    def chief_restart(self, attempt: int, delay: float | None) -> None: ...  # None: wait for chief_go
+    def chief_go(self, attempt: int) -> None: ...  # every node is back: start `attempt` now
     def chief_lost(self, why: str) -> None: ...
     def chief_request(self, key: int, what: str, args: dict[str, Any]) -> None: ...
     def chief_answer(self, key: int, data: dict[str, Any]) -> None: ...
@@ -260,6 +267,10 @@ class ChiefLink:
         self.admission = Admission(max(ACCEPTS_PER_SECOND, len(self.expected)), MAX_PENDING, MAX_PENDING_PER_PEER)
         self.listening = False
         self.paused: Timer | None = None
+        # What a node joining now is told: the attempt it joins, and whether it waits for "go" (a restart
+        # waiting for lost nodes to come back) or starts at once (the first attempt).
+        self.attempt = 1
+        self.holding = False
         self._listen()
         self.timer: Timer | None = loop.call_later(self.heartbeat, self.tick)
 
@@ -337,7 +348,8 @@ class ChiefLink:
         if not self.expected - set(self.nodes):
             self._stop_listening(for_seconds=None)  # every node is here: nobody else has a reason to connect
         self.addrs[node] = str(m.get("addr") or line.sock.getpeername()[0])
-        line.send({"t": "welcome", "mac": mac(self.secret, "chief", self.job_id, node, m.get("nonce"))})
+        line.send({"t": "welcome", "mac": mac(self.secret, "chief", self.job_id, node, m.get("nonce")),
+                   "attempt": self.attempt, "hold": self.holding})
         if self.stop_message is not None:  # joined after the job was stopped
             line.send(self.stop_message)
         self.events.trace(f"node {node} joined the job")
@@ -407,16 +419,35 @@ class ChiefLink:
         return set(self.nodes) <= self.finished
 
     def lost_nodes(self) -> list[int]:
-        """Nodes whose link is gone: they cannot take part in another attempt."""
+        """Nodes whose link is gone: their new detlaunch must join again before another attempt starts."""
         return sorted(n for n, line in self.nodes.items() if line.closed)
 
     def restart(self, attempt: int, delay: float) -> None:
-        """Every node said goodbye to the last attempt: each starts `attempt` after `delay` seconds."""
+        """Every node said goodbye to the last attempt: each starts `attempt` after `delay` seconds.
+
+        With lost nodes, they are forgotten and the chief listens for them again; the others (and
+        each node as it joins) wait for go(): the attempt starts only once every node is back.
+        """
+        lost = self.lost_nodes()
+        for node in lost:
+            del self.nodes[node]
+        self.attempt, self.holding = attempt, bool(lost)
+        restart = encode({"t": "restart", "attempt": attempt, "delay": None if lost else delay})
         for line in self.nodes.values():
-            line.send({"t": "restart", "attempt": attempt, "delay": delay})
-        self.finished = {n for n, line in self.nodes.items() if line.closed}
+            line.send_line(restart)
+        self.finished = set()
         self.remote_ranks = {}
         self.stop_message = None
+        if lost:
+            self._listen()
+
+    def go(self) -> None:
+        """Every node is back after a lost one: the attempt the nodes wait for starts now."""
+        if self.holding:
+            self.holding = False
+            go = encode({"t": "go", "attempt": self.attempt})
+            for line in self.nodes.values():
+                line.send_line(go)
 
     def finish(self, failure: Failure | None, ranks: list[RankStatus]) -> None:
         """Every node has finished: tell each the final verdict (the earliest failure of all)."""
@@ -466,6 +497,8 @@ class WorkerLink:
         self.stopped_by_chief = False
         self.closing = False
         self.secret: str | None = None
+        self.attempt = 1  # the attempt the chief's welcome said this node joins
+        self.hold = False  # and whether it waits for the chief's "go" first
         self.waiting: Timer | None = None  # for the chief's answer to this node's goodbye
         self.dialer = Dialer(loop, *self.chief, self._on_connected, events.link_failed_to_start,
                              source=plan.cluster.node_addr)
@@ -487,7 +520,8 @@ class WorkerLink:
                 return
             line.trusted()
             self.joined = True
-            self.events.trace("joined the chief")
+            self.attempt, self.hold = int(m.get("attempt") or 1), bool(m.get("hold"))
+            self.events.trace(f"joined the chief (attempt {self.attempt}{', waiting for go' if self.hold else ''})")
             self.events.joined()
         elif not line.authed:
             return  # nothing but the handshake counts before the chief has proven who it is
@@ -500,7 +534,10 @@ class WorkerLink:
             self.events.chief_answer(int(m["id"]), dict(m.get("data") or {}))
         elif kind == "restart":
             self._next_attempt()
-            self.events.chief_restart(int(m["attempt"]), float(m["delay"]))
+            delay = m.get("delay")
+            self.events.chief_restart(int(m["attempt"]), None if delay is None else float(delay))
+        elif kind == "go":
+            self.events.chief_go(int(m["attempt"]))
         elif kind == "end":
             self.chief_ended = True
             failure = _message_failure(m)

@@ -525,7 +525,8 @@ def add_restart_options(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--max-restarts", type=count, default=0, metavar="N",
                    help="restart the whole job on every node at most N times after a failure (default 0: off)")
     g.add_argument("--max-node-restarts", type=count, metavar="N",
-                   help="restarts after a lost node, counted apart (default: as many as --max-restarts)")
+                   help="restarts after a lost node, counted apart (default: as many as --max-restarts); the node's "
+                   "detlaunch, started again, must join within --start-timeout")
     g.add_argument("--restart-on", type=item_list, default=(), metavar="LIST",
                    help="also restart on these: exit codes, SIGNAMEs, kinds (user-error, start-failure...) "
                    "or exception classes, comma-separated")

@@ -18,7 +18,6 @@ from __future__ import annotations
 import dataclasses
 import enum
 import os
-import random
 import signal
 import socket
 import sys
@@ -26,6 +25,7 @@ import time
 from typing import Any, TextIO
 
 from . import rank_protocol, restart
+from .attempts import Attempts, attempt_end
 from .config import DEDUPE_MIN_RANKS, DEFAULT_PREFIX
 from .console import FoldingConsole
 from .control import ControlRequests, write_job_file
@@ -40,7 +40,7 @@ from .plan import LaunchPlan
 from .process_table import Child, ProcessTable
 from .progresswatch import last_seen
 from .rank_registry import RankEntry, RankRegistry, RankRules
-from .report import Failure, FailureKind, JobResult, RankStatus, describe_exit, signal_name
+from .report import Failure, JobResult, RankStatus, describe_exit, signal_name
 from .rundirs import RunDir, create_run_dir
 from .safefs import ensure_private_dir, write_private_file
 from .sampler import ProcessTreeSampler
@@ -86,6 +86,7 @@ class Phase(enum.Enum):
 
     A signal in LOCAL_DONE or CLOSING (the chief waiting for other nodes) goes straight to DONE.
     A signal or a failure anywhere during BACKOFF ends the job: LOCAL_DONE, never a restart.
+    After a lost node, BACKOFF lasts until every node is back too (the chief's go for the workers).
     """
 
     STARTING = "starting"
@@ -130,10 +131,7 @@ class NodeSupervisor:
         self.prepared = False
         # Job-wide restarts (restart.py): the chief keeps the history and decides; every node counts attempts.
         self.policy = plan.restarts
-        self.attempt = 1
-        self.history: list[restart.AttemptEnd] = []
-        self.decision: restart.Decision | None = None
-        self.rng = random.Random()
+        self.attempts = Attempts(self.policy)
         self.control = ControlRequests(  # questions from other shells, routed over the job link
             self.loop, plan.cluster.job_id, self.node,
             chief=lambda: self.link if isinstance(self.link, ChiefLink) else None,
@@ -153,12 +151,16 @@ class NodeSupervisor:
         self.sampler: ProcessTreeSampler | None = None
         self._new_attempt_parts()
 
+    @property
+    def attempt(self) -> int:
+        """The attempt that runs, or comes next (1 for the first)."""
+        return self.attempts.number
+
     def _new_attempt_parts(self) -> None:
         """What lives for one attempt only: its verdict, its processes, its ranks and its timers."""
         plan, c = self.plan, self.plan.cluster
         self.attempt_started_at = time.monotonic()
         self.attempt_wall = time.time()
-        self.attempt_running = True  # False while waiting out the backoff before it
         self.verdict = Verdict()
         log_dir = restart.attempt_log_dir(plan.log_dir, self.attempt, self.policy.enabled) if plan.log_dir else None
         self.processes = ProcessTable(self.loop, log_dir=log_dir, node_rank=self.node,
@@ -177,6 +179,8 @@ class NodeSupervisor:
         self.start_timer: Timer | None = None
         self.sweep_timer: Timer | None = None
         self.backoff_timer: Timer | None = None
+        self.rejoin_timer: Timer | None = None  # chief: the bound on lost nodes coming back (--start-timeout)
+        self.awaiting_join = False  # worker: the stage starts once the chief said which attempt this is
 
     # -- output ------------------------------------------------------------------------------
     def say(self, message: str) -> None:
@@ -253,7 +257,10 @@ class NodeSupervisor:
                              else WorkerLink(self.loop, self.plan, self))
             self._write_files()
             self._run_steps(self.plan.stage.setup)
-            self._start_stage()
+            if self._joins_first():
+                self._await_join()
+            else:
+                self._start_stage()
             self.loop.run(done=lambda: self.phase is Phase.DONE, after_each=self._advance)
         except LaunchError as e:
             self.fail_to_start(str(e))
@@ -425,7 +432,12 @@ class NodeSupervisor:
     def joined(self) -> None:
         """Chief: every node has joined the job; worker: this node joined the chief."""
         self.link_up = True
-        self._start_when_ready()
+        if self.phase is Phase.BACKOFF and isinstance(self.link, ChiefLink):
+            self._rejoined()
+        elif self.awaiting_join:
+            self._joined_attempt()
+        else:
+            self._start_when_ready()
 
     def remote_rank_exit(self, status: RankStatus) -> None:
         """Chief: a worker node's rank ended."""
@@ -451,11 +463,18 @@ class NodeSupervisor:
             self.say(f"the chief stopped the job: {failure.what}")
         self._stop(signal.SIGTERM)
 
-    def chief_restart(self, attempt: int, delay: float) -> None:
-        """Worker: the chief starts attempt `attempt` on every node after `delay` seconds."""
+    def chief_restart(self, attempt: int, delay: float | None) -> None:
+        """Worker: the chief starts attempt `attempt` on every node after `delay` seconds
+        (None: once the lost nodes are back, when the chief says go)."""
         if self.phase is Phase.CLOSING:
-            self.say(f"the chief restarts the job: attempt {attempt} in {delay:.1f} s")
+            when = "once every lost node is back" if delay is None else f"in {delay:.1f} s"
+            self.say(f"the chief restarts the job: attempt {attempt} {when}")
             self._begin_backoff(attempt, delay)
+
+    def chief_go(self, attempt: int) -> None:
+        """Worker: every node is back after a lost one: attempt `attempt` starts now."""
+        if self.phase is Phase.BACKOFF:
+            self._next_attempt(attempt)
 
     def chief_lost(self, why: str) -> None:
         """Worker: the chief's supervisor vanished before the job ended."""
@@ -675,54 +694,45 @@ class NodeSupervisor:
         policy says so (workers follow the chief's "restart"). False: the job ends now."""
         if not self.policy.enabled or not self.plan.cluster.is_chief:
             return False
-        if not self.attempt_running:  # stopped during the backoff: that attempt never started
+        if not self.attempts.running:  # stopped during the backoff: that attempt never started
             why = "the job was interrupted" if self.verdict.interrupted_by is not None else \
                 (self.verdict.failure.what if self.verdict.failure else "the job ended")
-            self.decision = restart.Decision(False, f"{why} before attempt {self.attempt + 1} started: not restarting")
+            self.attempts.stopped_waiting(why)
             return False
-        self.history.append(self._attempt_end())
-        decision = self.decision = self.policy.decide(self.history, self.rng)
-        lost = self.link.lost_nodes() if isinstance(self.link, ChiefLink) else []
-        if decision.restart and lost:  # a node that left cannot come back into this job (yet)
-            nodes = ", ".join(map(str, lost))
-            decision = self.decision = restart.Decision(False, f"node(s) {nodes} left the job and cannot rejoin "
-                                                               "it: not restarting")
+        decision = self.attempts.ended(self._attempt_end())
         if not decision.restart:
             return False
-        self.say(f"attempt {self.attempt} failed ({self.history[-1].cause}): {decision.why}")
+        self.say(self.attempts.restarting())
         if isinstance(self.link, ChiefLink):
-            self.link.restart(decision.next_attempt, decision.delay)
+            self.link.restart(decision.next_attempt, decision.delay)  # lost nodes are forgotten: they may rejoin
         self._begin_backoff(decision.next_attempt, decision.delay)
         return True
 
     def _attempt_end(self) -> restart.AttemptEnd:
         """How the attempt that just ended ended, as the restart policy reads it."""
-        v, now = self.verdict, time.time()
-        failure = v.failure
-        if failure is None and v.interrupted_by is None:
-            return restart.AttemptEnd(self.attempt, None, 0, started_at=self.attempt_wall, ended_at=now)
+        v = self.verdict
         remote = self.link.remote_ranks if isinstance(self.link, ChiefLink) else {}
-        rank = failure.rank if failure else None
-        kind = failure.kind if failure else FailureKind.INTERRUPTED
-        what = failure.what if failure else f"interrupted by {signal_name(v.interrupted_by or 0)}"
-        return restart.AttemptEnd.from_failure(
-            self.attempt, v.exit_code, rank.signal if rank else None, failure.tail if failure else (), what,
-            started=bool(self.ranks.ranks or remote), lost=kind in (FailureKind.NODE_LOST, FailureKind.CHIEF_LOST),
-            hung=kind is FailureKind.HANG, interrupted=v.interrupted_by is not None or kind is FailureKind.INTERRUPTED,
-            no_restart_exit_code=self.policy.no_restart_exit_code, started_at=self.attempt_wall, ended_at=now)
+        return attempt_end(self.attempt, v.failure, v.interrupted_by, v.exit_code,
+                           started=bool(self.ranks.ranks or remote), policy=self.policy,
+                           started_at=self.attempt_wall, ended_at=time.time())
 
-    def _begin_backoff(self, attempt: int, delay: float) -> None:
-        """Every process of the last attempt is gone: wait `delay`, then start `attempt` afresh."""
+    def _begin_backoff(self, attempt: int, delay: float | None) -> None:
+        """Every process of the last attempt is gone: wait `delay`, then start `attempt` afresh
+        (None: a worker waiting for the chief's go, which comes once every lost node is back)."""
         for timer in (self.kill_timer, self.start_timer, self.sweep_timer):
             self._cancel(timer)
-        self.attempt_running = False
+        self.attempts.wait()
         self.hangs.new_attempt()  # a traceback timer or the hang watch of the last attempt must not fire in the next
         self.verdict = Verdict()  # a signal or a failure during the wait is the job's end, not the last attempt's
         self._enter(Phase.BACKOFF)
-        self.backoff_timer = self.loop.call_later(delay, lambda: self._next_attempt(attempt))
+        if delay is not None:
+            self.backoff_timer = self.loop.call_later(delay, lambda: self._next_attempt(attempt))
 
     def _next_attempt(self, attempt: int) -> None:
         if self.phase is not Phase.BACKOFF:
+            return
+        if isinstance(self.link, ChiefLink) and self.link.missing_nodes():
+            self._await_rejoin(attempt)
             return
         for probe in self.probes:
             probe.close()
@@ -732,14 +742,69 @@ class NodeSupervisor:
             os.unlink(self.plan.socket_path)  # the new attempt's registry listens on the same path
         except OSError:
             pass
-        self.attempt = attempt
+        self.attempts.begin(attempt)
         self._new_attempt_parts()
         self._enter(Phase.STARTING)
+        if isinstance(self.link, ChiefLink):
+            self.link.go()  # the nodes that waited for lost ones start too
         try:
             self.ranks.listen(self.plan.socket_path)
             self._start_stage()
         except (LaunchError, OSError) as e:
             self.fail_to_start(str(e))
+
+    # -- lost nodes coming back --------------------------------------------------------------------
+    def _await_rejoin(self, attempt: int) -> None:
+        """Chief: attempt `attempt` is due, but lost nodes are not back: wait at most --start-timeout."""
+        assert isinstance(self.link, ChiefLink)
+        self.attempts.due = attempt
+        if self.rejoin_timer is None:
+            missing = self.link.missing_nodes()
+            who = ", ".join(f"{n} ({self.link.addr_of(n)})" for n in missing)
+            self.say(f"waiting for node(s) {who} to join again (at most {self.plan.start_timeout:g} s, "
+                     "--start-timeout)")
+            self.rejoin_timer = self.loop.call_later(self.plan.start_timeout, self._rejoin_timeout)
+
+    def _rejoined(self) -> None:
+        """Chief, in the backoff: every lost node is back; the attempt starts if its backoff is over."""
+        self._cancel(self.rejoin_timer)
+        self.rejoin_timer = None
+        due = self.attempts.due
+        self.say(f"every node is back: attempt {due or self.attempt + 1} starts"
+                 + ("" if due is not None else " when the backoff is over"))
+        if due is not None:
+            self._next_attempt(due)
+
+    def _rejoin_timeout(self) -> None:
+        """Chief: a lost node did not come back within --start-timeout: the job ends (lost node's exit code)."""
+        self.rejoin_timer = None
+        if self.phase is not Phase.BACKOFF or not isinstance(self.link, ChiefLink):
+            return
+        for node in self.link.missing_nodes():
+            self._fail(NodeLost(node, self.link.addr_of(node), f"it did not join again within "
+                                f"{self.plan.start_timeout:g} s (--start-timeout)", time.time()))
+
+    def _joins_first(self) -> bool:
+        """Worker with restarts on: its stage waits for the chief's welcome, which says which attempt it
+        joins (a node that was lost and started again joins a later one, and may have to wait for go)."""
+        return isinstance(self.link, WorkerLink) and self.policy.enabled
+
+    def _await_join(self) -> None:
+        self.awaiting_join = True
+        self.start_timer = self.loop.call_at(self.attempt_started_at + self.plan.start_timeout,
+                                             self._on_start_timeout)
+
+    def _joined_attempt(self) -> None:
+        """Worker: joined; start the attempt the chief runs (or wait for its go)."""
+        assert isinstance(self.link, WorkerLink)
+        self.awaiting_join = False
+        self._cancel(self.start_timer)
+        attempt, hold = self.link.attempt, self.link.hold
+        if attempt == 1 and not hold:
+            self._start_stage()
+            return
+        self.say(f"joined the job at attempt {attempt}" + (": waiting for the other nodes" if hold else ""))
+        self._begin_backoff(attempt, None if hold else 0.0)
 
     @staticmethod
     def _cancel(timer: Timer | None) -> None:
@@ -748,7 +813,7 @@ class NodeSupervisor:
 
     def attempts_report(self) -> list[str]:
         """The chief's report of every attempt, printed before the last one's (restarts on only)."""
-        return restart.format_attempts(self.history, self.decision) if self.history else []
+        return self.attempts.report()
 
     # -- the end ----------------------------------------------------------------------------------
     def _cleanup(self) -> None:

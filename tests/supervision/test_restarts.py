@@ -84,24 +84,37 @@ def test_torchrun_two_nodes_a_sigkilled_rank_resumes_after_one_restart(launcher:
     assert "rank 1 attempt 2 starts at step 2" in (logs / "attempt-2" / "rank-1.log").read_text()
 
 
-def test_horovod_two_nodes_over_sshd_a_sigkilled_rank_resumes_after_one_restart(
-        launcher: Launcher, tmp_path: Path) -> None:
-    args = ["--layer", "horovod", "--hosts", "127.0.0.1:1,127.0.0.2:1", "--ssh-port", str(free_port("127.0.0.2")),
+def two_nodes_over_sshd_resume_after_one_restart(launcher: Launcher, tmp_path: Path, layer: str, script: Path,
+                                                 env: dict[str, str] | None = None) -> None:
+    """A 2-node job whose workers are reached over the per-job sshd; rank 1 (node 1) SIGKILLs itself at step 3."""
+    args = ["--layer", layer, "--hosts", "127.0.0.1:1,127.0.0.2:1", "--ssh-port", str(free_port("127.0.0.2")),
             "--master-port", str(free_port()), "--max-restarts", "1", "--restart-backoff", "2",
             "--restart-backoff-max", "2"]
-    script = train_args(tmp_path, HVD, "--crash-step", "3", "--crash-rank", "1", "--crash-how", "kill")
-    worker = launcher.start(*args, "--node-rank", "1", *script)
-    chief = launcher.start(*args, "--node-rank", "0", *script)
-    worker.wait_for_output("the chief restarts the job: attempt 2 in", timeout=150)
-    only_detlaunch_between_attempts(launcher, [chief, worker])  # the worker's sshd too: it starts again
-    rc, rw = chief.wait(180), worker.wait(60)
+    argv = train_args(tmp_path, script, "--crash-step", "3", "--crash-rank", "1", "--crash-how", "kill")
+    worker = launcher.start(*args, "--node-rank", "1", *argv, env=env)
+    chief = launcher.start(*args, "--node-rank", "0", *argv, env=env)
+    worker.wait_for_output("the chief restarts the job: attempt 2 in", timeout=200)
+    only_detlaunch_between_attempts(launcher, [chief, worker])  # the sshds too: they start again
+    rc, rw = chief.wait(240), worker.wait(60)
     assert (rc.returncode, rw.returncode) == (0, 0), rc.output + rw.output
     lines = attempt_lines(rc.stderr)
     assert lines[0].endswith(": rank 1 on node 1 (127.0.0.2) killed by SIGKILL"), lines
     assert len(lines) == 3 and lines[2].startswith("detlaunch:   attempt 2: finished"), lines
     assert "rank 1 attempt 2 starts at step 2" in rank_lines(rw.stdout, 1)
+    assert "rank 0 attempt 2 starts at step 2" in rank_lines(rc.stdout, 0)
     assert rank_lines(rc.stdout, 0)[-1] == f"rank 0 done: 4 steps, weights {WEIGHTS}"
     assert rank_lines(rw.stdout, 1)[-1] == f"rank 1 done: 4 steps, weights {WEIGHTS}"
+
+
+def test_horovod_two_nodes_over_sshd_a_sigkilled_rank_resumes_after_one_restart(
+        launcher: Launcher, tmp_path: Path) -> None:
+    two_nodes_over_sshd_resume_after_one_restart(launcher, tmp_path, "horovod", HVD)
+
+
+def test_deepspeed_two_nodes_over_sshd_a_sigkilled_rank_resumes_after_one_restart(
+        launcher: Launcher, tmp_path: Path) -> None:
+    """deepspeed's runner reaches both nodes over pdsh; the chief's env file is written again per attempt."""
+    two_nodes_over_sshd_resume_after_one_restart(launcher, tmp_path, "deepspeed", DDP, {"DS_ACCELERATOR": "cpu"})
 
 
 def test_deepspeed_one_node_a_sigkilled_rank_resumes_after_one_restart(launcher: Launcher, tmp_path: Path) -> None:
@@ -204,3 +217,16 @@ def test_ctrl_c_to_the_worker_during_the_backoff_ends_both_nodes(launcher: Launc
     assert attempt_lines(rc.stderr)[-1] == "detlaunch:     -> node 1 was interrupted by SIGINT before attempt 2 " \
                                            "started: not restarting"
     assert "attempt 2 starts" not in rc.stdout + rw.stdout
+
+
+def test_a_hang_is_retried_and_the_job_resumes(launcher: Launcher, tmp_path: Path) -> None:
+    rc, out, err = single_node(launcher, tmp_path, "--max-restarts", "1", "--hang-timeout", "6",
+                               *train_args(tmp_path, DDP, "--crash-step", "3", "--crash-rank", "1",
+                                           "--crash-how", "hang"))
+    assert rc == 0, out + err
+    lines = attempt_lines(err)
+    assert len(lines) == 3 and lines[0].startswith("detlaunch:   attempt 1: hang after "), lines
+    assert "restart 1 of 1 in 0.0 s" in err
+    for rank in (0, 1):
+        assert f"rank {rank} attempt 2 starts at step 2" in rank_lines(out, rank)
+        assert rank_lines(out, rank)[-1] == f"rank {rank} done: 4 steps, weights {WEIGHTS}"

@@ -6,9 +6,10 @@ file: every variable except the deny-list, each value quoted so that it reaches 
 through the deepspeed version at hand.
 
 It is also the program the chief's supervisor runs right before deepspeed starts
-(``python -S envfile.py --quoting Q [--deny RE]... FILE``): it writes the environment the launcher
-really runs with (the user's, plus what detlaunch and every plugin add), which a stage hook cannot
-see. Standard library only, so ``-S`` keeps it quick.
+(``python -S envfile.py --quoting Q [--deny RE]... --replace FILE``): it writes the environment the
+launcher really runs with (the user's, plus what detlaunch and every plugin add), which a stage hook
+cannot see. It never writes over a file it finds, unless told --replace: the layer's own file of the
+last attempt, which a restarted attempt writes again. Standard library only, so ``-S`` keeps it quick.
 """
 
 from __future__ import annotations
@@ -137,7 +138,7 @@ def render(env: Mapping[str, str], quoting: str, deny: Iterable[str] = DENY,
 
 
 def main(argv: list[str]) -> int:
-    quoting, deny, out = "double", [], None
+    quoting, deny, out, replace = "double", [], None, False
     args = list(argv)
     while args:
         arg = args.pop(0)
@@ -147,13 +148,15 @@ def main(argv: list[str]) -> int:
                 quoting = value
             else:
                 deny.append(value)
+        elif arg == "--replace":
+            replace = True
         elif out is None and (arg == "-" or not arg.startswith("-")):
             out = arg
         else:
             out = None
             break
     if out is None or quoting not in QUOTINGS:
-        print("usage: envfile.py [--quoting raw|shell|double] [--deny REGEX]... FILE|-", file=sys.stderr)
+        print("usage: envfile.py [--quoting raw|shell|double] [--deny REGEX]... [--replace] FILE|-", file=sys.stderr)
         return 2
     deny = deny or list(DENY)
     extra: list[str] = []
@@ -166,6 +169,11 @@ def main(argv: list[str]) -> int:
     if out == "-":
         sys.stdout.write(text)
         return 0
+    if replace:  # the layer's own file from the last attempt (a restart runs the prelaunch again)
+        try:
+            os.unlink(out)
+        except FileNotFoundError:
+            pass
     fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
     with os.fdopen(fd, "w", encoding="utf-8", errors="surrogateescape") as f:
         f.write(text)

@@ -352,7 +352,7 @@ def detlaunch_chief_stage(ctx: StageContext) -> Stage:
     quoting = quoting_for(version)
     _warn_unexported(ctx.env, quoting)
     writer = (sys.executable, "-S", os.path.abspath(envfile.__file__), "--quoting", quoting,
-              *[arg for pattern in DENY for arg in ("--deny", pattern)], env_file)
+              *[arg for pattern in DENY for arg in ("--deny", pattern)], "--replace", env_file)
     own = SshParts(dirs=(folder,), files={hostfile: create_hostfile(c.slots, addrs)}, prelaunch=(writer,))
     argv = create_run_command(master_address=c.chief_addr, master_port=port, hostfile_path=hostfile,
                               optional_args=ctx.launcher_args, shim=True, local_rank=not ctx.option("no_local_rank"))

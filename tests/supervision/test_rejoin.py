@@ -1,0 +1,99 @@
+"""A lost node is retryable: its detlaunch SIGKILLed mid-run, the chief stops the job, counts the
+attempt, and starts the next one once the node's new detlaunch (started again with the same
+command, as a scheduler would) has joined; a node that never comes back ends the job after
+--start-timeout with one line. Real 2-node torchrun jobs (gloo collectives, resume from checkpoint).
+"""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+import pytest
+from conftest import Job, Launcher
+from helpers import free_port, rank_lines, report_line
+from test_restarts import DDP, WEIGHTS, attempt_lines, only_detlaunch_between_attempts, torchrun_nodes, train_args
+
+pytestmark = pytest.mark.timeout(300)
+
+# Rank 1 hangs after the barrier of step 3 on the first attempt: both ranks saved step 2, and the job
+# is mid-run when the test SIGKILLs the worker node's detlaunch.
+HANG = ("--crash-step", "3", "--crash-rank", "1", "--crash-how", "hang")
+
+
+def kill_the_worker_mid_run(launcher: Launcher, tmp_path: Path, *extra: str) -> tuple[Job, list[str], list[str]]:
+    """Start a 2-node job, SIGKILL the worker node's detlaunch mid-run; the chief then waits for it."""
+    chief_args, worker_args = torchrun_nodes("--max-restarts", "1", "--restart-backoff", "0", *extra)
+    script = train_args(tmp_path, DDP, *HANG)
+    chief = launcher.start(*chief_args, *script)
+    worker = launcher.start(*worker_args, *script)
+    worker.wait_for_output("rank 1 attempt 1 fails at step 3 (hang)", timeout=150)
+    worker.send_signal(signal.SIGKILL)
+    assert worker.wait(30).returncode == -signal.SIGKILL
+    chief.wait_for_output("detlaunch: waiting for node(s) 1 (127.0.0.2) to join again", timeout=60)
+    only_detlaunch_between_attempts(launcher, [chief])  # the lost node's processes died with its detlaunch
+    return chief, worker_args, script
+
+
+def test_a_sigkilled_worker_node_started_again_rejoins_and_the_job_resumes(
+        launcher: Launcher, tmp_path: Path) -> None:
+    chief, worker_args, script = kill_the_worker_mid_run(launcher, tmp_path)
+    worker = launcher.start(*worker_args, *script)  # the scheduler starts the node's detlaunch again
+    rc, rw = chief.wait(180), worker.wait(60)
+    assert (rc.returncode, rw.returncode) == (0, 0), rc.output + rw.output
+    lines = attempt_lines(rc.stderr)
+    assert len(lines) == 3, lines
+    assert lines[0].startswith("detlaunch:   attempt 1: node-lost after "), lines
+    assert lines[0].endswith(": lost node 1 (127.0.0.2): its detlaunch closed the connection without saying "
+                             "goodbye"), lines
+    assert lines[1].startswith("detlaunch:     -> attempt 2 started"), lines
+    assert lines[2].startswith("detlaunch:   attempt 2: finished after "), lines
+    assert "detlaunch: attempt 1 failed (lost node 1 (127.0.0.2): its detlaunch closed the connection without " \
+           "saying goodbye): restart 1 of 1 (a lost node: not counted against --max-restarts) in 0.0 s" in rc.stderr
+    assert "detlaunch: every node is back: attempt 2 starts" in rc.stderr
+    assert "detlaunch: joined the job at attempt 2: waiting for the other nodes" in rw.stderr
+    # Both nodes' ranks see the restart count (the rejoined node's from the chief) and resume at step 2.
+    assert "rank 0 attempt 2 starts at step 2" in rank_lines(rc.stdout, 0)
+    assert rank_lines(rw.stdout, 1)[0] == "rank 1 attempt 2 starts at step 2"
+    assert rank_lines(rc.stdout, 0)[-1] == f"rank 0 done: 4 steps, weights {WEIGHTS}"
+    assert rank_lines(rw.stdout, 1)[-1] == f"rank 1 done: 4 steps, weights {WEIGHTS}"
+    assert "detlaunch: job finished: 2 rank(s) exited 0" in rc.stderr
+
+
+def test_a_lost_worker_node_that_never_comes_back_ends_the_job_after_the_start_timeout(
+        launcher: Launcher, tmp_path: Path) -> None:
+    chief, _, _ = kill_the_worker_mid_run(launcher, tmp_path, "--start-timeout", "40")
+    rc = chief.wait(120)
+    assert rc.returncode == 1, rc.output
+    assert report_line(rc.stderr) == "detlaunch: job failed: lost node 1 (127.0.0.2): it did not join again " \
+                                     "within 40 s (--start-timeout)"
+    assert "attempt 2 starts" not in rc.stdout
+
+
+def test_three_nodes_the_surviving_worker_waits_for_the_lost_one_then_all_resume(
+        launcher: Launcher, tmp_path: Path) -> None:
+    common = ["--layer", "torchrun", "--nnodes", "3", "--nproc-per-node", "1", "--master-addr", "127.0.0.1",
+              "--master-port", str(free_port()), "--max-restarts", "1", "--restart-backoff", "0"]
+    script = train_args(tmp_path, DDP, "--crash-step", "3", "--crash-rank", "2", "--crash-how", "hang")
+
+    def node(n: int) -> Job:
+        return launcher.start(*common, "--node-rank", str(n), "--node-addr", f"127.0.0.{n + 1}", *script)
+
+    chief, survivor, lost = node(0), node(1), node(2)
+    lost.wait_for_output("rank 2 attempt 1 fails at step 3 (hang)", timeout=150)
+    lost.send_signal(signal.SIGKILL)
+    lost.wait(30)
+    survivor.wait_for_output("detlaunch: the chief restarts the job: attempt 2 once every lost node is back", 60)
+    chief.wait_for_output("detlaunch: waiting for node(s) 2 (127.0.0.3) to join again", timeout=30)
+    only_detlaunch_between_attempts(launcher, [chief, survivor])
+    back = node(2)
+    rc, rs, rb = chief.wait(180), survivor.wait(60), back.wait(60)
+    assert (rc.returncode, rs.returncode, rb.returncode) == (0, 0, 0), rc.output + rs.output + rb.output
+    assert len(attempt_lines(rc.stderr)) == 3 and "attempt 1: node-lost" in attempt_lines(rc.stderr)[0]
+    finals = []
+    for done, rank in ((rc, 0), (rs, 1), (rb, 2)):
+        lines = rank_lines(done.stdout, rank)
+        assert f"rank {rank} attempt 2 starts at step 2" in lines, lines
+        assert lines[-1].startswith(f"rank {rank} done: 4 steps, weights "), lines
+        finals.append(lines[-1].split("weights ")[1])
+    assert len(set(finals)) == 1, finals  # DDP kept every rank's weights equal, through the restart
