@@ -179,6 +179,20 @@ def test_the_master_addr_given_on_one_node_reaches_every_rank(launcher: Launcher
     assert [c["env"]["MASTER_ADDR"] for c in json.loads(r.stdout)["commands"]] == ["127.0.0.5", "127.0.0.5"]
 
 
+@pytest.mark.parametrize("layer", ["direct", "torchrun"])
+def test_a_command_that_cannot_start_ends_127_with_the_reason(launcher: Launcher, layer: str, tmp_path: Path) -> None:
+    """Not "its wrapper was killed before it could report": the shell's code and the kernel's reason."""
+    program = tmp_path / "train"
+    program.write_text("#!/nonexistent/python\n")
+    program.chmod(0o755)
+    r = launcher.run("--layer", layer, "--nproc-per-node", "2", "--master-port", str(free_port()), "--",
+                     str(program), timeout=120)
+    assert r.returncode == 127, r.output
+    why = f"cannot start {program}: No such file or directory (the interpreter on its #! line is missing)"
+    assert f"detlaunch:   | {why}" in r.stderr.splitlines(), r.stderr
+    assert "exited with code 127" in report_line(r.stderr) and "killed before" not in r.stderr, r.stderr
+
+
 def test_launcher_options_are_refused_in_one_line(launcher: Launcher) -> None:
     r = launcher.run(*shape_args("direct", 1, 0, free_port()), "--rdzv-backend", "c10d", "--", RANKS, timeout=60)
     assert r.returncode == 2, r.output

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import _signal as signal  # the C modules under signal and socket: the same calls, without
 import _socket as socket  # their enum wrappers, which would cost every rank about 1 MB
+import errno
 import fcntl
 import os
 import select
@@ -373,8 +374,13 @@ class WrappedRank:
             gather = 0
         actions = [(os.POSIX_SPAWN_DUP2, out_w, 1), (os.POSIX_SPAWN_DUP2, err_w, 2),
                    (os.POSIX_SPAWN_CLOSE, out_w), (os.POSIX_SPAWN_CLOSE, err_w)]
-        pid = self.pid = os.posix_spawnp(self.command[0], self.command, os.environ, file_actions=actions,
-                                         setpgroup=0, setsigdef=FORWARDED_SIGNALS + (signal.SIGPIPE,))
+        try:
+            pid = self.pid = os.posix_spawnp(self.command[0], self.command, os.environ, file_actions=actions,
+                                             setpgroup=0, setsigdef=FORWARDED_SIGNALS + (signal.SIGPIPE,))
+        except OSError as e:
+            for fd in (out_r, out_w, err_r, err_w):
+                os.close(fd)
+            return self.cannot_start(e)
         os.close(out_w)
         os.close(err_w)
         if self.supervisor:
@@ -497,6 +503,20 @@ class WrappedRank:
                                       "wall": time.time()})
             except OSError:
                 pass
+
+    def cannot_start(self, e: OSError) -> int:
+        """The command could not be started: the rank ends as a shell would say it (127 not found,
+        126 not executable), with the reason as its last stderr line, reported like any exit."""
+        program = self.command[0]
+        why = e.strerror or str(e)
+        if e.errno == errno.ENOENT and os.path.exists(program):
+            why += " (the interpreter on its #! line is missing)"
+        line = f"cannot start {program}: {why}"
+        self.outputs[2].write(self.prefix + line.encode() + b"\n")
+        self.tail = line.encode() + b"\n"
+        self.status = (127 if e.errno == errno.ENOENT else 126) << 8  # a wait status, as if it had exited
+        self.ended_at = time.time()
+        return self.finish()
 
     def exit_code(self) -> tuple[int, int | None]:
         assert self.status is not None
