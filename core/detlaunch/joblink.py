@@ -73,6 +73,11 @@ def mac(secret: str, *parts: object) -> str:
     return hmac.new(secret.encode(), "\0".join(map(str, parts)).encode(), hashlib.sha256).hexdigest()
 
 
+def mac_matches(given: object, expected: str) -> bool:
+    """Constant-time, for anything a peer sent (compare_digest raises on a non-ASCII str)."""
+    return isinstance(given, str) and hmac.compare_digest(given.encode(), expected.encode())
+
+
 class ChiefEvents(Protocol):
     """What the chief's link tells its supervisor."""
 
@@ -179,7 +184,7 @@ class PeerConnection:
                     continue
                 try:
                     message = json.loads(raw)
-                except ValueError:
+                except (ValueError, RecursionError):  # RecursionError: "[[[[...", before any auth
                     self.close(notify=True)
                     return
                 if isinstance(message, dict) and message.get("t") != "hb":
@@ -336,7 +341,7 @@ class ChiefLink:
         self.pending.discard(line)
         node = m.get("node")
         ok = (m.get("t") == "auth" and isinstance(node, int) and node in self.expected and self.secret
-              and hmac.compare_digest(str(m.get("mac")), mac(self.secret, "worker", self.job_id, node, line.nonce)))
+              and mac_matches(m.get("mac"), mac(self.secret, "worker", self.job_id, node, line.nonce)))
         if not ok or node in self.nodes:
             self.events.trace(f"refused a control connection (node {node!r}): bad credentials or duplicate")
             line.close()
@@ -514,7 +519,7 @@ class WorkerLink:
         elif kind == "welcome":
             assert self.secret is not None
             expected = mac(self.secret, "chief", self.job_id, self.node, line.nonce)
-            if not hmac.compare_digest(str(m.get("mac")), expected):
+            if not mac_matches(m.get("mac"), expected):
                 self.events.link_failed_to_start(f"the chief at {self.chief[0]}:{self.chief[1]} failed authentication")
                 line.close()
                 return

@@ -125,3 +125,36 @@ def test_a_node_with_the_wrong_secret_cannot_take_a_lost_nodes_place(tmp_path: A
     for link in (bad, w2, chief):
         link.close()
     loop.close()
+
+
+@pytest.mark.parametrize("line", [b"[" * 3000, '{"t": "auth", "node": 1, "mac": "\u00e9"}'.encode(),
+                                  b'{"t": "auth", "node": 1, "mac": 7}', b"\xff\xfe"])
+def test_what_anyone_can_send_before_auth_closes_that_connection_and_nothing_else(tmp_path: Any,
+                                                                                 line: bytes) -> None:
+    """The control port is reachable before authentication: a deep JSON nesting (RecursionError) or a
+    non-ASCII MAC (compare_digest's TypeError) must not take the chief, and the job, down."""
+    import socket
+
+    loop, port = EventLoop(), free_port()
+    chief_events = Events()
+    chief = ChiefLink(loop, plan(0, port, str(tmp_path)), chief_events)
+    attacker = socket.create_connection(("127.0.0.1", port))
+    attacker.sendall(line + b"\n")
+    attacker.setblocking(False)
+    got: list[bytes] = []
+
+    def closed_by_the_chief() -> bool:
+        try:
+            got.append(attacker.recv(65536))
+        except BlockingIOError:
+            return False
+        return got[-1] == b""
+
+    run_until(loop, closed_by_the_chief)  # the chief refused it, and runs on
+    w1 = WorkerLink(loop, plan(1, port, str(tmp_path)), Events())
+    w2 = WorkerLink(loop, plan(2, port, str(tmp_path)), Events())
+    run_until(loop, lambda: "joined" in chief_events.names() and w1.joined and w2.joined)
+    attacker.close()
+    for link in (w1, w2, chief):
+        link.close()
+    loop.close()
