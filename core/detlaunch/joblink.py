@@ -504,7 +504,6 @@ class WorkerLink:
         self.secret: str | None = None
         self.attempt = 1  # the attempt the chief's welcome said this node joins
         self.hold = False  # and whether it waits for the chief's "go" first
-        self.waiting: Timer | None = None  # for the chief's answer to this node's goodbye
         self.dialer = Dialer(loop, *self.chief, self._on_connected, events.link_failed_to_start,
                              source=plan.cluster.node_addr)
         self.timer: Timer | None = loop.call_later(self.heartbeat, self.tick)
@@ -617,23 +616,15 @@ class WorkerLink:
         return True
 
     def finish(self, failure: Failure | None, ranks: list[RankStatus]) -> None:
-        """Say goodbye with this node's ranks, then wait (a few heartbeats at most) for the verdict."""
+        """Say goodbye with this node's ranks, then wait for the verdict (or a restart): as long as the
+        chief's heartbeats come, however long its own ranks take to stop (--grace-period, a
+        checkpoint on SIGTERM); a chief that is gone is found by the heartbeat watch (tick)."""
         if self.line is not None:
             self.line.send({"t": "bye", "ranks": [r.to_json() for r in ranks]})
-            self.waiting = self.loop.call_later(HEARTBEAT_MISSES * self.heartbeat, self._give_up_waiting)
 
     def _next_attempt(self) -> None:
         """The chief answered the goodbye with a restart: the link serves the next attempt."""
-        if self.waiting is not None:
-            self.waiting.cancel()
-            self.waiting = None
         self.stopped_by_chief = False
-
-    def _give_up_waiting(self) -> None:
-        if self.line is not None:
-            self.closing = True
-            self.line.close()
-            self.line = None
 
     @property
     def closed(self) -> bool:

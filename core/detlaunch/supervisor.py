@@ -162,6 +162,8 @@ class NodeSupervisor:
         self.attempt_started_at = time.monotonic()
         self.attempt_wall = time.time()
         self.verdict = Verdict()
+        self.traceback_at: dict[int, tuple[float, float]] = {}  # rank -> its last traceback's (wall, monotonic)
+        self.stop_asked_at: float | None = None  # wall time this node first asked its ranks to stop
         log_dir = restart.attempt_log_dir(plan.log_dir, self.attempt, self.policy.enabled) if plan.log_dir else None
         self.processes = ProcessTable(self.loop, log_dir=log_dir, node_rank=self.node,
                                       on_output=self._on_child_output, on_exit=self._on_child_exit,
@@ -359,6 +361,7 @@ class NodeSupervisor:
     def _on_traceback(self, entry: RankEntry, message: dict[str, Any]) -> None:
         assert entry.rank is not None
         self.trace(f"rank {entry.rank} printed a traceback")
+        self.traceback_at[entry.rank] = (float(message.get("wall") or time.time()), self.loop.clock())
         self.hangs.traceback(entry.rank, [str(t) for t in message.get("tail") or ()],
                              float(message.get("wall") or time.time()))
 
@@ -370,9 +373,25 @@ class NodeSupervisor:
         self.trace(f"rank {status.rank} ended: {status.describe()}")
         self.events.emit(EventKind.RANK_EXITED, status.rank, code=None if status.signal else status.exit_code,
                          signal=status.signal, wall=status.wall, stopped=status.stopped)
+        status = self._failed_when_it_said_so(status)
         if self.link is not None:
             self.link.rank_exited(status)
         self._fail(RankEnded(status))
+
+    def _failed_when_it_said_so(self, status: RankStatus) -> RankStatus:
+        """A rank that failed after an uncaught traceback (nothing shown after it) failed when it
+        printed it, and on its own even if detlaunch asked it to stop after that: a survivor's
+        collective error (the peer closed its sockets while exiting) may end that survivor before
+        this rank's slow exit is over, and must not become the root cause."""
+        told = self.traceback_at.get(status.rank)
+        if told is None or status.exit_code == 0 or status.killed or told[0] >= status.wall:
+            return status
+        wall, monotonic = told
+        if status.stopped and (self.stop_asked_at is None or self.stop_asked_at <= wall):
+            return status
+        if self.hangs.progress.shown_since(status.rank, monotonic):
+            return status  # a traceback it went on from
+        return dataclasses.replace(status, wall=wall, stopped=False)
 
     def _on_signal(self, signum: int) -> None:
         if signum != signal.SIGCHLD:
@@ -585,6 +604,8 @@ class NodeSupervisor:
         if not self.phase.active:
             return
         self.events.emit(EventKind.STOP_REQUESTED, reason=self._stop_reason())
+        if self.stop_asked_at is None:
+            self.stop_asked_at = time.time()
         self.ranks.release()
         asked = self.ranks.signal_live(rank_signal)
         if ranks_first and asked:

@@ -97,3 +97,39 @@ def test_three_nodes_the_surviving_worker_waits_for_the_lost_one_then_all_resume
         assert lines[-1].startswith(f"rank {rank} done: 4 steps, weights "), lines
         finals.append(lines[-1].split("weights ")[1])
     assert len(set(finals)) == 1, finals  # DDP kept every rank's weights equal, through the restart
+
+
+SLOW_TO_STOP = """
+import os, signal, sys, time
+rank, attempt = int(os.environ["RANK"]), int(os.environ["DETLAUNCH_RESTART_COUNT"])
+def on_term(signum, frame):
+    print(f"rank {rank} saving a checkpoint", flush=True)
+    time.sleep(4)  # longer than the worker's 5 missed heartbeats of 0.5 s
+    sys.exit(0)
+signal.signal(signal.SIGTERM, on_term)
+print(f"rank {rank} attempt {attempt + 1}", flush=True)
+if attempt == 0 and rank == 1:
+    time.sleep(0.5)
+    sys.exit(3)
+if attempt == 0:
+    time.sleep(60)
+print(f"rank {rank} done", flush=True)
+"""
+
+
+def test_a_worker_waits_for_the_verdict_while_the_chiefs_rank_takes_its_time_to_stop(
+        launcher: Launcher, tmp_path: Path) -> None:
+    """The worker said goodbye; the chief's rank saves a checkpoint on SIGTERM for longer than the
+    worker's heartbeat window: the chief's heartbeats keep the worker waiting, and the restart happens."""
+    script = tmp_path / "slow_to_stop.py"
+    script.write_text(SLOW_TO_STOP)
+    common = ["--layer", "direct", "--nnodes", "2", "--nproc-per-node", "1", "--master-addr", "127.0.0.1",
+              "--master-port", str(free_port()), "--max-restarts", "1", "--restart-backoff", "0",
+              "--heartbeat", "0.5", "--grace-period", "20"]
+    chief = launcher.start(*common, "--node-rank", "0", str(script))
+    worker = launcher.start(*common, "--node-rank", "1", "--node-addr", "127.0.0.2", str(script))
+    rc, rw = chief.wait(120), worker.wait(60)
+    assert (rc.returncode, rw.returncode) == (0, 0), rc.output + rw.output
+    assert rank_lines(rc.stdout, 0) == ["rank 0 attempt 1", "rank 0 saving a checkpoint", "rank 0 attempt 2",
+                                        "rank 0 done"], rc.output
+    assert rank_lines(rw.stdout, 1) == ["rank 1 attempt 1", "rank 1 attempt 2", "rank 1 done"], rw.output
