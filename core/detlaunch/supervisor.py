@@ -50,6 +50,7 @@ from .verdict import (
     ChildExited,
     Decision,
     Event,
+    Hung,
     Interrupted,
     NodeLost,
     RankEnded,
@@ -252,6 +253,8 @@ class NodeSupervisor:
     def run(self) -> JobResult:
         c = self.plan.cluster
         self.events.emit(EventKind.JOB_PLANNED, layer=self.plan.layer, nodes=c.num_nodes, ranks=sum(c.slots))
+        if self.policy.enabled:
+            self.events.emit(EventKind.ATTEMPT_STARTED, attempt=0)
         try:
             self._prepare()
             if self.plan.cluster.num_nodes > 1:
@@ -271,6 +274,8 @@ class NodeSupervisor:
         finally:
             self._cleanup()
         result = self._result()
+        if self.policy.enabled and self.attempts.running:
+            self.events.emit(EventKind.ATTEMPT_ENDED, attempt=self.attempt - 1, exit_code=result.exit_code)
         if result.failure is not None:
             f = result.failure
             self.events.emit(EventKind.ROOT_CAUSE, f.rank.rank if f.rank else None, what=f.what,
@@ -549,6 +554,8 @@ class NodeSupervisor:
         """Feed the verdict; the first failure stops the job at once (see verdict.py for the rules)."""
         decision = self.verdict.add(event)
         failure = self.verdict.failure
+        if isinstance(event, Hung) and decision is Decision.FIRST:
+            self.events.emit(EventKind.HANG_DETECTED, silent_for=round(event.idle, 3))
         if decision in (Decision.FIRST, Decision.EARLIER) and failure is not None:
             self.events.emit(EventKind.FAILURE, failure.rank.rank if failure.rank else None, what=failure.what,
                              exit_code=failure.exit_code, at=failure.at)
@@ -744,6 +751,7 @@ class NodeSupervisor:
             self._cancel(timer)
         self.attempts.wait()
         self.hangs.new_attempt()  # a traceback timer or the hang watch of the last attempt must not fire in the next
+        self.events.emit(EventKind.ATTEMPT_ENDED, attempt=self.attempt - 1, exit_code=self.verdict.exit_code)
         self.verdict = Verdict()  # a signal or a failure during the wait is the job's end, not the last attempt's
         self._enter(Phase.BACKOFF)
         if delay is not None:
@@ -764,6 +772,7 @@ class NodeSupervisor:
         except OSError:
             pass
         self.attempts.begin(attempt)
+        self.events.emit(EventKind.ATTEMPT_STARTED, attempt=attempt - 1)
         self._new_attempt_parts()
         self._enter(Phase.STARTING)
         if isinstance(self.link, ChiefLink):

@@ -6,6 +6,7 @@ command, as a scheduler would) has joined; a node that never comes back ends the
 
 from __future__ import annotations
 
+import json
 import signal
 from pathlib import Path
 
@@ -126,10 +127,15 @@ def test_a_worker_waits_for_the_verdict_while_the_chiefs_rank_takes_its_time_to_
     common = ["--layer", "direct", "--nnodes", "2", "--nproc-per-node", "1", "--master-addr", "127.0.0.1",
               "--master-port", str(free_port()), "--max-restarts", "1", "--restart-backoff", "0",
               "--heartbeat", "0.5", "--grace-period", "20"]
-    chief = launcher.start(*common, "--node-rank", "0", str(script))
+    events = tmp_path / "events.jsonl"
+    chief = launcher.start(*common, "--node-rank", "0", "--events", str(events), str(script))
     worker = launcher.start(*common, "--node-rank", "1", "--node-addr", "127.0.0.2", str(script))
     rc, rw = chief.wait(120), worker.wait(60)
     assert (rc.returncode, rw.returncode) == (0, 0), rc.output + rw.output
     assert rank_lines(rc.stdout, 0) == ["rank 0 attempt 1", "rank 0 saving a checkpoint", "rank 0 attempt 2",
                                         "rank 0 done"], rc.output
     assert rank_lines(rw.stdout, 1) == ["rank 1 attempt 1", "rank 1 attempt 2", "rank 1 done"], rw.output
+    attempts = [(e["kind"], e["details"]) for e in map(json.loads, events.read_text().splitlines())
+                if e["kind"].startswith("attempt_")]
+    assert attempts == [("attempt_started", {"attempt": 0}), ("attempt_ended", {"attempt": 0, "exit_code": 3}),
+                        ("attempt_started", {"attempt": 1}), ("attempt_ended", {"attempt": 1, "exit_code": 0})]
