@@ -120,6 +120,12 @@ class RankRegistry:
                 except OSError:
                     pass
 
+    def wrappers_connected(self) -> bool:
+        """Whether a registered wrapper's connection is still open (its last report may be on the way).
+        A control client (`detlaunch status`) or a connection that never said hello does not count:
+        one left idle must not keep the job from ending."""
+        return any(entry.rank is not None for entry in self.conns.values())
+
     def drain(self) -> None:
         """Read whatever the wrappers have sent (a rank's report beats its launcher's exit)."""
         for entry in list(self.conns.values()):

@@ -669,7 +669,7 @@ class NodeSupervisor:
             # No rank of this node runs any more: a launcher's own shutdown (torchrun takes a
             # second) is not worth waiting for, and it has nothing left to clean up.
             self._kill_all()
-        if self.phase.stopping and not self.processes.live() and not self.ranks.conns:
+        if self.phase.stopping and not self.processes.live() and not self.ranks.wrappers_connected():
             self._enter(Phase.SWEEPING)
             self.sweep_timer = self.loop.call_later(max(self.plan.grace_period, 1.0), self._sweep_deadline)
         if self.phase is Phase.SWEEPING:

@@ -191,3 +191,27 @@ def test_a_node_without_a_chief_to_ask_answers_for_itself() -> None:
                         "nodes": [{"node": 1, "phase": "starting", "answered_here": True}]}]
     control.remote_ask(3, 1, "status", {})  # not the chief: nothing to route, nothing sent
     loop.close()
+
+
+@pytest.mark.timeout(120)
+def test_an_idle_client_connection_does_not_keep_the_job_from_ending(launcher: Launcher) -> None:
+    """A `detlaunch status` stopped with Ctrl-Z right after connecting, or a leftover socat: the job
+    still ends when its ranks do (it waited for every connection of the socket to close)."""
+    import socket
+
+    job_id = f"test-{uuid.uuid4().hex[:8]}"
+    job = launcher.start("--layer", "direct", "--nproc-per-node", "2", "--master-port", str(free_port()),
+                         "--job-id", job_id, RANKS, env={"SLEEP": "3"})
+    job.wait_for_output("[rank=1] rank 1 sleeping", timeout=60)
+    found = subprocess.run([sys.executable, "-c", "import sys; from detlaunch.control import find_job; "
+                            "print(find_job(sys.argv[1])[1])", job_id], env=launcher.env, capture_output=True,
+                           text=True, timeout=30)
+    assert found.returncode == 0, found.stderr
+    idle = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        idle.connect(found.stdout.strip())  # and says nothing
+        r = job.wait(60)
+    finally:
+        idle.close()
+    assert r.returncode == 0, r.output
+    assert "job finished: 2 rank(s) exited 0" in r.stderr
