@@ -124,6 +124,7 @@ class PeerConnection:
         self.unsent = bytearray()
         self.writing = False  # the loop calls flush when the socket takes more
         self.why = ""  # why the link closed, when this side closed it for a reason
+        self.closing = False  # close once everything queued is sent (close_when_sent)
         sock.setblocking(False)
         # Unproven peers are served after everything else; a node of the job is raised on joining.
         loop.add_reader(sock, Priority.PROBE, self.on_readable)
@@ -158,9 +159,18 @@ class PeerConnection:
         except OSError:
             self.close(notify=True)
             return
+        if self.closing and not self.unsent:
+            self.close()
+            return
         if self.writing != bool(self.unsent):
             self.writing = bool(self.unsent)
             self.loop.on_writable(self.sock, self.flush if self.writing else None)
+
+    def close_when_sent(self) -> None:
+        """Close once the last queued message is out (the socket's own buffer then delivers it):
+        closing at once would drop what the socket has not taken yet."""
+        self.closing = True
+        self.flush()
 
     def on_readable(self) -> None:
         while not self.closed:
@@ -459,13 +469,20 @@ class ChiefLink:
         end = encode({"t": "end", "failure": failure.to_json() if failure else None})
         for line in self.nodes.values():
             line.send_line(end)
-            line.close()
+            line.close_when_sent()
         self.loop.remove(self.listener)
         self.listener.close()
+        # A worker that does not read (stopped, hung) gets the heartbeat window, then is let go.
+        self.loop.call_later(HEARTBEAT_MISSES * self.heartbeat, self._let_go)
+
+    def _let_go(self) -> None:
+        for line in self.nodes.values():
+            line.close()
 
     @property
     def closed(self) -> bool:
-        return True
+        """Every worker has its final verdict (or was let go)."""
+        return all(line.closed for line in self.nodes.values())
 
     def close(self) -> None:
         if self.timer is not None:

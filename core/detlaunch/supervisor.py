@@ -163,8 +163,6 @@ class NodeSupervisor:
         self.attempt_started_at = time.monotonic()
         self.attempt_wall = time.time()
         self.verdict = Verdict()
-        self.traceback_at: dict[int, tuple[float, float]] = {}  # rank -> its last traceback's (wall, monotonic)
-        self.stop_asked_at: float | None = None  # wall time this node first asked its ranks to stop
         log_dir = restart.attempt_log_dir(plan.log_dir, self.attempt, self.policy.enabled) if plan.log_dir else None
         self.processes = ProcessTable(self.loop, log_dir=log_dir, node_rank=self.node,
                                       on_output=self._on_child_output, on_exit=self._on_child_exit,
@@ -179,6 +177,7 @@ class NodeSupervisor:
                                   on_traceback=self._on_traceback)
         self.probes: list[SshdProbe] = []
         self.kill_timer: Timer | None = None
+        self.sample_timer: Timer | None = None  # one chain per attempt: cancelled between attempts
         self.start_timer: Timer | None = None
         self.sweep_timer: Timer | None = None
         self.backoff_timer: Timer | None = None
@@ -305,7 +304,7 @@ class NodeSupervisor:
             return
         self._enter(Phase.RUNNING)
         self.sampler = ProcessTreeSampler()
-        self.loop.call_later(SAMPLE_EVERY, self._sample)
+        self.sample_timer = self.loop.call_later(SAMPLE_EVERY, self._sample)
         try:
             self._run_steps(self.plan.stage.prelaunch)
             for i, cmd in enumerate(self.plan.stage.commands):
@@ -366,7 +365,6 @@ class NodeSupervisor:
     def _on_traceback(self, entry: RankEntry, message: dict[str, Any]) -> None:
         assert entry.rank is not None
         self.trace(f"rank {entry.rank} printed a traceback")
-        self.traceback_at[entry.rank] = (float(message.get("wall") or time.time()), self.loop.clock())
         self.hangs.traceback(entry.rank, [str(t) for t in message.get("tail") or ()],
                              float(message.get("wall") or time.time()))
 
@@ -378,25 +376,9 @@ class NodeSupervisor:
         self.trace(f"rank {status.rank} ended: {status.describe()}")
         self.events.emit(EventKind.RANK_EXITED, status.rank, code=None if status.signal else status.exit_code,
                          signal=status.signal, wall=status.wall, stopped=status.stopped)
-        status = self._failed_when_it_said_so(status)
         if self.link is not None:
             self.link.rank_exited(status)
         self._fail(RankEnded(status))
-
-    def _failed_when_it_said_so(self, status: RankStatus) -> RankStatus:
-        """A rank that failed after an uncaught traceback (nothing shown after it) failed when it
-        printed it, and on its own even if detlaunch asked it to stop after that: a survivor's
-        collective error (the peer closed its sockets while exiting) may end that survivor before
-        this rank's slow exit is over, and must not become the root cause."""
-        told = self.traceback_at.get(status.rank)
-        if told is None or status.exit_code == 0 or status.killed or told[0] >= status.wall:
-            return status
-        wall, monotonic = told
-        if status.stopped and (self.stop_asked_at is None or self.stop_asked_at <= wall):
-            return status
-        if self.hangs.progress.shown_since(status.rank, monotonic):
-            return status  # a traceback it went on from
-        return dataclasses.replace(status, wall=wall, stopped=False)
 
     def _on_signal(self, signum: int) -> None:
         if signum != signal.SIGCHLD:
@@ -547,7 +529,7 @@ class NodeSupervisor:
                 sample = self.sampler.sample(entry.rank_pid)
                 if sample is not None:
                     usage[rank] = (sample.cpu_percent, sample.rss)
-        self.loop.call_later(SAMPLE_EVERY, self._sample)
+        self.sample_timer = self.loop.call_later(SAMPLE_EVERY, self._sample)
 
     # -- deciding and stopping -------------------------------------------------------------------
     def _fail(self, event: Event) -> None:
@@ -611,8 +593,6 @@ class NodeSupervisor:
         if not self.phase.active:
             return
         self.events.emit(EventKind.STOP_REQUESTED, reason=self._stop_reason())
-        if self.stop_asked_at is None:
-            self.stop_asked_at = time.time()
         self.ranks.release()
         asked = self.ranks.signal_live(rank_signal)
         if ranks_first and asked:
@@ -747,7 +727,7 @@ class NodeSupervisor:
     def _begin_backoff(self, attempt: int, delay: float | None) -> None:
         """Every process of the last attempt is gone: wait `delay`, then start `attempt` afresh
         (None: a worker waiting for the chief's go, which comes once every lost node is back)."""
-        for timer in (self.kill_timer, self.start_timer, self.sweep_timer):
+        for timer in (self.kill_timer, self.start_timer, self.sweep_timer, self.sample_timer):
             self._cancel(timer)
         self.attempts.wait()
         self.hangs.new_attempt()  # a traceback timer or the hang watch of the last attempt must not fire in the next
