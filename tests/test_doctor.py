@@ -163,14 +163,20 @@ def test_a_third_party_layer_gets_doctor_through_the_doctor_checks_hook(capsys: 
 def test_the_ptrace_policy(tmp_path: Path) -> None:
     scope = tmp_path / "ptrace_scope"
     assert ptrace_check(str(tmp_path / "absent")).ok
-    for value, root, ok in (("0", False, True), ("1", False, True), ("2", True, True), ("2", False, False),
-                            ("3", True, False)):
+    for value, root, ok in (("0", False, True), ("1", False, False), ("1", True, True), ("2", True, True),
+                            ("2", False, False), ("3", True, False)):
         scope.write_text(value + "\n")
         check = ptrace_check(str(scope), is_root=root)
         assert (check.ok, check.required) == (ok, False if not ok else True), value
+    fallback = ("py-spy may not read the ranks; their stacks come from the faulthandler fallback "
+                "(Python frames only, no C frames)")
     assert ptrace_check(str(scope), is_root=True).line() == (
-        f"warn  ptrace policy (stacks of hung ranks): ptrace_scope=3: stacks of hung ranks cannot be read -- fix: "
-        f"echo 1 > {scope} (as root), or run as root")
+        f"warn  ptrace policy (stacks of hung ranks): ptrace_scope=3: {fallback} -- fix: none while the machine "
+        "runs: scope 3 forbids ptrace to everyone until a reboot")
+    scope.write_text("1\n")
+    assert ptrace_check(str(scope), is_root=False).line() == (
+        f"warn  ptrace policy (stacks of hung ranks): ptrace_scope=1: {fallback} -- fix: echo 0 > {scope} "
+        "(as root), or run as root")
 
 
 def test_a_job_dir_that_cannot_be_written(tmp_path: Path) -> None:

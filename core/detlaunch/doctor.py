@@ -95,10 +95,12 @@ def ptrace_check(scope_file: str = PTRACE_SCOPE, is_root: bool | None = None) ->
     except (OSError, ValueError) as e:
         return Check(name, False, f"cannot read {scope_file}: {e}", f"check {scope_file}", required=False)
     root = os.geteuid() == 0 if is_root is None else is_root
-    fix = f"echo 1 > {scope_file} (as root), or run as root"
-    if scope <= 1 or (scope == 2 and root):
+    if scope == 0 or (scope <= 2 and root):
         return Check(name, True, f"ptrace_scope={scope}")
-    return Check(name, False, f"ptrace_scope={scope}: stacks of hung ranks cannot be read", fix, required=False)
+    fix = (f"echo 0 > {scope_file} (as root), or run as root" if scope <= 2
+           else "none while the machine runs: scope 3 forbids ptrace to everyone until a reboot")
+    return Check(name, False, f"ptrace_scope={scope}: py-spy may not read the ranks; their stacks come from "
+                 "the faulthandler fallback (Python frames only, no C frames)", fix, required=False)
 
 
 def isolation_check() -> Check:
