@@ -222,3 +222,11 @@ def test_random_option_values_never_crash_or_hang(capsys: pytest.CaptureFixture[
     if code != 0:
         lines = captured.err.splitlines()
         assert len(lines) == 1 and lines[0].startswith("detlaunch: error: "), (args, env, captured.err)
+
+
+def test_dedupe_with_a_prefix_of_its_own_is_refused(capsys: pytest.CaptureFixture[str], script: str) -> None:
+    """Folding reads the default prefix: with another one it would silently fold nothing."""
+    assert run(capsys, "--layer", "torchrun", "--dry-run", "--dedupe", "--prefix", "{rank}@{host} ", script) == (
+        2, "detlaunch: error: --dedupe folds lines that carry the default prefix '[rank={rank}]' only: give "
+           "--prefix or --dedupe, not both\n")
+    assert run(capsys, "--layer", "torchrun", "--dry-run", "--prefix", "{rank}@{host} ", script)[0] == 0

@@ -331,6 +331,9 @@ def parse(
     only the launcher knows join the launcher args.
     """
     ns, launcher_args, command = _split_options(parser, argv)
+    if getattr(ns, "dedupe", None) and (getattr(ns, "prefix", None) or DEFAULT_PREFIX) != DEFAULT_PREFIX:
+        raise ConfigError(f"--dedupe folds lines that carry the default prefix {DEFAULT_PREFIX.strip()!r} only: "
+                          "give --prefix or --dedupe, not both")
     return ns, [*finish_launcher_flags(parser, ns), *launcher_args], command
 
 

@@ -59,6 +59,7 @@ from .verdict import (
     Verdict,
     as_failure,
     naming_the_node,
+    split_wait_code,
 )
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -335,7 +336,7 @@ class NodeSupervisor:
 
     def _on_child_exit(self, child: Child) -> None:
         assert child.exit is not None
-        self.trace(f"{child.command.name} (pid {child.pid}) ended: {describe_exit(*_split(child.exit))}")
+        self.trace(f"{child.command.name} (pid {child.pid}) ended: {describe_exit(*split_wait_code(child.exit))}")
         if not self.phase.active:
             return
         if not child.command.daemon and child.exit != 0:
@@ -876,10 +877,6 @@ class NodeSupervisor:
                          interrupted_by=self.verdict.interrupted_by,
                          duration=time.monotonic() - self.started_at, node_rank=self.node,
                          warnings=tuple(self.processes.log_errors), stacks=self.hangs.dumped)
-
-
-def _split(code: int) -> tuple[int | None, int | None]:
-    return (None, -code) if code < 0 else (code, None)
 
 
 def _remove_empty_dirs(path: str, stop_at: str) -> None:

@@ -24,7 +24,7 @@ from .rank_protocol import exit_code_of
 from .report import HANG_EXIT_CODE, Failure, FailureKind, RankStatus, describe_exit, signal_name
 
 
-def _split(code: int) -> tuple[int | None, int | None]:
+def split_wait_code(code: int) -> tuple[int | None, int | None]:
     """A wait code (exit code, or -signal) as (exit code, signal)."""
     return (None, -code) if code < 0 else (code, None)
 
@@ -150,12 +150,12 @@ def as_failure(event: Event) -> Failure | None:
                            tail=s.tail, tail_of=f"rank {s.rank}", at=s.wall, kind=FailureKind.RANK)
         case ChildExited(daemon=True):
             return Failure(f"{event.name} (pid {event.pid}) ended before the job did: "
-                           f"{describe_exit(*_split(event.code))}", exit_code_of(event.code) or 1,
+                           f"{describe_exit(*split_wait_code(event.code))}", exit_code_of(event.code) or 1,
                            tail_of=event.name, at=event.at, kind=FailureKind.DAEMON)
         case ChildExited():
             if event.code == 0:
                 return None
-            return Failure(f"{event.name} exited: {describe_exit(*_split(event.code))} "
+            return Failure(f"{event.name} exited: {describe_exit(*split_wait_code(event.code))} "
                            "(no rank on this node reported a failure first)", exit_code_of(event.code),
                            tail_of=event.name, at=event.at, kind=FailureKind.LAUNCHER)
         case NodeLost():
