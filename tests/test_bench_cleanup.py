@@ -32,7 +32,11 @@ class Bench:
         self.out = tmp_path / "results"
         env = {**os.environ, MARKER: self.marker.split("=", 1)[1], "DETLAUNCH_VENV": sys.prefix,
                "TMPDIR": str(tmp_path)}
-        self.proc = subprocess.Popen([sys.executable, "-m", "bench", "--only", "multinode", "--reps", "1",
+        # SIGINT as a terminal gives it, whatever this test inherited (a shell's background job starts
+        # with SIGINT ignored, and Python then keeps it ignored).
+        start = ("import runpy, signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+                 "sys.argv[0] = 'bench'; runpy.run_module('bench', run_name='__main__', alter_sys=True)")
+        self.proc = subprocess.Popen([sys.executable, "-c", start, "--only", "multinode", "--reps", "1",
                                       "--out", str(self.out), *args], cwd=ROOT, env=env, stdin=subprocess.DEVNULL,
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                      start_new_session=True)
