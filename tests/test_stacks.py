@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import pwd
+import re
 import secrets
 import shutil
 import signal
@@ -296,7 +297,8 @@ def test_stacks_taken_while_a_job_runs_collectives_do_not_disturb_it_and_its_hea
             os.killpg(job.pid, signal.SIGKILL)
             job.wait()
     assert job.returncode == 0
-    assert sorted(out.splitlines()) == ["rank 0 done", "rank 1 done"]
+    # the two ranks share one pipe and print a line in two writes: compare the words, not the lines
+    assert sorted(re.findall(r"rank \d done", out)) == ["rank 0 done", "rank 1 done"], out
     assert counts == sorted(counts) and len(set(counts)) > 1, counts  # the heartbeats moved meanwhile
     for path in files.values():
         beat = read_progress(path)
