@@ -29,8 +29,10 @@ import tomllib
 from collections.abc import Mapping, Sequence
 from typing import Any, NoReturn
 
+from .dedupe import DEFAULT_WINDOW
 from .errors import ConfigError
 from .launcher_flags import finish_launcher_flags
+from .rank_protocol import DEFAULT_GRACE, DEFAULT_PREFIX
 from .restart import add_restart_options
 from .safefs import read_regular_file
 
@@ -112,13 +114,13 @@ NUMBERS: Mapping[str, Number] = {
     "node_rank": Number(int, 0, 65535),
     "master_port": ports(29500),
     "control_port": ports(),
-    "grace_period": Number(float, 0, 3600, 5.0, "s"),
+    "grace_period": Number(float, 0, 3600, DEFAULT_GRACE, "s"),
     "start_timeout": Number(float, 0.001, 7 * 86400, 300.0, "s"),
     "heartbeat": Number(float, 0.01, 60, 1.0, "s"),
     "hang_timeout": Number(float, 0, 7 * 86400, 0.0, "s"),  # 0: off
     "dump_budget": Number(float, 0, 10, 1.5, "s"),  # 0: stop at once, no stacks
     "ssh_port": ports(),  # ssh.py's --ssh-port (the ssh layers' option)
-    "dedupe_window": Number(float, 0.001, 60, 0.2, "s"),
+    "dedupe_window": Number(float, 0.001, 60, DEFAULT_WINDOW, "s"),
 }
 RANK = Number(int, 0, 2**31 - 1)
 
@@ -133,7 +135,6 @@ def rank_list(text: str) -> tuple[int, ...]:
     return tuple(int(RANK(r)) for r in text.split(",") if r.strip())
 
 
-DEFAULT_PREFIX = "[rank={rank}] "
 PREFIX_FIELDS = ("rank", "node", "host")
 DEDUPE_MIN_RANKS = 4  # "more than a few": fewer ranks than this rarely drown a console
 

@@ -15,7 +15,7 @@ import shutil
 import tempfile
 from collections.abc import Mapping, Sequence
 
-from .config import Config
+from .config import NUMBERS, Config
 from .errors import ConfigError
 from .netutil import check_port_free
 
@@ -126,7 +126,7 @@ def core_checks(config: Config) -> list[Check]:
                            "point TMPDIR at a writable directory"),
         writable_dir_check("job dir writable (per-job ssh keys)", o.get("job_dir") or base,
                            "give --job-dir DIR on a writable (shared, for several nodes) file system"),
-        port_check("127.0.0.1", int(o.get("master_port") or 29500)),
+        port_check("127.0.0.1", int(o.get("master_port") or NUMBERS["master_port"].default or 0)),
         ptrace_check(),
         isolation_check(),
     ]

@@ -18,11 +18,13 @@ from collections.abc import Mapping
 from typing import Any
 
 from .cluster import ClusterInfo
-from .config import Config
+from .config import NUMBERS, Config
+from .dedupe import DEFAULT_WINDOW
 from .errors import PluginLoadError
 from .events import node_events_path
 from .joblink import SECRET_ENV
 from .plugins import Hooks
+from .rank_protocol import DEFAULT_PREFIX
 from .report import signal_name
 from .restart import OPTION_ENV, RestartPolicy, policy_from_options
 from .stage import SOCKET_NAME, SSHD_SUPERVISOR_ENV, Command, Stage, StageContext
@@ -52,12 +54,12 @@ class LaunchPlan:
     console_ranks: tuple[int, ...] | None  # the ranks whose output reaches the console (None: all)
     context: StageContext
     control_port: int = 0
-    heartbeat: float = 1.0
+    heartbeat: float = NUMBERS["heartbeat"].default  # type: ignore[assignment]
     restarts: RestartPolicy = RestartPolicy()  # job-wide restarts: the chief's policy (restart.py)
     events_path: str | None = None  # the event log (--events, else events.jsonl in --log-dir)
     dedupe: bool | None = None  # fold the console's repeated lines (None: when it is a terminal, many ranks)
-    dedupe_window: float = 0.2
-    prefix: str = "[rank={rank}] "  # each output line's prefix, filled in by the wrapper
+    dedupe_window: float = DEFAULT_WINDOW
+    prefix: str = DEFAULT_PREFIX  # each output line's prefix, filled in by the wrapper
     hang_timeout: float = 0.0  # 0: no hang watch
     dump_budget: float = 0.0  # seconds to take the survivors' stacks before stopping them (0: stop at once)
 
@@ -198,8 +200,8 @@ def build_plan(hooks: Hooks, config: Config, cluster: ClusterInfo) -> LaunchPlan
         control_port=config.options.get("control_port") or config.options["master_port"] + 1,
         heartbeat=config.options["heartbeat"], restarts=policy_from_options(config.options),
         events_path=node_events_path(config.options.get("events"), config.options.get("log_dir"), cluster.node_rank),
-        dedupe=config.options.get("dedupe"), dedupe_window=config.options.get("dedupe_window") or 0.2,
-        prefix=config.options.get("prefix") or "[rank={rank}] ",
+        dedupe=config.options.get("dedupe"), dedupe_window=config.options.get("dedupe_window") or DEFAULT_WINDOW,
+        prefix=config.options.get("prefix") or DEFAULT_PREFIX,
         hang_timeout=config.options.get("hang_timeout") or 0.0, dump_budget=config.options.get("dump_budget") or 0.0,
     )
 

@@ -33,8 +33,13 @@ TAIL_LINES = 40  # stderr lines a rank's report carries: room for a deep traceba
 SHOWN_LINES = 20  # at most this many of them (or of a launcher's output) appear in the end report
 TAIL_BYTES = 16384  # how much of a stream is kept to find those lines in
 
+# Defaults the stdlib-only wrapper shares with the CLI (config.py takes them from here).
+DEFAULT_PREFIX = "[rank={rank}] "  # each output line's prefix
+DEFAULT_GRACE = 5.0  # seconds between SIGTERM and SIGKILL
+
 HELLO, OK, REJECT, STARTED, EXIT = "hello", "ok", "reject", "started", "exit"
 TRACEBACK, RELEASE = "traceback", "release"
+REQUEST, REPLY = "request", "reply"  # a control client's question on the supervisor socket, and its answer
 TRACEBACK_HEADER = b"Traceback (most recent call last):"
 
 

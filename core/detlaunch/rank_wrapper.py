@@ -54,7 +54,6 @@ PIPE_BUF = 4096
 READ_SIZE = 1 << 16
 PIPE_SIZE = 1 << 18  # the rank's stdout pipe holds this much while the wrapper lets output gather
 GATHER = 0.002  # after a read of less than PIPE_BUF bytes, let output gather this long (seconds)
-DEFAULT_PREFIX = "[rank={rank}] "
 DEFAULT_RANK_ENV = ("RANK", "HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "DETLAUNCH_RANK")
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT,
                      signal.SIGUSR1, signal.SIGUSR2)
@@ -67,7 +66,8 @@ class UsageError(Exception):
 def parse_args(argv: list[str]) -> tuple[dict[str, Any], list[str]]:
     """Parse the wrapper's small argv by hand (argparse alone costs more than the rest)."""
     opts: dict[str, Any] = {"rank": None, "rank_env": DEFAULT_RANK_ENV, "job": "", "console": None,
-                            "log_dir": None, "grace": 5.0, "prefix": DEFAULT_PREFIX}
+                            "log_dir": None, "grace": rank_protocol.DEFAULT_GRACE,
+                            "prefix": rank_protocol.DEFAULT_PREFIX}
     i = 0
     while i < len(argv) and argv[i] != "--":
         key = argv[i]

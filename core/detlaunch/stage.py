@@ -129,8 +129,15 @@ class StageContext:
         return self.config.launcher_args
 
     def option(self, name: str, default: Any = None) -> Any:
-        """A parsed option by its dest name (``fusion_threshold_mb``), layer options included."""
+        """A parsed option by its dest name (``fusion_threshold_mb``), layer options included.
+
+        A core option that is unset reads as its one default (``master_port`` -> 29500), so a layer
+        never writes detlaunch's defaults again; ``default`` is for the layer's own options.
+        """
         value = self.config.options.get(name)
+        if value is None and default is None:  # a core option's one default (config.NUMBERS)
+            from .config import NUMBERS
+            value = NUMBERS[name].default if name in NUMBERS else None
         return default if value is None else value
 
     def replace(self, **changes: Any) -> StageContext:

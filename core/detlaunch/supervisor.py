@@ -26,7 +26,7 @@ from typing import Any, TextIO
 
 from . import rank_protocol, restart
 from .attempts import Attempts, attempt_end
-from .config import DEDUPE_MIN_RANKS, DEFAULT_PREFIX
+from .config import DEDUPE_MIN_RANKS
 from .console import FoldingConsole
 from .control import ControlRequests, write_job_file
 from .dial import SshdProbe
@@ -39,6 +39,7 @@ from .joblink import ChiefLink, WorkerLink
 from .plan import LaunchPlan
 from .process_table import Child, ProcessTable
 from .progresswatch import last_seen
+from .rank_protocol import DEFAULT_PREFIX
 from .rank_registry import RankEntry, RankRegistry, RankRules
 from .report import Failure, JobResult, RankStatus, describe_exit, signal_name
 from .rundirs import RunDir, create_run_dir

@@ -28,7 +28,7 @@ DETLAUNCH_CONTRACT = {"rank_commands": True}
 
 
 def coordinator(ctx: StageContext) -> str:
-    return f"{ctx.cluster.chief_addr}:{ctx.option('master_port', 29500)}"
+    return f"{ctx.cluster.chief_addr}:{ctx.option('master_port')}"
 
 
 def process_env(ctx: StageContext, rank: int) -> dict[str, str]:
@@ -49,7 +49,7 @@ def detlaunch_rank_wrappers(ctx: StageContext) -> RankWrapper:
 
 @hookimpl
 def detlaunch_chief_stage(ctx: StageContext) -> Stage:
-    check_port_free(ctx.cluster.chief_addr, ctx.option("master_port", 29500))  # process 0's coordinator
+    check_port_free(ctx.cluster.chief_addr, ctx.option("master_port"))  # process 0's coordinator
     return _stage(ctx)
 
 

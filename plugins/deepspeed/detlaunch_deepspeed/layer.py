@@ -69,7 +69,6 @@ from .envfile import DENY, parse_version, quoting_for
 from .flags import TABLE
 
 NAME = "deepspeed"
-DEFAULT_MASTER_PORT = 29500
 # Multi-node needs DS_ENV_FILE (so that the env file can live in a private folder rather than in
 # the user's current or home directory); 0.15.0 is the oldest release checked to have it.
 MIN_MULTI_NODE_VERSION = (0, 15, 0)
@@ -309,7 +308,7 @@ def detlaunch_environment(ctx: StageContext) -> dict[str, str]:
 
 
 def _master_port(ctx: StageContext) -> int:
-    return int(ctx.option("master_port", DEFAULT_MASTER_PORT))
+    return int(ctx.option("master_port"))
 
 
 def _warn_unexported(env: Mapping[str, str], quoting: str) -> None:

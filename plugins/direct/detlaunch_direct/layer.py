@@ -53,7 +53,7 @@ def rank_env(ctx: StageContext, local_rank: int) -> dict[str, str]:
         "GROUP_WORLD_SIZE": str(c.num_nodes),
         "ROLE_WORLD_SIZE": str(c.total_slots),
         "MASTER_ADDR": master_addr(ctx),
-        "MASTER_PORT": str(ctx.option("master_port", 29500)),
+        "MASTER_PORT": str(ctx.option("master_port")),
         "TORCHELASTIC_RESTART_COUNT": "0",
         "TORCHELASTIC_MAX_RESTARTS": "0",
         "TORCHELASTIC_RUN_ID": RUN_ID,
@@ -92,7 +92,7 @@ def detlaunch_environment(ctx: StageContext) -> dict[str, str]:
 def detlaunch_chief_stage(ctx: StageContext) -> Stage:
     # Rank 0 binds the rendezvous store on the master port: refuse a port in use while planning.
     host = (ctx.option("master_addr") or "127.0.0.1") if ctx.cluster.num_nodes == 1 else ctx.cluster.chief_addr
-    check_port_free(host, ctx.option("master_port", 29500))
+    check_port_free(host, ctx.option("master_port"))
     return _stage(ctx)
 
 

@@ -230,7 +230,7 @@ def detlaunch_chief_stage(ctx: StageContext) -> Stage:
     addrs = c.require_addresses(NAME) if multi else (c.node_addr or "localhost",)
     layout = SshLayout.for_job(ctx)
     argv = create_run_command(
-        c.slots, addrs, ssh_port=layout.port, start_timeout=int(ctx.option("start_timeout", 300)),
+        c.slots, addrs, ssh_port=layout.port, start_timeout=int(ctx.option("start_timeout")),
         gloo_timeout=ctx.option("gloo_timeout", GLOO_TIMEOUT_SECONDS),
         network_interface=ctx.option("network_interface"), autotune=bool(ctx.option("autotune")),
         autotune_log_file=_autotune_log(ctx), fusion_threshold_mb=ctx.option("fusion_threshold_mb"),

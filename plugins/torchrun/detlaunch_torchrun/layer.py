@@ -40,7 +40,7 @@ def torchrun_argv(ctx: StageContext) -> list[str]:
         "--nproc-per-node", str(c.local_slots),
         "--node-rank", str(c.node_rank),
         "--master-addr", master,
-        "--master-port", str(ctx.option("master_port", 29500)),
+        "--master-port", str(ctx.option("master_port")),
         "--max-restarts", "0",
     ]
     if c.num_nodes > 1 and c.node_addr:
@@ -92,7 +92,7 @@ def detlaunch_environment(ctx: StageContext) -> dict[str, str]:
 @hookimpl
 def detlaunch_chief_stage(ctx: StageContext) -> Stage:
     host = (ctx.option("master_addr") or "127.0.0.1") if ctx.cluster.num_nodes == 1 else ctx.cluster.chief_addr
-    check_port_free(host, ctx.option("master_port", 29500))
+    check_port_free(host, ctx.option("master_port"))
     return _stage(ctx)
 
 
