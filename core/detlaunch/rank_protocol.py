@@ -14,6 +14,9 @@ One JSON object per line over the supervisor's Unix socket:
     wrapper -> supervisor   {"t": "exit", "code": C, "signal": S|null, "tail": [...], "wall": T,
                              "log_error": "rank-1.log is incomplete: ..." (only when the log failed)}
 
+    client -> supervisor    {"t": "request", "what": "status", "args": {...}}   (control.py: another shell)
+    supervisor -> client    {"t": "reply", "data": {...}}
+
 The exit is reported as soon as the rank has ended, before the wrapper waits for whatever the rank
 left behind to close its output.
 

@@ -185,7 +185,7 @@ class RankRegistry:
         elif kind == rank_protocol.STARTED and entry.rank is not None:
             entry.rank_pid = int(message["pid"])
             self.on_started(entry)
-        elif kind == "request" and entry.rank is None and not entry.asked:
+        elif kind == rank_protocol.REQUEST and entry.rank is None and not entry.asked:
             entry.asked = True
             self.on_request(entry, message)
         elif kind == rank_protocol.TRACEBACK and entry.rank is not None and entry.status is None:
@@ -239,7 +239,7 @@ class RankRegistry:
         """Answer a control client without ever blocking the loop: a reader that stalls only stalls itself."""
         if entry.sock not in self.conns:
             return
-        entry.outbox = rank_protocol.encode({"t": "reply", "data": data})
+        entry.outbox = rank_protocol.encode({"t": rank_protocol.REPLY, "data": data})
         self.loop.remove(entry.sock)
         self.loop.add_writer(entry.sock, Priority.PROBE, functools.partial(self._write_answer, entry))
 
