@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 
 import psutil
 
@@ -73,9 +73,6 @@ class ProcessTreeSampler:
             self._procs.pop(gone, None)
         self._trees[pid] = _Tree(now, cpu)
         return Usage(percent, rss, len(cpu))
-
-    def sample_all(self, pids: Iterable[int]) -> dict[int, Usage | None]:
-        return {pid: self.sample(pid) for pid in pids}
 
     def forget(self, pid: int) -> None:
         """Drop what is kept for the tree under `pid` (its rank exited)."""
