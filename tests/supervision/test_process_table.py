@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,6 +12,7 @@ from detlaunch.errors import LaunchError
 from detlaunch.eventloop import EventLoop
 from detlaunch.process_table import Child, ProcessTable
 from detlaunch.stage import Command
+from helpers import small_tmpfs
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -92,13 +92,8 @@ def tiny_disk(tmp_path: Path) -> Iterator[Path]:
     """A tmpfs of two pages (8 KiB), of the test's own: a disk that fills within one chunk of output."""
     if os.getuid() != 0:
         pytest.skip("needs root to mount a tmpfs")
-    mount = tmp_path / "disk"
-    mount.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8k,mode=0755", "tmpfs", str(mount)], check=True)
-    try:
+    with small_tmpfs(tmp_path / "disk", "8k") as mount:
         yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=True)
 
 
 def test_a_disk_that_fills_within_the_last_chunk_is_said(tiny_disk: Path) -> None:
