@@ -21,7 +21,7 @@ from collections.abc import Callable
 from importlib import metadata
 from pathlib import Path
 
-from . import direct, launch, memory, multinode, report, restarts, scale, status, teardown, throughput
+from . import direct, flood, launch, memory, multinode, report, restarts, scale, status, teardown, throughput
 from .common import BENCH, DET_PY, ROOT, Section, Table, base_env, become_subreaper, nothing_left, say
 
 MEASUREMENTS: dict[str, Callable[..., Section]] = {
@@ -34,6 +34,7 @@ MEASUREMENTS: dict[str, Callable[..., Section]] = {
     "restarts": restarts.main,
     "direct": direct.main,
     "status": status.measure,
+    "flood": flood.measure,
 }
 
 

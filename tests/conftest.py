@@ -9,6 +9,10 @@ processes are killed by PID.
 
 from __future__ import annotations
 
+import os
+import pwd
+import secrets
+import subprocess
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
@@ -38,3 +42,17 @@ def launcher(tmp_path: Path) -> Iterator[Launcher]:
     yield launcher
     launcher.close()
     launcher.assert_no_leftovers()
+
+
+@pytest.fixture
+def throwaway_user() -> Iterator[pwd.struct_passwd]:
+    """An ordinary user of the test's own (root only), removed after. Ask for it before `launcher`, so
+    that the leftover check runs first (pytest ends fixtures in reverse order)."""
+    if os.getuid() != 0:
+        pytest.skip("needs root to create a test user")
+    name = f"dlspy{secrets.token_hex(3)}"
+    subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", name], check=True)
+    try:
+        yield pwd.getpwnam(name)
+    finally:
+        subprocess.run(["userdel", name], check=True)

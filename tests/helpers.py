@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import random
 import re
 import socket
+import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TypeVar
 
@@ -74,3 +76,14 @@ def wait_until(probe: Callable[[], T | None], timeout: float, what: str) -> T:
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout} s waiting for {what}")
         time.sleep(0.05)
+
+
+@contextlib.contextmanager
+def small_tmpfs(mount: Path, size: str) -> Iterator[Path]:
+    """A tmpfs of the test's own at `mount` (created), `size` big (mount's size=, e.g. 8k): a disk that fills."""
+    mount.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0755", "tmpfs", str(mount)], check=True)
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=True)

@@ -1,20 +1,28 @@
 """Bad numbers and bad paths: one line naming what is wrong, exit 2, never a traceback, never a hang.
 
-Everything runs the real ``detlaunch.cli.main`` in-process (milliseconds a case); the cases that get past
-option checking stop before any process starts (--dry-run, or an error found before the supervisor).
+Almost everything runs the real ``detlaunch.cli.main`` in-process (milliseconds a case); those cases stop
+before any process starts (--dry-run, or an error found before the supervisor). The option lists come from
+the parsers themselves (every layer's), so a new number option is in the property test at once. A few real
+runs (--layer direct, a rank that fails at once) check that a value which passes is also safe at run time.
 """
 
 from __future__ import annotations
 
+import argparse
+import inspect
 import os
+import signal
 import socket
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from conftest import Launcher
 from detlaunch.cli import main
-from detlaunch.config import NUMBERS
+from detlaunch.config import NUMBERS, Number, build_parser
+from detlaunch.plugins import PluginSet
+from detlaunch.testing.runner import Completed
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -186,14 +194,54 @@ def test_job_dir_under_a_file(capsys: pytest.CaptureFixture[str], script: str, o
 
 # -- the property: whatever the values, exit 0/1/2, one line, no traceback, no hang ---------------------
 
-NUMERIC = ["--grace-period", "--start-timeout", "--heartbeat", "--master-port", "--control-port",
-           "--nproc-per-node", "--nnodes", "--node-rank", "--ranks"]
+LAYERS = ["torchrun", "horovod", "deepspeed", "direct"]
+# The options whose type is checked text, not a number; every other typed option must be a config.Number,
+# so that no number escapes the one range check (--restart-backoff 3e6 once reached select: a traceback).
+TEXT_TYPES = {"ranks", "prefix", "restart_on", "no_restart_on", "no_restart_exit_code"}
+
+
+def layer_parser(layer: str) -> argparse.ArgumentParser:
+    """The parser `detlaunch --layer LAYER` uses: the core options and the layer's own (as cli.run builds it)."""
+    plugins = PluginSet({"PATH": os.environ["PATH"]})
+    plugins.load_plugins()
+    plugins.load_layer(layer)
+    plugins.check_hooks()
+    parser = build_parser(plugins.layer_names())
+    plugins.hooks.add_options(parser)
+    return parser
+
+
+def checked_type(action: argparse.Action) -> object:
+    return inspect.unwrap(action.type) if callable(action.type) else action.type  # a launcher flag's check wraps it
+
+
+def numeric_options(layer: str) -> dict[str, argparse.Action]:
+    """Every option of the layer that takes a number (its long spelling), read from the parser itself."""
+    return {next(s for s in a.option_strings if s.startswith("--")): a for a in layer_parser(layer)._actions
+            if isinstance(checked_type(a), Number) or a.dest in ("ranks", "no_restart_exit_code")}
+
+
+NUMERIC = {layer: sorted(numeric_options(layer)) for layer in LAYERS}
+
+
+@pytest.mark.parametrize("layer", LAYERS)
+def test_every_number_is_a_checked_number(layer: str) -> None:
+    typed = {a.dest for a in layer_parser(layer)._actions
+             if a.type is not None and not isinstance(checked_type(a), Number)}
+    assert typed == TEXT_TYPES
+    assert {"--max-restarts", "--max-node-restarts", "--restart-backoff", "--restart-backoff-max", "--grace-period",
+            "--master-port", "--ranks"} <= set(NUMERIC[layer])
+    assert {"horovod": {"--cycle-time-ms", "--ssh-port"}, "deepspeed": {"--ssh-port"}}.get(layer, set()) <= set(
+        NUMERIC[layer])
+
+
 TEXT = ["--master-addr", "--node-addr", "--hosts", "--cluster", "--job-id", "--format"]
 PATHS = ["--config", "--hostfile", "--job-dir", "--log-dir"]
 PATH_KINDS = ["dir", "fifo", "file", "dangling", "missing", "socket", "device"]
 
 numbers = st.one_of(st.integers(-2**70, 2**70).map(str), st.floats(allow_nan=True, allow_infinity=True).map(str),
-                    st.sampled_from(["nan", "-inf", "1e400", "0x10", "1_000", " 3 ", "", "٣", "1,2", ",", "-0"]))
+                    st.sampled_from(["nan", "-inf", "1e400", "3e6", "1e300", "0x10", "1_000", " 3 ", "", "\u0663",
+                                     "1,2", ",", "-0"]))
 texts = st.text(alphabet=st.characters(blacklist_categories=["Cs"], blacklist_characters="\0"), max_size=30)
 
 
@@ -201,11 +249,12 @@ texts = st.text(alphabet=st.characters(blacklist_categories=["Cs"], blacklist_ch
 @given(data=st.data())
 def test_random_option_values_never_crash_or_hang(capsys: pytest.CaptureFixture[str], script: str,
                                                    odd: dict[str, str], data: st.DataObject) -> None:
+    layer = data.draw(st.sampled_from(LAYERS))
     args: list[str] = []
     for _ in range(data.draw(st.integers(1, 3))):
         kind = data.draw(st.sampled_from(["number", "text", "path"]))
         if kind == "number":
-            args += [data.draw(st.sampled_from(NUMERIC)), data.draw(numbers)]
+            args += [data.draw(st.sampled_from(NUMERIC[layer])), data.draw(numbers)]
         elif kind == "text":
             args += [data.draw(st.sampled_from(TEXT)), data.draw(texts)]
         else:
@@ -215,13 +264,71 @@ def test_random_option_values_never_crash_or_hang(capsys: pytest.CaptureFixture[
     if as_env:  # the same values as DETLAUNCH_* variables
         env = {"DETLAUNCH_" + k[2:].upper().replace("-", "_"): v for k, v in zip(args[::2], args[1::2], strict=True)}
         args = []
-    code = main(["--layer", "torchrun", "--dry-run", *args, "--", script], env={"PATH": os.environ["PATH"], **env})
+    code = main(["--layer", layer, "--dry-run", *args, "--", script], env={"PATH": os.environ["PATH"], **env})
     captured = capsys.readouterr()
     assert code in (0, 1, 2), (args, env, captured.err)
     assert "Traceback" not in captured.err, (args, env, captured.err)
     if code != 0:
         lines = captured.err.splitlines()
         assert len(lines) == 1 and lines[0].startswith("detlaunch: error: "), (args, env, captured.err)
+
+
+# -- real runs: a value that passes the check must not break the job later (timers, timestamps) ---------
+
+# Every option in seconds (metavar S), whatever its type: a number outside config.Number is run too.
+SECONDS = sorted(a.option_strings[0] for a in layer_parser("direct")._actions if a.metavar == "S")
+RESTART_AT_ONCE = ["--max-restarts", "1", "--restart-on", "3", "--restart-backoff", "0"]
+
+
+@pytest.fixture
+def fails_at_once(tmp_path: Path) -> str:
+    path = tmp_path / "fail.py"
+    path.write_text("raise SystemExit(3)\n")
+    return str(path)
+
+
+def assert_one_line_or_the_ranks_code(done: Completed) -> None:
+    """Refused (exit 2, one error line), or run to the end (the rank's exit 3): never a traceback."""
+    assert "Traceback" not in done.stderr, done.output
+    assert done.returncode in (2, 3), done.output
+    if done.returncode == 2:
+        assert len(done.stderr.splitlines()) == 1 and done.stderr.startswith("detlaunch: error: "), done.output
+
+
+def test_the_seconds_options_are_all_found() -> None:
+    assert {"--grace-period", "--start-timeout", "--heartbeat", "--hang-timeout", "--dump-budget",
+            "--dedupe-window", "--restart-backoff", "--restart-backoff-max"} <= set(SECONDS)
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("value", ["3e6", "1e300"])
+def test_huge_seconds_in_a_real_run(launcher: Launcher, fails_at_once: str, value: str) -> None:
+    """Each option in seconds, far too large, with a rank that fails at once and a restart to wait for."""
+    for option in SECONDS:
+        both = ["--restart-backoff-max", value] if option == "--restart-backoff" else []  # the first <= the cap
+        assert_one_line_or_the_ranks_code(launcher.run("--layer", "direct", *RESTART_AT_ONCE, option, value, *both,
+                                                       fails_at_once, timeout=60))
+
+
+@pytest.mark.timeout(240)
+def test_the_largest_valid_seconds_in_a_real_run(launcher: Launcher, fails_at_once: str) -> None:
+    """Each option in seconds at the top of its range runs to the rank's exit code (the backoff: see below)."""
+    for option in SECONDS:
+        if option != "--restart-backoff":
+            high = f"{NUMBERS[option[2:].replace('-', '_')].high:g}"
+            done = launcher.run("--layer", "direct", *RESTART_AT_ONCE, option, high, fails_at_once, timeout=60)
+            assert (done.returncode, "Traceback" in done.stderr) == (3, False), done.output
+
+
+@pytest.mark.timeout(60)
+def test_a_days_backoff_waits_and_ctrl_c_ends_it(launcher: Launcher, fails_at_once: str) -> None:
+    job = launcher.start("--layer", "direct", "--max-restarts", "1000000", "--restart-on", "3",
+                         "--restart-backoff", "86400", "--restart-backoff-max", "86400", fails_at_once)
+    job.wait_for_output("restart 1 of 1000000 in ", timeout=30)
+    job.send_signal(signal.SIGINT)
+    done = job.wait(30)
+    assert (done.returncode, "Traceback" in done.stderr) == (130, False), done.output
+    assert "SIGINT received while waiting to restart: not restarting" in done.stderr
 
 
 def test_dedupe_with_a_prefix_of_its_own_is_refused(capsys: pytest.CaptureFixture[str], script: str) -> None:

@@ -8,7 +8,6 @@
 
 from __future__ import annotations
 
-import inspect
 import os
 import secrets
 import shutil
@@ -17,7 +16,6 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-import detlaunch.supervisor
 import pytest
 from conftest import SCRIPTS, Launcher
 from detlaunch.rundirs import RUN_DIR_NAME
@@ -104,11 +102,6 @@ def short_tmpdir() -> Iterator[str]:
     shutil.rmtree(path, ignore_errors=True)
 
 
-WIRED = "create_run_dir" in inspect.getsource(detlaunch.supervisor)
-
-
-@pytest.mark.xfail(not WIRED, strict=True, reason="the supervisor does not make its run dir with "
-                   "detlaunch.rundirs.create_run_dir yet, so a dead one cannot be told from a live one")
 def test_the_next_start_removes_a_sigkilled_jobs_run_dir_and_never_a_live_ones(launcher: Launcher,
                                                                                 short_tmpdir: str) -> None:
     tmp = {"TMPDIR": short_tmpdir}

@@ -381,11 +381,13 @@ def test_options_from_the_environment_or_a_config_file_come_as_text() -> None:
 
 
 @pytest.mark.parametrize(("argv", "message"), [
-    (["--max-restarts", "-1"], "argument --max-restarts: invalid count (0 or more) value: '-1'"),
-    (["--max-restarts", "two"], "argument --max-restarts: invalid count (0 or more) value: 'two'"),
-    (["--restart-backoff", "nan"], "argument --restart-backoff: invalid number of seconds (0 or more) value: 'nan'"),
-    (["--restart-backoff-max", "inf"], "invalid number of seconds (0 or more) value: 'inf'"),
-    (["--restart-backoff", "-2"], "invalid number of seconds (0 or more) value: '-2'"),
+    (["--max-restarts", "-1"], "argument --max-restarts: '-1' is out of range; valid: 0..1000000"),
+    (["--max-restarts", "two"], "argument --max-restarts: 'two' is not an integer; valid: 0..1000000"),
+    (["--max-node-restarts", "1e9"], "argument --max-node-restarts: '1e9' is not an integer; valid: 0..1000000"),
+    (["--restart-backoff", "nan"], "argument --restart-backoff: 'nan' is not a finite number; valid: 0..86400 s"),
+    (["--restart-backoff-max", "inf"], "'inf' is not a finite number; valid: 0..86400 s"),
+    (["--restart-backoff", "-2"], "'-2' is out of range; valid: 0..86400 s"),
+    (["--restart-backoff", "3e6"], "'3e6' is out of range; valid: 0..86400 s"),  # a timer would overflow
     (["--restart-on", "rank-faild"], "argument --restart-on: invalid list of exit codes"),
     (["--restart-on", "hangs"], "argument --restart-on: invalid list of exit codes"),
     (["--no-restart-on", "300"], "argument --no-restart-on: invalid list of exit codes"),
@@ -403,8 +405,10 @@ def test_bad_option_values_are_one_clear_line(argv: list[str], message: str) -> 
 
 
 def test_bad_text_values_name_the_flag() -> None:
-    with pytest.raises(ConfigError, match=r"^--max-restarts 'x' is not a valid count \(0 or more\)$"):
+    with pytest.raises(ConfigError, match=r"^--max-restarts 'x': 'x' is not an integer; valid: 0\.\.1000000$"):
         policy_from_options({"max_restarts": "x"})
+    with pytest.raises(ConfigError, match=r"^--restart-backoff '1e300': '1e300' is out of range; valid: 0\.\.86400 s$"):
+        policy_from_options({"restart_backoff": "1e300"})
     with pytest.raises(ConfigError, match="the backoff jitter 2.0 is out of range"):
         RestartPolicy(backoff_jitter=2.0)
 

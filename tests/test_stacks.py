@@ -7,7 +7,6 @@ import json
 import os
 import pwd
 import re
-import secrets
 import shutil
 import signal
 import subprocess
@@ -306,18 +305,6 @@ def test_stacks_taken_while_a_job_runs_collectives_do_not_disturb_it_and_its_hea
 
 
 # ---- another user, with the kernel's ptrace policy of this machine --------------------------------
-
-@pytest.fixture
-def throwaway_user() -> Iterator[pwd.struct_passwd]:
-    if os.getuid() != 0:
-        pytest.skip("needs root to create a test user")
-    name = f"dlspy{secrets.token_hex(3)}"
-    subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", name], check=True)
-    try:
-        yield pwd.getpwnam(name)
-    finally:
-        subprocess.run(["userdel", name], check=True)
-
 
 @needs_py_spy
 @pytest.mark.timeout(60)

@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
-import math
 import os
 import shutil
 import string
@@ -32,7 +31,10 @@ from typing import Any, NoReturn
 from .dedupe import DEFAULT_WINDOW
 from .errors import ConfigError
 from .launcher_flags import finish_launcher_flags
+from .numbers import Number as Number
+from .numbers import ports
 from .rank_protocol import DEFAULT_GRACE, DEFAULT_PREFIX
+from .restart import NUMBERS as RESTART_NUMBERS
 from .restart import add_restart_options
 from .safefs import read_regular_file
 
@@ -65,48 +67,6 @@ class Parser(argparse.ArgumentParser):
         raise ConfigError(f"{message} (see detlaunch --help)")
 
 
-@dataclasses.dataclass(frozen=True)
-class Number:
-    """A numeric option's one definition: its kind, default and valid range.
-
-    It is the option's argparse ``type``, so the flag, its DETLAUNCH_* variable and the
-    config file are all checked by it: nan, inf and values out of range are one clear line
-    naming the option, the value and the valid range, never a traceback or a hang later.
-    """
-
-    kind: type[int] | type[float]
-    low: float
-    high: float
-    default: int | float | None = None
-    unit: str = ""
-
-    @property
-    def __name__(self) -> str:  # argparse and _convert name the kind of value by it
-        return "integer" if self.kind is int else "number"
-
-    def describe(self) -> str:
-        """The valid range as the error lines show it: ``1..65535``, ``0..3600 s``."""
-        low, high = (f"{int(self.low)}", f"{int(self.high)}") if self.kind is int else (f"{self.low:g}",
-                                                                                        f"{self.high:g}")
-        return f"{low}..{high}" + (f" {self.unit}" if self.unit else "")
-
-    def __call__(self, text: str) -> int | float:
-        try:
-            value = self.kind(text.strip())
-        except (TypeError, ValueError):
-            raise argparse.ArgumentTypeError(f"{text!r} is not {'an' if self.kind is int else 'a'} "
-                                             f"{self.__name__}; valid: {self.describe()}") from None
-        if not math.isfinite(value):
-            raise argparse.ArgumentTypeError(f"{text!r} is not a finite number; valid: {self.describe()}")
-        if not self.low <= value <= self.high:
-            raise argparse.ArgumentTypeError(f"{text!r} is out of range; valid: {self.describe()}")
-        return value
-
-
-def ports(default: int | None = None) -> Number:
-    return Number(int, 1, 65535, default)
-
-
 # Every numeric core option, its default and its range: the one place each is defined.
 NUMBERS: Mapping[str, Number] = {
     "nproc_per_node": Number(int, 1, 4096),
@@ -121,6 +81,7 @@ NUMBERS: Mapping[str, Number] = {
     "dump_budget": Number(float, 0, 10, 1.5, "s"),  # 0: stop at once, no stacks
     "ssh_port": ports(),  # ssh.py's --ssh-port (the ssh layers' option)
     "dedupe_window": Number(float, 0.001, 60, DEFAULT_WINDOW, "s"),
+    **RESTART_NUMBERS,  # --max-restarts, --restart-backoff...: defined in restart.py, which config imports
 }
 RANK = Number(int, 0, 2**31 - 1)
 

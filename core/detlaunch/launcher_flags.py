@@ -169,6 +169,7 @@ def _guard(action: argparse.Action, check: Callable[[str], None]) -> None:
         return original(text) if callable(original) else text
 
     checked.__name__ = getattr(original, "__name__", "value")
+    checked.__wrapped__ = original  # type: ignore[attr-defined]  # inspect.unwrap finds the checked Number
     action.type = checked
 
 

@@ -22,6 +22,14 @@ from .rank_protocol import TAIL_BYTES
 from .stage import Command
 
 
+def write_all(fd: int, data: bytes) -> None:
+    """Write all of `data`. A disk that fills mid-chunk takes part of it (a short write, no error): the
+    rest is written again, so the loss raises (ENOSPC) and is said, never silently cut off."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
 @dataclasses.dataclass
 class Child:
     """A process the supervisor started, and what it has said so far."""
@@ -104,7 +112,7 @@ class ProcessTable:
         child.tail = (child.tail + data)[-TAIL_BYTES:]
         if child.log_fd is not None:
             try:
-                os.write(child.log_fd, data)
+                write_all(child.log_fd, data)
             except OSError as e:
                 size = os.fstat(child.log_fd).st_size
                 os.close(child.log_fd)

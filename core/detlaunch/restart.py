@@ -26,6 +26,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol, TypeVar
 
 from .errors import ConfigError
+from .numbers import Number
 from .report import describe_exit
 
 RESTART_COUNT_ENV = "DETLAUNCH_RESTART_COUNT"
@@ -506,8 +507,15 @@ def _checked(name: str, convert: Callable[[str], T], ok: Callable[[T], bool]) ->
     return parse
 
 
-count = _checked("count (0 or more)", int, lambda v: v >= 0)
-finite_seconds = _checked("number of seconds (0 or more)", float, lambda v: math.isfinite(v) and v >= 0)
+# The numeric restart options, part of config.NUMBERS (their one definition: default and range). Bounded
+# so that no wait overflows a timer (select refuses ~25 days) and no count is silly: a day, a million.
+_D = RestartPolicy()
+NUMBERS = {
+    "max_restarts": Number(int, 0, 10**6, 0),
+    "max_node_restarts": Number(int, 0, 10**6),
+    "restart_backoff": Number(float, 0, 86400, _D.backoff_initial, "s"),
+    "restart_backoff_max": Number(float, 0, 86400, _D.backoff_cap, "s"),
+}
 _exit_code = _checked("exit code", int, lambda v: 1 <= v <= 255)
 
 
@@ -520,11 +528,11 @@ optional_exit_code.__name__ = "exit code (1-255, or none)"
 
 def add_restart_options(parser: argparse.ArgumentParser) -> None:
     """The restart options, as a group of the main parser (config.build_parser calls this)."""
-    d = RestartPolicy()
+    d, n = RestartPolicy(), NUMBERS
     g = parser.add_argument_group("restarts (job-wide, decided by the chief; see docs/RESTARTS.md)")
-    g.add_argument("--max-restarts", type=count, default=0, metavar="N",
+    g.add_argument("--max-restarts", type=n["max_restarts"], default=n["max_restarts"].default, metavar="N",
                    help="restart the whole job on every node at most N times after a failure (default 0: off)")
-    g.add_argument("--max-node-restarts", type=count, metavar="N",
+    g.add_argument("--max-node-restarts", type=n["max_node_restarts"], metavar="N",
                    help="restarts after a lost node, counted apart (default: as many as --max-restarts); the node's "
                    "detlaunch, started again, must join within --start-timeout")
     g.add_argument("--restart-on", type=item_list, default=(), metavar="LIST",
@@ -534,9 +542,9 @@ def add_restart_options(parser: argparse.ArgumentParser) -> None:
                    help="never restart on these (same forms as --restart-on)")
     g.add_argument("--no-restart-exit-code", type=optional_exit_code, default=d.no_restart_exit_code, metavar="N",
                    help=f"a rank exiting with N asks not to be restarted (default {d.no_restart_exit_code}; none: off)")
-    g.add_argument("--restart-backoff", type=finite_seconds, default=d.backoff_initial, metavar="S",
+    g.add_argument("--restart-backoff", type=n["restart_backoff"], default=d.backoff_initial, metavar="S",
                    help=f"wait before the first restart, doubled for each next one (default {d.backoff_initial:g})")
-    g.add_argument("--restart-backoff-max", type=finite_seconds, default=d.backoff_cap, metavar="S",
+    g.add_argument("--restart-backoff-max", type=n["restart_backoff_max"], default=d.backoff_cap, metavar="S",
                    help=f"the longest wait between attempts (default {d.backoff_cap:g})")
 
 
@@ -552,19 +560,21 @@ def policy_from_options(options: Mapping[str, Any]) -> RestartPolicy:
             flag = "--" + name.replace("_", "-")
             try:
                 return convert(str(value))
+            except argparse.ArgumentTypeError as e:
+                raise ConfigError(f"{flag} {value!r}: {e}") from None
             except ValueError:
                 raise ConfigError(f"{flag} {value!r} is not a valid {convert.__name__}") from None
         return tuple(value) if convert is item_list else value
 
     return RestartPolicy(
-        max_restarts=get("max_restarts", count, 0),
-        max_node_restarts=get("max_node_restarts", count, None),
+        max_restarts=get("max_restarts", NUMBERS["max_restarts"], 0),
+        max_node_restarts=get("max_node_restarts", NUMBERS["max_node_restarts"], None),
         restart_on=get("restart_on", item_list, ()),
         no_restart_on=get("no_restart_on", item_list, ()),
         no_restart_exit_code=d.no_restart_exit_code if "no_restart_exit_code" not in options
         else get("no_restart_exit_code", optional_exit_code, None),
-        backoff_initial=get("restart_backoff", finite_seconds, d.backoff_initial),
-        backoff_cap=get("restart_backoff_max", finite_seconds, d.backoff_cap),
+        backoff_initial=get("restart_backoff", NUMBERS["restart_backoff"], d.backoff_initial),
+        backoff_cap=get("restart_backoff_max", NUMBERS["restart_backoff_max"], d.backoff_cap),
     )
 
 

@@ -5,11 +5,17 @@ on every layer, on one node and two. The leftover check is the `launcher` fixtur
 from __future__ import annotations
 
 import os
+import pwd
+import shutil
 import signal
+import subprocess
+import sysconfig
+import tempfile
 from pathlib import Path
 
+import psutil
 import pytest
-from conftest import Job, Launcher
+from conftest import ROOT, Job, Launcher
 from helpers import free_port
 
 pytestmark = pytest.mark.timeout(240)
@@ -78,6 +84,54 @@ def test_nothing_outlives_the_job(launcher: Launcher, tmp_path: Path, layer: str
     expected = {"rank_fails": 3, "sigint": 130, "sigterm": 143, "sigkill": -9}[ending]
     assert codes[0] == expected, jobs[0].read()
     # the fixture: no process of the job, daemons included, is alive on any node
+
+
+def processes_of(uid: int) -> list[int]:
+    """Live (not zombie) processes of `uid`."""
+    found = []
+    for proc in psutil.process_iter(["uids", "status"]):
+        if proc.info["uids"] and proc.info["uids"].real == uid and proc.info["status"] != psutil.STATUS_ZOMBIE:
+            found.append(proc.pid)
+    return found
+
+
+@pytest.mark.timeout(180)
+def test_nothing_outlives_a_sigkill_of_an_ordinary_users_detlaunch(
+        throwaway_user: pwd.struct_passwd, launcher: Launcher) -> None:  # user first: it goes last
+    """One cell of the matrix (torchrun, 1 node, SIGKILL) as a user without privileges: the kernel still ends
+    the escaped daemons, the user's own processes that nothing of detlaunch is left to stop."""
+    uid, gid = throwaway_user.pw_uid, throwaway_user.pw_gid
+    as_user = ("setpriv", f"--reuid={uid}", f"--regid={gid}", "--clear-groups")
+    # Debian's python3 (the venv's interpreter lives under /root, which the user cannot read), with this
+    # checkout's detlaunch and the venv's packages (torch; the layers' entry points) on its path.
+    path = os.pathsep.join([str(ROOT / "core"), *map(str, sorted((ROOT / "plugins").iterdir())),
+                            sysconfig.get_paths()["purelib"]])
+    home = Path(tempfile.mkdtemp(prefix="dl-"))  # the user's own: the test's tmp_path is root's, 0700
+    try:
+        os.chown(home, uid, gid)
+        env = {"PYTHONPATH": path, "TMPDIR": str(home), "XDG_CACHE_HOME": str(home / "cache"), "HOME": str(home)}
+        usable = subprocess.run([*as_user, "/usr/bin/python3", "-c", "import detlaunch, torch"], env={**os.environ,
+                                **env}, cwd=home, capture_output=True, text=True, timeout=60)
+        if usable.returncode != 0:
+            pytest.skip(f"the user cannot run this checkout's detlaunch with torch: {usable.stderr.strip()[-200:]}")
+        script = home / "escapes.py"
+        script.write_text(ESCAPES)
+        job = launcher.start("--layer", "torchrun", "--nproc-per-node", "2", "--master-port", str(free_port()),
+                             str(script), env=env, cwd=home, command=("/usr/bin/python3", "-m", "detlaunch"),
+                             prefix=as_user)
+        for rank in (0, 1):
+            job.wait_for_output(f"[rank={rank}] rank {rank} ready", timeout=120)
+        user_scripts = [p for p in processes_of(uid) if psutil.Process(p).cmdline() == ["/usr/bin/python3", "-u",
+                                                                                          str(script)]]
+        assert len(user_scripts) == 4, user_scripts  # 2 ranks, 2 escaped daemons (forks: the same command line)
+        assert psutil.Process(job.proc.pid).uids().real == uid  # detlaunch itself runs as the user (setpriv execs)
+        os.kill(job.proc.pid, signal.SIGKILL)  # detlaunch itself: nobody is left to clean up but the kernel
+        assert job.wait(timeout=60).returncode == -9
+        assert launcher.leftovers(settle=10) == [] and processes_of(uid) == []
+    finally:
+        for pid in processes_of(uid):  # by PID, so that userdel can remove the user
+            os.kill(pid, signal.SIGKILL)
+        shutil.rmtree(home, ignore_errors=True)
 
 
 def test_this_machine_can_isolate_jobs_as_root_and_as_an_ordinary_user(tmp_path: Path) -> None:

@@ -542,19 +542,6 @@ def test_stacks_of_ranks_started_over_sshd_on_two_nodes(launcher: Launcher, tmp_
         node.wait(90)
 
 
-@pytest.fixture
-def throwaway_user() -> Iterator[pwd.struct_passwd]:
-    """An unprivileged user, created for one test and removed after it."""
-    if os.getuid() != 0:
-        pytest.skip("needs root to create a test user")
-    name = f"dlh{uuid.uuid4().hex[:8]}"
-    subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", name], check=True)
-    try:
-        yield pwd.getpwnam(name)
-    finally:
-        subprocess.run(["userdel", name], check=True)
-
-
 class AsUser:
     """detlaunch as the throwaway user, in a home of its own. The venv's interpreter lives under /root
     (0700): the user runs Debian's python3 (3.11, like the venv's) with the venv's site-packages on its

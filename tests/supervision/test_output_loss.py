@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from conftest import Launcher
-from helpers import free_port
+from helpers import free_port, small_tmpfs
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -59,13 +59,8 @@ def test_a_rank_that_leaves_a_daemon_holding_its_output_stops_the_job_at_once(la
 @pytest.fixture
 def small_disk(tmp_path: Path) -> Iterator[Path]:
     """A 256 KiB tmpfs of the test's own: a disk that fills."""
-    mount = tmp_path / "disk"
-    mount.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k,mode=0755", "tmpfs", str(mount)], check=True)
-    try:
+    with small_tmpfs(tmp_path / "disk", "256k") as mount:
         yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=True)
 
 
 def test_a_log_dir_that_fills_up_is_said_once_and_the_job_goes_on(launcher: Launcher, tmp_path: Path,

@@ -12,6 +12,7 @@ from detlaunch.errors import LaunchError
 from detlaunch.eventloop import EventLoop
 from detlaunch.process_table import Child, ProcessTable
 from detlaunch.stage import Command
+from helpers import small_tmpfs
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -84,3 +85,35 @@ def test_a_failing_setup_step_says_which_and_why(t: Table) -> None:
         t.table.run_step(("sh", "-c", "echo bad key >&2; exit 1"), os.environ, timeout=10)
     with pytest.raises(LaunchError, match="setup command not found: no-such-step"):
         t.table.run_step(("no-such-step",), os.environ, timeout=10)
+
+
+@pytest.fixture
+def tiny_disk(tmp_path: Path) -> Iterator[Path]:
+    """A tmpfs of two pages (8 KiB), of the test's own: a disk that fills within one chunk of output."""
+    if os.getuid() != 0:
+        pytest.skip("needs root to mount a tmpfs")
+    with small_tmpfs(tmp_path / "disk", "8k") as mount:
+        yield mount
+
+
+def test_a_disk_that_fills_within_the_last_chunk_is_said(tiny_disk: Path) -> None:
+    """The last chunk a launcher writes only partly fits: the short write is no silent loss."""
+    t = Table(tiny_disk / "logs")
+    said: list[str] = []
+    t.table.on_log_error = said.append
+    out_r, out_w = os.pipe()
+    try:
+        child = Child(Command(("launcher",), name="launcher"), pid=0, output_fd=out_r)
+        os.makedirs(tiny_disk / "logs")
+        child.log_fd = os.open(t.table.log_path(child), os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+        os.write(out_w, b"x" * 20000)  # one read of it all (the pipe holds 64 KiB); only 8 KiB fit
+        t.table._read_output(child)
+        log = tiny_disk / "logs" / "launcher-node1.log"
+        assert said == [f"{log} is incomplete: no space left on device after 8192 bytes"]
+        assert log.stat().st_size == 8192 and child.log_fd is None
+        assert b"".join(t.output) == b"x" * 20000  # the console still gets all of it
+    finally:
+        os.close(out_w)
+        t.table._close_output(child)
+        t.loop.close()
+

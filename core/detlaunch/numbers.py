@@ -1,0 +1,52 @@
+"""A numeric option's checked type (config.NUMBERS), in a module of its own so restart.py can use it too.
+
+config imports restart (for its options), so the one definition of a checked number lives here, below both.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+
+
+@dataclasses.dataclass(frozen=True)
+class Number:
+    """A numeric option's one definition: its kind, default and valid range.
+
+    It is the option's argparse ``type``, so the flag, its DETLAUNCH_* variable and the
+    config file are all checked by it: nan, inf and values out of range are one clear line
+    naming the option, the value and the valid range, never a traceback or a hang later.
+    """
+
+    kind: type[int] | type[float]
+    low: float
+    high: float
+    default: int | float | None = None
+    unit: str = ""
+
+    @property
+    def __name__(self) -> str:  # argparse and _convert name the kind of value by it
+        return "integer" if self.kind is int else "number"
+
+    def describe(self) -> str:
+        """The valid range as the error lines show it: ``1..65535``, ``0..3600 s``."""
+        low, high = (f"{int(self.low)}", f"{int(self.high)}") if self.kind is int else (f"{self.low:g}",
+                                                                                        f"{self.high:g}")
+        return f"{low}..{high}" + (f" {self.unit}" if self.unit else "")
+
+    def __call__(self, text: str) -> int | float:
+        try:
+            value = self.kind(text.strip())
+        except (TypeError, ValueError):
+            raise argparse.ArgumentTypeError(f"{text!r} is not {'an' if self.kind is int else 'a'} "
+                                             f"{self.__name__}; valid: {self.describe()}") from None
+        if not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"{text!r} is not a finite number; valid: {self.describe()}")
+        if not self.low <= value <= self.high:
+            raise argparse.ArgumentTypeError(f"{text!r} is out of range; valid: {self.describe()}")
+        return value
+
+
+def ports(default: int | None = None) -> Number:
+    return Number(int, 1, 65535, default)
