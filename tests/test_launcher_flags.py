@@ -252,7 +252,15 @@ MAPPED: dict[tuple[str, str], list[tuple[list[str], Callable[[Any], bool] | str]
         (["-r", "3", "--log_dir", "logs"], lambda p: contains(_wrapper(p), ["--console-ranks", "-1"])),
         (["--redirects=3"], "--redirects 3 writes each rank's output to files: add --log-dir DIR"),
         (["--redirects", "0:3,1:0", "--log-dir", "logs"], "--redirects 0:3,1:0: detlaunch applies one setting"),
-        (["--redirects", "0"], lambda p: "--console-ranks" not in _wrapper(p))],
+        (["--redirects", "0"], lambda p: "--console-ranks" not in _wrapper(p)),
+        # Both: torchrun redirects to the files and tails the tee'd ones to the console: files and console.
+        (["--tee", "3", "-r", "3", "--log-dir", "logs"],
+         lambda p: contains(_wrapper(p), ["--log-dir", os.path.abspath("logs")])
+         and "--console-ranks" not in _wrapper(p)),
+        (["--redirects=3", "--tee=0", "--log-dir", "logs"],
+         lambda p: contains(_wrapper(p), ["--console-ranks", "-1"])),
+        (["--tee", "3", "-r", "3", "--local-ranks-filter", "1", "--nproc-per-node", "2", "--log-dir", "logs"],
+         lambda p: contains(_wrapper(p), ["--console-ranks", "1"]))],
     ("torchrun", "-t"): [
         (["-t", "3", "--log-dir", "logs"],
          lambda p: contains(_wrapper(p), ["--log-dir", os.path.abspath("logs")])
@@ -386,6 +394,33 @@ def test_an_unknown_option_says_to_add_the_separator(dry: Any) -> None:
         "unknown option --not-a-flag: if it is for the launcher, add -- before the script "
         "(detlaunch --layer torchrun --not-a-flag ... -- train.py); "
         "detlaunch --layer torchrun --help lists its options")
+
+
+@pytest.mark.parametrize(("layer", "args", "line"), [
+    ("deepspeed", ["-np", "2"], "unknown option -np: that is horovodrun's flag; give the ranks per node with "
+     "--nproc-per-node N (or deepspeed's own --num_gpus N)"),
+    ("torchrun", ["--num_gpus", "2"], "unknown option --num_gpus: that is deepspeed's flag; give the ranks per node "
+     "with --nproc-per-node N"),
+    ("direct", ["-np", "2"], "unknown option -np: that is horovodrun's flag; give the ranks per node with "
+     "--nproc-per-node N"),
+    ("horovod", ["--num_gpus", "2"], "unknown option --num_gpus: that is deepspeed's flag; give the ranks per node "
+     "with --nproc-per-node N"),
+])
+def test_another_launchers_flag_names_what_this_layer_takes(dry: Any, layer: str, args: list[str],
+                                                            line: str) -> None:
+    """Not `add -- before the script`: the layer's launcher has no such flag either and would refuse it."""
+    rc, _, err = dry(layer, *args)
+    assert one_error_line(rc, err) == line
+
+
+def test_another_launchers_flag_before_the_separator_is_refused_while_planning(
+        tmp_path: Path, script: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    env = {**os.environ, "TMPDIR": str(tmp_path), "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    rc = main(["--layer", "deepspeed", "--master-port", str(free_port()), "--dry-run", "-np", "2", "--", str(script)],
+              env)
+    assert one_error_line(rc, capsys.readouterr().err) == (
+        "-np: that is horovodrun's flag; give the ranks per node with --nproc-per-node N "
+        "(or deepspeed's own --num_gpus N)")
 
 
 def test_a_near_miss_names_detlaunchs_spelling(dry: Any) -> None:
