@@ -396,15 +396,17 @@ def test_an_unknown_option_says_to_add_the_separator(dry: Any) -> None:
         "detlaunch --layer torchrun --help lists its options")
 
 
+RANKS_PER_NODE = "for the ranks per node, give --nproc-per-node N"
+
+
 @pytest.mark.parametrize(("layer", "args", "line"), [
-    ("deepspeed", ["-np", "2"], "unknown option -np: that is horovodrun's flag; give the ranks per node with "
-     "--nproc-per-node N (or deepspeed's own --num_gpus N)"),
-    ("torchrun", ["--num_gpus", "2"], "unknown option --num_gpus: that is deepspeed's flag; give the ranks per node "
-     "with --nproc-per-node N"),
-    ("direct", ["-np", "2"], "unknown option -np: that is horovodrun's flag; give the ranks per node with "
-     "--nproc-per-node N"),
-    ("horovod", ["--num_gpus", "2"], "unknown option --num_gpus: that is deepspeed's flag; give the ranks per node "
-     "with --nproc-per-node N"),
+    ("deepspeed", ["-np", "2"], f"unknown option -np: {RANKS_PER_NODE} (or deepspeed's own --num_gpus N); "
+     "-np is horovodrun's spelling"),
+    ("torchrun", ["--num_gpus", "2"], f"unknown option --num_gpus: {RANKS_PER_NODE}; --num_gpus is deepspeed's "
+     "spelling"),
+    ("direct", ["-np", "2"], f"unknown option -np: {RANKS_PER_NODE}; -np is horovodrun's spelling"),
+    ("horovod", ["--num_gpus", "2"], f"unknown option --num_gpus: {RANKS_PER_NODE}; --num_gpus is deepspeed's "
+     "spelling"),
 ])
 def test_another_launchers_flag_names_what_this_layer_takes(dry: Any, layer: str, args: list[str],
                                                             line: str) -> None:
@@ -419,8 +421,7 @@ def test_another_launchers_flag_before_the_separator_is_refused_while_planning(
     rc = main(["--layer", "deepspeed", "--master-port", str(free_port()), "--dry-run", "-np", "2", "--", str(script)],
               env)
     assert one_error_line(rc, capsys.readouterr().err) == (
-        "-np: that is horovodrun's flag; give the ranks per node with --nproc-per-node N "
-        "(or deepspeed's own --num_gpus N)")
+        f"-np: {RANKS_PER_NODE} (or deepspeed's own --num_gpus N); -np is horovodrun's spelling")
 
 
 def test_a_near_miss_names_detlaunchs_spelling(dry: Any) -> None:

@@ -268,7 +268,7 @@ def elsewhere_hint(arg: str, table: Sequence[LauncherFlag], launcher: str) -> st
     own = [s for row in table if row.does == "map" and row.to == dest for s in row.names
            if s.replace("_", "-") != detlaunch_spelling]
     also = f" (or {launcher}'s own {own[0]} {option.split()[1]})" if own else ""
-    return f"that is {other}'s flag; give {meaning} with {option}{also}"
+    return f"for {meaning}, give {option}{also}; {name} is {other}'s spelling"
 
 
 def layer_table(parser: argparse.ArgumentParser) -> tuple[str, list[LauncherFlag]]:
