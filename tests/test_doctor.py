@@ -5,15 +5,19 @@ on this (healthy) install, and on broken ones: sshd missing, a horovod without G
 from __future__ import annotations
 
 import os
+import socket
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import Launcher
 from detlaunch import Check, Config, hookimpl
-from detlaunch.cli import doctor
+from detlaunch.cli import doctor, main
 from detlaunch.doctor import exit_code, ptrace_check, writable_dir_check
 from detlaunch.plugins import PluginSet
+from detlaunch.ssh import SSH_PORT_ENV
 from helpers import free_port
 
 pytestmark = pytest.mark.timeout(120)
@@ -29,9 +33,10 @@ def lines(stdout: str) -> dict[str, str]:
     return out
 
 
-@pytest.mark.parametrize("layer", ["torchrun", "horovod", "deepspeed"])
+@pytest.mark.parametrize("layer", ["torchrun", "horovod", "deepspeed", "direct"])
 def test_doctor_on_this_healthy_install(launcher: Launcher, layer: str) -> None:
-    r = launcher.run("doctor", "--layer", layer, "--master-port", str(free_port()), timeout=100)
+    port = free_port()
+    r = launcher.run("doctor", "--layer", layer, "--master-port", str(port), timeout=100)
     assert r.returncode == 0, r.output
     found = lines(r.stdout)
     # The sandbox's own XDG_CACHE_HOME has no JIT-built deepspeed ops: that one is a warning.
@@ -39,8 +44,9 @@ def test_doctor_on_this_healthy_install(launcher: Launcher, layer: str) -> None:
     assert warned <= {"deepspeed's CPU Adam op ready"} and "FAIL" not in r.stdout, r.stdout
     assert {"temp dir writable (private run dirs)", "job dir writable (per-job ssh keys)", "torch importable",
             "ptrace policy (stacks of hung ranks)",
-            "PID namespace for the job (nothing outlives a SIGKILLed detlaunch)"} <= set(found)
-    expected = {"torchrun": {"torch.distributed with gloo"},
+            "PID namespace for the job (nothing outlives a SIGKILLed detlaunch)", f"master port {port} free",
+            f"control port {port + 1} free"} <= set(found)
+    expected = {"torchrun": {"torch.distributed with gloo"}, "direct": {"torch.distributed with gloo"},
                 "horovod": {"horovod built with Gloo (--controller gloo)", "horovodrun", "sshd found", "ssh found"},
                 "deepspeed": {"deepspeed's accelerator", "pdsh found", "sshd found", "no stale torch build lock"}}
     assert expected[layer] <= set(found), r.stdout
@@ -53,8 +59,6 @@ def test_doctor_without_a_layer_checks_the_core_and_says_how_to_check_one(launch
 
 
 def test_a_port_in_use_fails_with_its_fix(launcher: Launcher) -> None:
-    import socket
-
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         s.listen()
@@ -64,6 +68,77 @@ def test_a_port_in_use_fails_with_its_fix(launcher: Launcher) -> None:
     assert lines(r.stdout)[f"master port {port} free"] == (
         f"FAIL  master port {port} free: --master-port {port} is already in use on 127.0.0.1 "
         "-- fix: pick a free port with --master-port")
+
+
+@pytest.fixture
+def doctor_in_process(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Callable[..., tuple[int, dict[str, str]]]:
+    """`detlaunch doctor ARGS` in this process: (exit code, each check's line by its name)."""
+    env = {k: v for k, v in os.environ.items() if k != SSH_PORT_ENV}
+    env.update(TMPDIR=str(tmp_path), XDG_CACHE_HOME=str(tmp_path / "cache"))
+
+    def run(*args: str) -> tuple[int, dict[str, str]]:
+        rc = main(["doctor", *args], env)
+        return rc, lines(capsys.readouterr().out)
+
+    return run
+
+
+TWO_NODES = ("--hosts", "127.0.0.1:1,127.0.0.2:1")
+
+
+def listening(port: int) -> socket.socket:
+    s = socket.socket()
+    s.bind(("127.0.0.1", port))
+    s.listen()
+    return s
+
+
+def test_the_control_port_in_use_fails_a_multi_node_job_and_warns_on_one_node(doctor_in_process: Any) -> None:
+    master = free_port()
+    with listening(master + 1):
+        rc, found = doctor_in_process("--layer", "direct", "--master-port", str(master), *TWO_NODES)
+        assert rc == 1
+        assert found[f"control port {master + 1} free"] == (
+            f"FAIL  control port {master + 1} free: --control-port {master + 1} is already in use on 127.0.0.1 "
+            "-- fix: pick a free port with --control-port")
+        assert found[f"master port {master} free"].startswith("ok  ")
+        rc, found = doctor_in_process("--layer", "direct", "--master-port", str(master))
+        assert rc == 0  # one node: no job link, so a warning
+        assert found[f"control port {master + 1} free"].startswith(
+            f"warn  control port {master + 1} free: --control-port {master + 1} is already in use")
+        assert found[f"control port {master + 1} free"].endswith("(only for jobs on several nodes)")
+    other = free_port()
+    with listening(other):
+        rc, found = doctor_in_process("--layer", "torchrun", "--master-port", str(master), "--control-port",
+                                      str(other), *TWO_NODES)
+        assert rc == 1 and found[f"control port {other} free"].startswith("FAIL  "), found
+        assert f"control port {master + 1} free" not in found  # --control-port, not master + 1
+
+
+def test_a_master_port_that_leaves_no_control_port(doctor_in_process: Any) -> None:
+    rc, found = doctor_in_process("--layer", "direct", "--master-port", "65535", *TWO_NODES)
+    assert rc == 1
+    assert found["control port free"] == ("FAIL  control port free: the master port 65535 + 1 is no port -- fix: "
+                                          "give --control-port PORT or a lower --master-port")
+
+
+@pytest.mark.parametrize("layer", ["horovod", "deepspeed"])
+def test_an_ssh_port_in_use_is_named_by_the_ssh_layers(doctor_in_process: Any, layer: str) -> None:
+    master, ssh = free_port(), free_port()
+    name = f"ssh port (the per-job sshd) {ssh} free"
+    rc, found = doctor_in_process("--layer", layer, "--master-port", str(master), *TWO_NODES)
+    assert not [n for n in found if n.startswith("ssh port")], found  # not given: nothing to check
+    with listening(ssh):
+        rc, found = doctor_in_process("--layer", layer, "--master-port", str(master), "--ssh-port", str(ssh),
+                                      *TWO_NODES)
+        assert rc == 1
+        assert found[name] == (f"FAIL  {name}: --ssh-port {ssh} is already in use on 127.0.0.1 -- fix: pick a free "
+                               "port with --ssh-port")
+        rc, found = doctor_in_process("--layer", layer, "--master-port", str(master), "--ssh-port", str(ssh))
+        assert found[name].startswith("warn  ") and found[name].endswith("(only for jobs on several nodes)")
+    rc, found = doctor_in_process("--layer", layer, "--master-port", str(master), "--ssh-port", str(ssh),
+                                  *TWO_NODES)
+    assert found[name] == f"ok    {name}: on 127.0.0.1"
 
 
 def test_sshd_missing_fails_for_a_multi_node_job(launcher: Launcher) -> None:

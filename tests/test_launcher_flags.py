@@ -143,12 +143,41 @@ def test_the_table_has_every_flag_of_the_installed_launcher_and_no_other(layer: 
     assert not stale, f"{LAUNCHER[layer]} no longer has {stale}"
 
 
-@pytest.mark.parametrize("case", [(layer, row) for layer, table in TABLES.items() for row in table], ids=row_id)
-def test_every_row_is_in_the_docs(case: tuple[str, LauncherFlag]) -> None:
-    layer, row = case
-    start = f"| {', '.join(f'`{n}`' for n in row.names)} | {WORD[row.does]} |"
-    section = DOC.split(f"## {LAUNCHER[layer]} (`--layer {layer}`)")[1].split("\n## ")[0]
-    assert start in section, f"docs/LAUNCHER_FLAGS.md, {layer}: no line starting {start}"
+def doc_line(row: LauncherFlag) -> str:
+    """The row's line in docs/LAUNCHER_FLAGS.md: its names, what detlaunch does, and how (or why not)."""
+    how = row.why if row.does == "refuse" else row.doc
+    if row.does == "pass" and how == "passed to the launcher":
+        how = "handed to the launcher as typed"
+    return f"| {', '.join(f'`{n}`' for n in row.names)} | {WORD[row.does]} | {how} |"
+
+
+def doc_section(doc: str, layer: str) -> str:
+    return doc.split(f"## {LAUNCHER[layer]} (`--layer {layer}`)")[1].split("\n## ")[0]
+
+
+def doc_rows(doc: str, layer: str) -> list[str]:
+    return [line for line in doc_section(doc, layer).splitlines() if line.startswith("| `")]
+
+
+def write_doc_tables() -> None:
+    """`python tests/test_launcher_flags.py` rewrites the doc's tables from plugins/*/flags.py."""
+    doc = DOC
+    for layer, table in TABLES.items():
+        section = doc_section(doc, layer)
+        old = "\n".join(doc_rows(doc, layer))
+        doc = doc.replace(section, section.replace(old, "\n".join(doc_line(row) for row in table)), 1)
+    (ROOT / "docs" / "LAUNCHER_FLAGS.md").write_text(doc)
+
+
+@pytest.mark.parametrize("layer", sorted(TABLES))
+def test_the_docs_table_is_the_layers_table_line_for_line(layer: str) -> None:
+    """Every column of every row, in the table's order: the doc cannot drift from what the code does."""
+    want = [doc_line(row) for row in TABLES[layer]]
+    have = doc_rows(DOC, layer)
+    wrong = [f"doc:  {h}\ncode: {w}" for h, w in zip(have, want, strict=False) if h != w]
+    assert have == want, ("docs/LAUNCHER_FLAGS.md differs from the table in flags.py "
+                          "(python tests/test_launcher_flags.py rewrites it):\n" + "\n".join(wrong)
+                          + f"\n{len(have)} rows in the doc, {len(want)} in the code")
 
 
 # -- every row, through the real command line ------------------------------------------------------------
@@ -223,7 +252,15 @@ MAPPED: dict[tuple[str, str], list[tuple[list[str], Callable[[Any], bool] | str]
         (["-r", "3", "--log_dir", "logs"], lambda p: contains(_wrapper(p), ["--console-ranks", "-1"])),
         (["--redirects=3"], "--redirects 3 writes each rank's output to files: add --log-dir DIR"),
         (["--redirects", "0:3,1:0", "--log-dir", "logs"], "--redirects 0:3,1:0: detlaunch applies one setting"),
-        (["--redirects", "0"], lambda p: "--console-ranks" not in _wrapper(p))],
+        (["--redirects", "0"], lambda p: "--console-ranks" not in _wrapper(p)),
+        # Both: torchrun redirects to the files and tails the tee'd ones to the console: files and console.
+        (["--tee", "3", "-r", "3", "--log-dir", "logs"],
+         lambda p: contains(_wrapper(p), ["--log-dir", os.path.abspath("logs")])
+         and "--console-ranks" not in _wrapper(p)),
+        (["--redirects=3", "--tee=0", "--log-dir", "logs"],
+         lambda p: contains(_wrapper(p), ["--console-ranks", "-1"])),
+        (["--tee", "3", "-r", "3", "--local-ranks-filter", "1", "--nproc-per-node", "2", "--log-dir", "logs"],
+         lambda p: contains(_wrapper(p), ["--console-ranks", "1"]))],
     ("torchrun", "-t"): [
         (["-t", "3", "--log-dir", "logs"],
          lambda p: contains(_wrapper(p), ["--log-dir", os.path.abspath("logs")])
@@ -359,6 +396,34 @@ def test_an_unknown_option_says_to_add_the_separator(dry: Any) -> None:
         "detlaunch --layer torchrun --help lists its options")
 
 
+RANKS_PER_NODE = "for the ranks per node, give --nproc-per-node N"
+
+
+@pytest.mark.parametrize(("layer", "args", "line"), [
+    ("deepspeed", ["-np", "2"], f"unknown option -np: {RANKS_PER_NODE} (or deepspeed's own --num_gpus N); "
+     "-np is horovodrun's spelling"),
+    ("torchrun", ["--num_gpus", "2"], f"unknown option --num_gpus: {RANKS_PER_NODE}; --num_gpus is deepspeed's "
+     "spelling"),
+    ("direct", ["-np", "2"], f"unknown option -np: {RANKS_PER_NODE}; -np is horovodrun's spelling"),
+    ("horovod", ["--num_gpus", "2"], f"unknown option --num_gpus: {RANKS_PER_NODE}; --num_gpus is deepspeed's "
+     "spelling"),
+])
+def test_another_launchers_flag_names_what_this_layer_takes(dry: Any, layer: str, args: list[str],
+                                                            line: str) -> None:
+    """Not `add -- before the script`: the layer's launcher has no such flag either and would refuse it."""
+    rc, _, err = dry(layer, *args)
+    assert one_error_line(rc, err) == line
+
+
+def test_another_launchers_flag_before_the_separator_is_refused_while_planning(
+        tmp_path: Path, script: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    env = {**os.environ, "TMPDIR": str(tmp_path), "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    rc = main(["--layer", "deepspeed", "--master-port", str(free_port()), "--dry-run", "-np", "2", "--", str(script)],
+              env)
+    assert one_error_line(rc, capsys.readouterr().err) == (
+        f"-np: {RANKS_PER_NODE} (or deepspeed's own --num_gpus N); -np is horovodrun's spelling")
+
+
 def test_a_near_miss_names_detlaunchs_spelling(dry: Any) -> None:
     rc, _, err = dry("horovod", "--fusion_threshold_mbb", "3")
     assert one_error_line(rc, err) == "unknown option --fusion_threshold_mbb: did you mean --fusion-threshold-mb?"
@@ -381,3 +446,7 @@ def test_a_layer_given_after_a_launcher_flag_with_a_value_is_one_line_saying_whe
     rc = main(["-np", "2", "--layer", "horovod", "--dry-run", str(script)], {**os.environ, "TMPDIR": str(tmp_path)})
     assert one_error_line(rc, capsys.readouterr().err).startswith(
         "no layer chosen: add --layer NAME, before the launcher's own flags (installed: ")
+
+
+if __name__ == "__main__":
+    write_doc_tables()

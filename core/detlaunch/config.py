@@ -30,7 +30,7 @@ from typing import Any, NoReturn
 
 from .dedupe import DEFAULT_WINDOW
 from .errors import ConfigError
-from .launcher_flags import finish_launcher_flags
+from .launcher_flags import elsewhere_hint, finish_launcher_flags, layer_table
 from .numbers import Number as Number
 from .numbers import ports
 from .rank_protocol import DEFAULT_GRACE, DEFAULT_PREFIX
@@ -327,12 +327,17 @@ def _parse_without_separator(
 
 
 def unknown_option_message(parser: argparse.ArgumentParser, arg: str, layer: str = "NAME") -> str:
-    """Name the fix: detlaunch's spelling of a near miss, else the `--` that hands it to the launcher."""
+    """Name the fix: detlaunch's spelling of a near miss or of another launcher's flag (``-np`` on a
+    layer other than horovod's), else the `--` that hands it to the launcher."""
     name = arg.split("=", 1)[0]
     known = [s for s in parser._option_string_actions if s.startswith("--")]
     close = difflib.get_close_matches(name.replace("_", "-"), known, n=1, cutoff=0.8)
     if close:
         return f"unknown option {arg}: did you mean {close[0]}?"
+    launcher, table = layer_table(parser)
+    hint = elsewhere_hint(arg, table, launcher)
+    if hint:
+        return f"unknown option {arg}: {hint}"
     return (f"unknown option {arg}: if it is for the launcher, add -- before the script "
             f"(detlaunch --layer {layer} {arg} ... -- train.py); detlaunch --layer {layer} --help lists its options")
 

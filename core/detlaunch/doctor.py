@@ -1,7 +1,7 @@
 """``detlaunch doctor``: what this node needs for a layer, checked, one line per check with its fix.
 
-Core checks what every layer needs (the temp and job directories writable, the master port free,
-the ptrace policy); each layer adds its own through the ``detlaunch_doctor_checks`` hook (torch
+Core checks what every layer needs (the temp and job directories writable, the master and control
+ports free, the ptrace policy); each layer adds its own through the ``detlaunch_doctor_checks`` hook (torch
 importable, horovod's build, sshd/ssh/pdsh, deepspeed's accelerator), so a third-party layer gets
 doctor for free. Checks only look: they start no job and write nothing but a probe file they remove.
 """
@@ -54,6 +54,18 @@ class Check:
             return cls(f"{module} importable", False, f"{type(e).__name__}: {e}".strip(), fix)
         return cls(f"{module} importable", True, str(getattr(imported, "__version__", "") or imported.__name__))
 
+    @classmethod
+    def torch_distributed(cls, fix: str = "pip install torch (CPU: pip install torch numpy)") -> list[Check]:
+        """torch importable, and torch.distributed with gloo (what the ranks of a torch layer import)."""
+        imported = cls.importable("torch", fix)
+        if not imported.ok:
+            return [imported]
+        import torch.distributed as dist
+
+        gloo = dist.is_available() and dist.is_gloo_available()
+        return [imported, cls("torch.distributed with gloo", gloo, "available" if gloo else "missing",
+                              "install a torch build with distributed support")]
+
     def line(self) -> str:
         mark = "ok  " if self.ok else ("FAIL" if self.required else "warn")
         text = f"{mark}  {self.name}: {self.detail}" if self.detail else f"{mark}  {self.name}"
@@ -76,12 +88,35 @@ def writable_dir_check(name: str, path: str, fix: str) -> Check:
     return Check(name, True, path if probe == os.path.abspath(path) else f"{path} (can be created in {probe})")
 
 
-def port_check(host: str, port: int) -> Check:
+def port_check(host: str, port: int, what: str = "master port", flag: str = "--master-port",
+               required: bool = True) -> Check:
+    """`port` can be listened on at `host`, as the job's listener will (`flag` is how to change it)."""
+    name = f"{what} {port} free"
     try:
-        check_port_free(host, port)
+        check_port_free(host, port, flag)
     except ConfigError as e:
-        return Check(f"master port {port} free", False, str(e).split(":")[0], "pick a free port with --master-port")
-    return Check(f"master port {port} free", True, f"on {host}")
+        return Check(name, False, str(e).split(":")[0], f"pick a free port with {flag}", required)
+    return Check(name, True, f"on {host}")
+
+
+def several_nodes(options: Mapping[str, object]) -> bool:
+    """Whether the options describe a job on several nodes (only those use the control and ssh ports)."""
+    return bool((options.get("nnodes") or 1) != 1 or options.get("hostfile")
+                or "," in str(options.get("hosts") or ""))
+
+
+def control_port_check(options: Mapping[str, object], master_port: int) -> Check:
+    """The job link's port on the chief (plan.control_port): --control-port, else the master port + 1.
+    Only a job on several nodes listens on it: on one node a failure is a warning."""
+    multi = several_nodes(options)
+    where = "" if multi else " (only for jobs on several nodes)"
+    given = options.get("control_port")
+    port = int(given) if isinstance(given, int) and given else master_port + 1
+    if port > 65535:
+        return Check("control port free", False, f"the master port {master_port} + 1 is no port",
+                     "give --control-port PORT or a lower --master-port" + where, multi)
+    check = port_check("127.0.0.1", port, "control port", "--control-port", multi)
+    return dataclasses.replace(check, fix=check.fix + where) if not check.ok else check
 
 
 def ptrace_check(scope_file: str = PTRACE_SCOPE, is_root: bool | None = None) -> Check:
@@ -119,6 +154,7 @@ def isolation_check() -> Check:
 def core_checks(config: Config) -> list[Check]:
     """What every layer needs on this node."""
     o, env = config.options, config.env
+    master_port = int(o.get("master_port") or NUMBERS["master_port"].default or 0)
     base = os.path.join(env.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"),
                         "detlaunch", "jobs")
     checks = [
@@ -126,7 +162,8 @@ def core_checks(config: Config) -> list[Check]:
                            "point TMPDIR at a writable directory"),
         writable_dir_check("job dir writable (per-job ssh keys)", o.get("job_dir") or base,
                            "give --job-dir DIR on a writable (shared, for several nodes) file system"),
-        port_check("127.0.0.1", int(o.get("master_port") or NUMBERS["master_port"].default or 0)),
+        port_check("127.0.0.1", master_port),
+        control_port_check(o, master_port),
         ptrace_check(),
         isolation_check(),
     ]

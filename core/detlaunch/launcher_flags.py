@@ -31,8 +31,11 @@ from typing import Any
 from .errors import ConfigError
 
 # A conversion: (the value as typed, or None for a flag without one; every parsed option) -> the
-# detlaunch options it sets. It raises ConfigError for a value detlaunch cannot honour.
+# detlaunch options it sets. It raises ConfigError for a value detlaunch cannot honour. The options
+# hold GIVEN too: the launcher flags given, by their row's first name (torchrun's --redirects
+# reads --tee).
 Convert = Callable[[str | None, Mapping[str, Any]], Mapping[str, Any]]
+GIVEN = "launcher_flags_given"
 
 _SEEN = "_detlaunch_launcher_flags"  # namespace attributes the actions fill, removed by finish_launcher_flags
 _PASS = "_detlaunch_launcher_passthrough"
@@ -114,11 +117,12 @@ class _FlagAction(argparse.Action):
     """Records a launcher flag as typed; finish_launcher_flags applies it once everything is parsed."""
 
     def __init__(self, option_strings: list[str], dest: str, row: LauncherFlag, refuse_why: str = "",
-                 **kwargs: Any) -> None:
+                 launcher: str = "", **kwargs: Any) -> None:
         super().__init__(option_strings, dest=argparse.SUPPRESS, nargs=None if row.value else 0,
                          default=argparse.SUPPRESS, **kwargs)
         self.row = row
         self.refuse_why = refuse_why
+        self.launcher = launcher
 
     def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
                  values: Any, option_string: str | None = None) -> None:
@@ -156,7 +160,8 @@ def add_launcher_flags(parser: argparse.ArgumentParser, table: Sequence[Launcher
         if not spellings:
             continue
         refuse_why = row.why if row.does == "refuse" or (row.dest and row.dest not in dests) else ""
-        group.add_argument(*spellings, action=_FlagAction, row=row, refuse_why=refuse_why, help=argparse.SUPPRESS)
+        group.add_argument(*spellings, action=_FlagAction, row=row, refuse_why=refuse_why, launcher=launcher,
+                           help=argparse.SUPPRESS)
         taken.update(spellings)
 
 
@@ -187,9 +192,10 @@ def finish_launcher_flags(parser: argparse.ArgumentParser, ns: argparse.Namespac
             delattr(ns, attr)
     actions = {a.dest: a for a in parser._actions if a.option_strings}
     by_flag: dict[str, tuple[str, Any]] = {}
+    given = {row.names[0]: value for _, row, value in recorded}
     # Flags naming one option first, so that a conversion sees them (--tee 3 --log_dir DIR).
     for typed, row, value in sorted(recorded, key=lambda r: not isinstance(r[1].to, str)):
-        for dest, new in row.convert(value, vars(ns)).items():
+        for dest, new in row.convert(value, {**vars(ns), GIVEN: given}).items():
             new = _parse_like(actions.get(dest), new, typed)
             current = getattr(ns, dest, None)
             if dest in by_flag and by_flag[dest][1] != new:
@@ -237,6 +243,41 @@ def find_flag(table: Sequence[LauncherFlag], arg: str, allow_abbrev: bool = True
     return next(iter(prefixed.values())) if len(prefixed) == 1 else None
 
 
+# Other launchers' best-known flags, by the detlaunch option they mean. Given to a layer whose
+# launcher lacks them (`--layer deepspeed -np 2`), the line names what this layer takes instead:
+# handed on after `--`, the launcher would refuse them too.
+ELSEWHERE: dict[str, tuple[str, str]] = {
+    "-np": ("horovodrun", "nproc_per_node"), "--num-proc": ("horovodrun", "nproc_per_node"),
+    "--num_gpus": ("deepspeed", "nproc_per_node"), "--num_accelerators": ("deepspeed", "nproc_per_node"),
+    "--nproc_per_node": ("torchrun", "nproc_per_node"), "--num_nodes": ("deepspeed", "nnodes"),
+    "-hostfile": ("horovodrun", "hostfile"),
+}
+_MEANING = {"nproc_per_node": ("the ranks per node", "--nproc-per-node N"),
+            "nnodes": ("the number of nodes", "--nnodes N"), "hostfile": ("the hosts", "--hostfile FILE")}
+
+
+def elsewhere_hint(arg: str, table: Sequence[LauncherFlag], launcher: str) -> str | None:
+    """What to type instead of another launcher's flag `arg`: detlaunch's option, and this
+    launcher's own spelling of it when it has one (`table`); None for a flag not in ELSEWHERE."""
+    name = arg.split("=", 1)[0]
+    known = ELSEWHERE.get(name) or ELSEWHERE.get(name.replace("-", "_") if name.startswith("--") else name)
+    if known is None:
+        return None
+    other, dest = known
+    meaning, option = _MEANING[dest]
+    detlaunch_spelling = option.split()[0]
+    own = [s for row in table if row.does == "map" and row.to == dest for s in row.names
+           if s.replace("_", "-") != detlaunch_spelling]
+    also = f" (or {launcher}'s own {own[0]} {option.split()[1]})" if own else ""
+    return f"for {meaning}, give {option}{also}; {name} is {other}'s spelling"
+
+
+def layer_table(parser: argparse.ArgumentParser) -> tuple[str, list[LauncherFlag]]:
+    """The launcher and table a layer registered on `parser` with add_launcher_flags ("", [] if none)."""
+    actions = [a for a in parser._actions if isinstance(a, _FlagAction)]
+    return (actions[0].launcher if actions else ""), [a.row for a in actions]
+
+
 def check_launcher_args(table: Sequence[LauncherFlag], launcher_args: Sequence[str], launcher: str,
                         allow_abbrev: bool = True) -> None:
     """Refuse, while planning, a launcher argument that detlaunch plans itself or cannot honour.
@@ -248,6 +289,9 @@ def check_launcher_args(table: Sequence[LauncherFlag], launcher_args: Sequence[s
         if not arg.startswith("-"):
             continue
         row = find_flag(table, arg, allow_abbrev)
+        hint = elsewhere_hint(arg, table, launcher) if row is None else None
+        if hint:
+            raise ConfigError(f"{arg}: {hint}")
         if row is None or row.does == "pass":
             continue
         if row.does == "refuse":

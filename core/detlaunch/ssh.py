@@ -24,12 +24,13 @@ import shlex
 import shutil
 import sys
 
-from .config import NUMBERS
+from .config import NUMBERS, Config
+from .doctor import Check, port_check
 from .errors import ConfigError
 from .safefs import write_private_file
 from .stage import SOCKET_NAME, SSHD_SUPERVISOR_ENV, Command, Stage, StageContext
 
-__all__ = ["SshLayout", "SshParts", "add_ssh_options", "sshd_parts", "ssh_client_parts",
+__all__ = ["SshLayout", "SshParts", "add_ssh_options", "sshd_parts", "ssh_client_parts", "ssh_port_check",
            "DEFAULT_SSH_PORT", "SSH_PORT_ENV"]
 
 DEFAULT_SSH_PORT = 12350
@@ -43,6 +44,23 @@ def add_ssh_options(parser: argparse.ArgumentParser, layer: str) -> None:
                    help=f"port of the per-job sshd on each node (default: ${SSH_PORT_ENV}, else {DEFAULT_SSH_PORT})")
     g.add_argument("--ssh-dir", metavar="DIR",
                    help="directory shared by all nodes for the per-job ssh keys (default: the job dir)")
+
+
+def ssh_port_check(config: Config, required: bool) -> list[Check]:
+    """For ``detlaunch doctor``: the per-job sshd's port free, when --ssh-port (or $DTRAIN_SSH_PORT) names one.
+
+    required: whether the job uses the sshd (several nodes); else a failure is a warning.
+    """
+    given = config.options.get("ssh_port") or config.env.get(SSH_PORT_ENV)
+    if not given:
+        return []
+    try:
+        port = int(NUMBERS["ssh_port"](str(given)))
+    except argparse.ArgumentTypeError as e:
+        return [Check("ssh port free", False, f"{SSH_PORT_ENV}={given!r}: {e}", "give --ssh-port PORT", required)]
+    where = "" if required else " (only for jobs on several nodes)"
+    check = port_check("127.0.0.1", port, "ssh port (the per-job sshd)", "--ssh-port", required)
+    return [dataclasses.replace(check, fix=check.fix + where) if not check.ok else check]
 
 
 def _ip_literal(addr: str) -> str:

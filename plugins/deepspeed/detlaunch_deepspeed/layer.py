@@ -62,7 +62,7 @@ from detlaunch import (
     hookimpl,
 )
 from detlaunch.launcher_flags import add_launcher_flags, check_launcher_args
-from detlaunch.ssh import SshLayout, SshParts, add_ssh_options, ssh_client_parts, sshd_parts
+from detlaunch.ssh import SshLayout, SshParts, add_ssh_options, ssh_client_parts, ssh_port_check, sshd_parts
 
 from . import envfile, ops, rank_shim
 from .envfile import DENY, parse_version, quoting_for
@@ -294,7 +294,7 @@ def detlaunch_doctor_checks(config: Config) -> list[Check]:
     checks += [Check.on_path(tool, f"apt-get install {package}{where}", env, required=multi,
                              also=("/usr/sbin", "/sbin") if tool == "sshd" else ())
                for tool, package in (("sshd", "openssh-server"), ("ssh", "openssh-client"), ("pdsh", "pdsh"))]
-    return checks
+    return checks + ssh_port_check(config, required=multi)
 
 
 @hookimpl

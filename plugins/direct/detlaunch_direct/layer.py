@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import os
 
-from detlaunch import Command, ConfigError, RankWrapper, Stage, StageContext, check_port_free, hookimpl
+from detlaunch import Check, Command, Config, ConfigError, RankWrapper, Stage, StageContext, check_port_free, hookimpl
 
 NAME = "direct"
 ROLE = "default"  # torchrun's --role default
@@ -76,6 +76,12 @@ def _stage(ctx: StageContext) -> Stage:
     ranks = tuple(Command(ctx.rank_command, rank=ctx.cluster.first_rank + i, env=rank_env(ctx, i))
                   for i in range(ctx.cluster.local_slots))
     return Stage(commands=ranks)
+
+
+@hookimpl
+def detlaunch_doctor_checks(config: Config) -> list[Check]:
+    """torch with gloo, which the ranks import themselves (core checks the master port rank 0 binds)."""
+    return Check.torch_distributed()
 
 
 @hookimpl

@@ -62,7 +62,8 @@ def verbose(value: str | None, options: Mapping[str, Any]) -> Mapping[str, Any]:
 TABLE: tuple[LauncherFlag, ...] = (
     same_as_detlaunch("-h", "--help", value=False, doc="detlaunch's help (with --layer horovod, its options)"),
     refuses("-v", "--version", value=False, why="this is horovodrun's version: run horovodrun --version"),
-    maps("-np", "--num-proc", to=num_proc, doc="--nproc-per-node (one node), checked against -H"),
+    maps("-np", "--num-proc", to=num_proc,
+         doc="--nproc-per-node N/--nnodes per node; agrees with -H's slots, refused with a hostfile"),
     refuses("-cb", "--check-build", value=False,
             why="run `detlaunch doctor --layer horovod` (or horovodrun --check-build)"),
     passes("--disable-cache", value=False),

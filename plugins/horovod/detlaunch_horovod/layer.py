@@ -33,7 +33,7 @@ from detlaunch import (
     hookimpl,
 )
 from detlaunch.launcher_flags import add_launcher_flags, check_launcher_args
-from detlaunch.ssh import SshLayout, add_ssh_options, ssh_client_parts, sshd_parts
+from detlaunch.ssh import SshLayout, add_ssh_options, ssh_client_parts, ssh_port_check, sshd_parts
 
 from .flags import TABLE
 
@@ -195,6 +195,7 @@ def detlaunch_doctor_checks(config: Config) -> list[Check]:
         Check.on_path("sshd", "apt-get install openssh-server" + where, config.env, required=multi,
                       also=("/usr/sbin", "/sbin")),
         Check.on_path("ssh", "apt-get install openssh-client" + where, config.env, required=multi),
+        *ssh_port_check(config, required=multi),
     ]
 
 

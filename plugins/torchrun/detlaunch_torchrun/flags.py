@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from detlaunch import ConfigError
-from detlaunch.launcher_flags import LauncherFlag, maps, passes, refuses, same_as_detlaunch
+from detlaunch.launcher_flags import GIVEN, LauncherFlag, maps, passes, refuses, same_as_detlaunch
 
 LOG_FILES = "detlaunch writes each rank's output to DIR/rank-N.log with --log-dir DIR"
 
@@ -48,8 +48,11 @@ def tee(value: str | None, options: Mapping[str, Any]) -> Mapping[str, Any]:
 
 
 def redirects(value: str | None, options: Mapping[str, Any]) -> Mapping[str, Any]:
-    # Files only: no rank reaches the console (rank -1 never exists).
-    return {"ranks": (-1,)} if _one_stream_value("--redirects", value, options) == "3" else {}
+    """Files only: no rank reaches the console (rank -1 never exists). With --tee 3 as well, the
+    console too, as torchrun does: it redirects to the files and tails the tee'd ones to the console."""
+    if _one_stream_value("--redirects", value, options) != "3":
+        return {}
+    return {} if options.get(GIVEN, {}).get("-t") == "3" else {"ranks": (-1,)}
 
 
 def local_ranks_filter(value: str | None, options: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -99,7 +102,9 @@ TABLE: tuple[LauncherFlag, ...] = (
     refuses("--run-path", "--run_path", value=False,
             why="every rank is a process of its own under detlaunch's rank wrapper: drop it"),
     maps("--log-dir", "--log_dir", to="log_dir"),
-    maps("-r", "--redirects", to=redirects, doc="3: --log-dir files only (needs --log-dir); 0: nothing to do"),
+    maps("-r", "--redirects", to=redirects,
+         doc="3: --log-dir files only (needs --log-dir), and the console too with --tee 3, as torchrun does; "
+         "0: nothing to do"),
     maps("-t", "--tee", to=tee, doc="3: --log-dir files and the console (needs --log-dir); 0: nothing to do"),
     maps("--local-ranks-filter", "--local_ranks_filter", to=local_ranks_filter,
          doc="--ranks: those local ranks on every node"),

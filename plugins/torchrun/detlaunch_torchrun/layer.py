@@ -62,21 +62,9 @@ def detlaunch_add_options(parser: argparse.ArgumentParser) -> None:
     add_launcher_flags(parser, TABLE, NAME)
 
 
-def torch_checks() -> list[Check]:
-    """torch importable, with torch.distributed and gloo."""
-    imported = Check.importable("torch", "pip install torch (CPU: pip install torch numpy)")
-    if not imported.ok:
-        return [imported]
-    import torch.distributed as dist
-
-    gloo = dist.is_available() and dist.is_gloo_available()
-    return [imported, Check("torch.distributed with gloo", gloo, "available" if gloo else "missing",
-                            "install a torch build with distributed support")]
-
-
 @hookimpl
 def detlaunch_doctor_checks(config: Config) -> list[Check]:
-    return torch_checks()
+    return Check.torch_distributed()
 
 
 @hookimpl
