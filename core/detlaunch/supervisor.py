@@ -87,8 +87,9 @@ class Phase(enum.Enum):
                                        BACKOFF ──(the delay is over: a new attempt)──► STARTING
 
     A signal in LOCAL_DONE or CLOSING (the chief waiting for other nodes) goes straight to DONE.
-    A signal or a failure anywhere during BACKOFF ends the job: LOCAL_DONE, never a restart.
-    After a lost node, BACKOFF lasts until every node is back too (the chief's go for the workers).
+    A signal (or a lost chief) during BACKOFF ends the job: LOCAL_DONE, never a restart.
+    After a lost node, BACKOFF lasts until every node is back too (the chief's go for the workers),
+    whether it was lost while an attempt ran or during BACKOFF itself.
     """
 
     STARTING = "starting"
@@ -458,7 +459,9 @@ class NodeSupervisor:
         """Chief: a worker node's supervisor vanished."""
         self.events.emit(EventKind.NODE_LOST, node=node, host=addr, reason=why)
         self.control.node_gone(node)
-        if self.phase.active or self.phase is Phase.BACKOFF:
+        if self.phase is Phase.BACKOFF and self.policy.enabled:
+            self._lost_between_attempts(node, addr, why)
+        elif self.phase.active:
             self._fail(NodeLost(node, addr, why, time.time()))
 
     def chief_verdict(self, failure: Failure | None) -> None:
@@ -477,6 +480,10 @@ class NodeSupervisor:
             when = "once every lost node is back" if delay is None else f"in {delay:.1f} s"
             self.say(f"the chief restarts the job: attempt {attempt} {when}")
             self._begin_backoff(attempt, delay)
+        elif self.phase is Phase.BACKOFF and delay is None and self.backoff_timer is not None:
+            self._cancel(self.backoff_timer)  # a node was lost during the backoff: wait for the chief's go
+            self.backoff_timer = None
+            self.say(f"the chief holds attempt {attempt} until every lost node is back")
 
     def chief_go(self, attempt: int) -> None:
         """Worker: every node is back after a lost one: attempt `attempt` starts now."""
@@ -775,6 +782,16 @@ class NodeSupervisor:
             self.say(f"waiting for node(s) {who} to join again (at most {self.plan.start_timeout:g} s, "
                      "--start-timeout)")
             self.rejoin_timer = self.loop.call_later(self.plan.start_timeout, self._rejoin_timeout)
+
+    def _lost_between_attempts(self, node: int, addr: str, why: str) -> None:
+        """Chief, in the backoff: a node was lost while nothing ran. No attempt failed, so nothing is
+        counted; as after a node lost mid-run, it is forgotten and the next attempt waits for it."""
+        assert isinstance(self.link, ChiefLink)
+        self.link.forget_lost()
+        self.say(f"lost node {node} ({addr}) while waiting to restart ({why}): attempt "
+                 f"{self.attempts.due or self.attempt + 1} waits for it to join again")
+        if self.attempts.due is not None:  # the backoff is over already: the --start-timeout bound runs
+            self._await_rejoin(self.attempts.due)
 
     def _rejoined(self) -> None:
         """Chief, in the backoff: every lost node is back; the attempt starts if its backoff is over."""
