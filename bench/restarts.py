@@ -6,8 +6,9 @@ init_process_group and a barrier (the job is running again), all on CLOCK_MONOTO
 detlaunch --layer torchrun --max-restarts 1 --restart-backoff 0 (the whole job on every node stops,
 then starts again) against bare torchrun --max-restarts 1 on the same script, on 1 node x 2 ranks
 and 2 nodes (127.0.0.1, 127.0.0.2) x 1 rank; and, as the baseline the issue sets for 2 nodes, a fresh
-2-node detlaunch start (launch to every rank running). The direct layer (--layer direct: the supervisor
-starts the ranks itself, no torchrun agent) runs as a case of its own.
+2-node detlaunch start (launch to every rank running), and a 1-node first start with restarts on and off
+(on, the next attempt's torchrun starts ahead while the first starts: what that costs). The direct layer
+(--layer direct: the supervisor starts the ranks itself, no torchrun agent) runs as a case of its own.
 
 Where the time goes, from the ranks' stamps (each a max over the ranks of attempt 2): "to start" is
 the failure to the last rank process starting (detlaunch's teardown and restart, plus the launcher's
@@ -88,6 +89,10 @@ def main(env: dict[str, str], reps: int, quick: bool, tmp: Path, only: str = "")
                                                                 layer="direct"), 2, 1),
         "bare torchrun --max-restarts 1, 2 nodes x 1": (lambda: bare_torchrun(2), 2, 1),
         "fresh start, detlaunch 2 nodes x 1 (no failure)": (lambda: detlaunch_job(2), 2, 0),
+        # What the standby torchrun (started while attempt 1 starts, with restarts on) costs a first start.
+        "fresh start, detlaunch torchrun 1 node x 2, --max-restarts 1": (
+            lambda: detlaunch_job(1, "--max-restarts", "1"), 2, 0),
+        "fresh start, detlaunch torchrun 1 node x 2, no restarts": (lambda: detlaunch_job(1), 2, 0),
     }
     cases = {name: case for name, case in cases.items() if any(part in name for part in only.split("|"))}
     samples: dict[str, list[float]] = {name: [] for name in cases}

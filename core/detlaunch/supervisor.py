@@ -44,6 +44,7 @@ from .report import Failure, JobResult, RankStatus, describe_exit, signal_name
 from .rundirs import RunDir, create_run_dir
 from .safefs import ensure_private_dir, write_private_file
 from .sampler import ProcessTreeSampler
+from .standby import Standby
 from .verdict import (
     ChiefLost,
     ChiefVerdict,
@@ -152,6 +153,7 @@ class NodeSupervisor:
                                    warn=lambda why: self.say(f"warning: {why}; the job goes on"))
         self.console = self._folding_console()  # the job's console, folding repeated lines (--dedupe)
         self.sampler: ProcessTreeSampler | None = None
+        self.standby: Standby | None = None  # the next attempt's launcher, started ahead (restarts on)
         self._new_attempt_parts()
 
     @property
@@ -169,6 +171,8 @@ class NodeSupervisor:
         self.processes = ProcessTable(self.loop, log_dir=log_dir, node_rank=self.node,
                                       on_output=self._on_child_output, on_exit=self._on_child_exit,
                                       on_log_error=lambda why: self.say(f"warning: {why}; the job goes on"))
+        if self.standby is not None:
+            self.processes.spared.add(self.standby.pid)
         rules = RankRules(job_id=c.job_id, node_rank=self.node, first_rank=c.first_rank,
                           local_slots=c.local_slots, check_range=plan.stage.expected_ranks is None)
         self.ranks = RankRegistry(self.loop, rules, c.node_addr or socket.gethostname(),
@@ -246,8 +250,12 @@ class NodeSupervisor:
 
     def _start(self, command_index: int) -> None:
         command = self.plan.stage.commands[command_index]
-        child = self.processes.start(command, self.env)
-        self.trace(f"started {command.name} (pid {child.pid})")
+        standby, self.standby = self.standby, None
+        if standby is not None and not standby.fits(command.argv, {**self.env, **command.env}):
+            standby.stop()
+            standby = None
+        child = self.processes.start(command, self.env, standby)
+        self.trace(f"started {command.name} (pid {child.pid}{', its standby' if standby else ''})")
         self.events.emit(EventKind.LAUNCHER_STARTED, name=command.name, pid=child.pid)
 
     # -- the run -----------------------------------------------------------------------------
@@ -312,8 +320,22 @@ class NodeSupervisor:
             for i, cmd in enumerate(self.plan.stage.commands):
                 if not cmd.daemon:
                     self._start(i)
+            self._start_standby()
         except LaunchError as e:
             self.fail_to_start(str(e))
+
+    def _start_standby(self) -> None:
+        """Restarts on: the next attempt's launcher starts now, past its imports (Command.standby)."""
+        launchers = [c for c in self.plan.stage.commands if c.standby is not None and not c.daemon]
+        restarts_left = self.policy.max_restarts + self.policy.node_restarts - (self.attempt - 1)
+        if restarts_left <= 0 or self.standby is not None or len(launchers) != 1:
+            return
+        command = launchers[0]
+        assert command.standby is not None
+        self.standby = Standby.spawn(command.argv, {**self.env, **command.env}, command.standby)
+        if self.standby is not None:
+            self.processes.spared.add(self.standby.pid)
+            self.trace(f"standby {command.name} for the next attempt (pid {self.standby.pid})")
 
     def _on_peer_ready(self, probe: SshdProbe) -> None:
         self.trace(f"sshd {probe.host}:{probe.port} answered")
@@ -847,6 +869,9 @@ class NodeSupervisor:
     def _cleanup(self) -> None:
         if self.link is not None:
             self.link.close()
+        if self.standby is not None:  # no attempt followed
+            self.standby.stop()
+            self.standby = None
         if not self.phase.over:
             self.processes.kill_all()
         self.processes.reap()
