@@ -456,6 +456,22 @@ class ChiefLink:
         if lost:
             self._listen()
 
+    def forget_lost(self) -> list[int]:
+        """Between attempts, nodes were lost (returned): forget them and listen for them again, as restart()
+        does; the nodes waiting for the next attempt are told to hold, so that it starts only on go()."""
+        lost = self.lost_nodes()
+        for node in lost:
+            del self.nodes[node]
+            self.finished.discard(node)  # its next detlaunch's goodbye, or loss, counts again
+        if lost and not self.holding:
+            self.holding = True
+            hold = encode({"t": "restart", "attempt": self.attempt, "delay": None})
+            for line in self.nodes.values():
+                line.send_line(hold)
+        if lost:
+            self._listen()
+        return lost
+
     def go(self) -> None:
         """Every node is back after a lost one: the attempt the nodes wait for starts now."""
         if self.holding:

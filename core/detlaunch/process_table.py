@@ -20,6 +20,7 @@ from .errors import LaunchError
 from .eventloop import EventLoop, Priority
 from .rank_protocol import TAIL_BYTES
 from .stage import Command
+from .standby import Standby
 
 
 def write_all(fd: int, data: bytes) -> None:
@@ -57,6 +58,7 @@ class ProcessTable:
         self.node_rank = node_rank
         self.on_output, self.on_exit, self.on_log_error = on_output, on_exit, on_log_error
         self.children: dict[int, Child] = {}
+        self.spared: set[int] = set()  # an idle standby launcher (standby.py): not this attempt's, kept
         self.log_errors: list[str] = []  # a launcher's log that could not be written: never fatal
 
     def adopt_orphans(self) -> None:
@@ -78,15 +80,15 @@ class ProcessTable:
             raise LaunchError(f"{os.path.basename(argv[0])} failed ({' '.join(argv)}): "
                               f"{why[-1] if why else f'exit {done.returncode}'}")
 
-    def start(self, command: Command, env: Mapping[str, str]) -> Child:
-        out_r, out_w = os.pipe()
-        try:
-            pid = procs.spawn(command.argv, {**env, **command.env}, output_fd=out_w)
-        except BaseException:
-            os.close(out_r)
-            raise
-        finally:
-            os.close(out_w)
+    def start(self, command: Command, env: Mapping[str, str], standby: Standby | None = None) -> Child:
+        """Start `command`: in `standby` (started for it ahead of time) if it still waits, else afresh."""
+        if standby is not None and standby.go():
+            self.spared.discard(standby.pid)
+            pid, out_r = standby.pid, standby.output_fd
+        else:
+            if standby is not None:
+                standby.stop()
+            pid, out_r = self._spawn(command, env)
         child = Child(command, pid, out_r)
         if self.log_dir:
             path = self.log_path(child)
@@ -99,6 +101,19 @@ class ProcessTable:
         self.loop.add_reader(out_r, Priority.CHILD_OUTPUT, lambda: self._read_output(child))
         self.children[pid] = child
         return child
+
+    @staticmethod
+    def _spawn(command: Command, env: Mapping[str, str]) -> tuple[int, int]:
+        """A new process for `command`: its pid and the read end of its output pipe."""
+        out_r, out_w = os.pipe()
+        try:
+            pid = procs.spawn(command.argv, {**env, **command.env}, output_fd=out_w)
+        except BaseException:
+            os.close(out_r)
+            raise
+        finally:
+            os.close(out_w)
+        return pid, out_r
 
     def _read_output(self, child: Child) -> None:
         assert child.output_fd is not None
@@ -142,6 +157,7 @@ class ProcessTable:
     def reap(self) -> None:
         """Collect every exited process; `on_exit` for ours (orphans are reaped silently)."""
         for pid, code in procs.reap():
+            self.spared.discard(pid)  # a standby that died idle: its pid may be reused
             child = self.children.get(pid)
             if child is not None:
                 child.exit = code
@@ -163,12 +179,12 @@ class ProcessTable:
             procs.signal_pid(child.pid, child.command.stop_signal)
 
     def kill_all(self) -> int:
-        """SIGKILL every process below the supervisor; how many there were."""
-        return procs.kill_descendants()
+        """SIGKILL every process below the supervisor (but an idle standby); how many there were."""
+        return procs.kill_descendants(spare=self.spared)
 
     def leftovers(self) -> list[int]:
-        """Live (not zombie) processes still below the supervisor."""
-        return [p.pid for p in procs.descendants() if _alive(p)]
+        """Live (not zombie) processes still below the supervisor (but an idle standby)."""
+        return [p.pid for p in procs.descendants() if _alive(p) and p.pid not in self.spared]
 
     def close(self) -> None:
         for child in self.children.values():

@@ -13,7 +13,7 @@ import errno
 import os
 import shutil
 import signal
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 import psutil
 
@@ -102,9 +102,9 @@ def signal_tree(pid: int, sig: int) -> None:
         signal_pid(target, sig)
 
 
-def kill_descendants() -> int:
-    """SIGKILL every process below this one; return how many were signalled."""
-    procs = descendants()
+def kill_descendants(spare: Collection[int] = ()) -> int:
+    """SIGKILL every process below this one but `spare`; return how many were signalled."""
+    procs = [p for p in descendants() if p.pid not in spare]
     for p in procs:
         try:
             p.kill()

@@ -48,6 +48,11 @@ class Command:
     ``ctx.rank_command`` and its env names the rank in a variable of the layer's
     ``RankWrapper.rank_env``. The supervisor starts it like a launcher (after any sshd
     wait and prelaunch step), and stops it as a rank: through its wrapper, once.
+    standby: ``"pkg.module:function"``, the entry point of a Python launcher whose argv is
+    ``python -m pkg.module ARGS...`` (torchrun: ``"torch.distributed.run:main"``). With
+    restarts on, the supervisor starts it ahead of time, past its imports, while an attempt
+    runs, and the next attempt's launcher is that process: ``function()`` called with
+    ``sys.argv = ["pkg.module", ARGS...]`` (see standby.py and docs/HOOKS.md).
     """
 
     argv: tuple[str, ...]
@@ -56,6 +61,7 @@ class Command:
     daemon: bool = False
     env: Mapping[str, str] = dataclasses.field(default_factory=dict)
     rank: int | None = None
+    standby: str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "argv", tuple(self.argv))
@@ -63,6 +69,8 @@ class Command:
             raise ValueError("a Command needs a non-empty argv")
         if self.rank is not None and (self.daemon or self.rank < 0):
             raise ValueError("a rank Command is not a daemon, and its rank is >= 0")
+        if self.standby is not None and (self.daemon or self.rank is not None or ":" not in self.standby):
+            raise ValueError("a Command's standby is 'module:function', for a launcher (not a daemon, not a rank)")
         if not self.name:
             name = os.path.basename(self.argv[0]) if self.rank is None else f"wrapper-{self.rank}"
             object.__setattr__(self, "name", name)

@@ -45,6 +45,7 @@ from .report import Failure, JobResult, RankStatus, describe_exit, signal_name
 from .rundirs import RunDir, create_run_dir
 from .safefs import ensure_private_dir, write_private_file
 from .sampler import ProcessTreeSampler
+from .standby import Standby
 from .verdict import (
     ChiefLost,
     ChiefVerdict,
@@ -88,8 +89,9 @@ class Phase(enum.Enum):
                                        BACKOFF ──(the delay is over: a new attempt)──► STARTING
 
     A signal in LOCAL_DONE or CLOSING (the chief waiting for other nodes) goes straight to DONE.
-    A signal or a failure anywhere during BACKOFF ends the job: LOCAL_DONE, never a restart.
-    After a lost node, BACKOFF lasts until every node is back too (the chief's go for the workers).
+    A signal (or a lost chief) during BACKOFF ends the job: LOCAL_DONE, never a restart.
+    After a lost node, BACKOFF lasts until every node is back too (the chief's go for the workers),
+    whether it was lost while an attempt ran or during BACKOFF itself.
     """
 
     STARTING = "starting"
@@ -152,6 +154,7 @@ class NodeSupervisor:
                                    warn=lambda why: self.say(f"warning: {why}; the job goes on"))
         self.console = self._folding_console()  # the job's console, folding repeated lines (--dedupe)
         self.sampler: ProcessTreeSampler | None = None
+        self.standby: Standby | None = None  # the next attempt's launcher, started ahead (restarts on)
         self._new_attempt_parts()
 
     @property
@@ -169,6 +172,8 @@ class NodeSupervisor:
         self.processes = ProcessTable(self.loop, log_dir=log_dir, node_rank=self.node,
                                       on_output=self._on_child_output, on_exit=self._on_child_exit,
                                       on_log_error=lambda why: self.say(f"warning: {why}; the job goes on"))
+        if self.standby is not None:
+            self.processes.spared.add(self.standby.pid)
         rules = RankRules(job_id=c.job_id, node_rank=self.node, first_rank=c.first_rank,
                           local_slots=c.local_slots, check_range=plan.stage.expected_ranks is None)
         self.ranks = RankRegistry(self.loop, rules, c.node_addr or socket.gethostname(),
@@ -246,8 +251,12 @@ class NodeSupervisor:
 
     def _start(self, command_index: int) -> None:
         command = self.plan.stage.commands[command_index]
-        child = self.processes.start(command, self.env)
-        self.trace(f"started {command.name} (pid {child.pid})")
+        standby, self.standby = self.standby, None
+        if standby is not None and not standby.fits(command.argv, {**self.env, **command.env}):
+            standby.stop()
+            standby = None
+        child = self.processes.start(command, self.env, standby)
+        self.trace(f"started {command.name} (pid {child.pid}{', its standby' if standby else ''})")
         self.events.emit(EventKind.LAUNCHER_STARTED, name=command.name, pid=child.pid)
 
     # -- the run -----------------------------------------------------------------------------
@@ -312,8 +321,22 @@ class NodeSupervisor:
             for i, cmd in enumerate(self.plan.stage.commands):
                 if not cmd.daemon:
                     self._start(i)
+            self._start_standby()
         except LaunchError as e:
             self.fail_to_start(str(e))
+
+    def _start_standby(self) -> None:
+        """Restarts on: the next attempt's launcher starts now, past its imports (Command.standby)."""
+        launchers = [c for c in self.plan.stage.commands if c.standby is not None and not c.daemon]
+        restarts_left = self.policy.max_restarts + self.policy.node_restarts - (self.attempt - 1)
+        if restarts_left <= 0 or self.standby is not None or len(launchers) != 1:
+            return
+        command = launchers[0]
+        assert command.standby is not None
+        self.standby = Standby.spawn(command.argv, {**self.env, **command.env}, command.standby)
+        if self.standby is not None:
+            self.processes.spared.add(self.standby.pid)
+            self.trace(f"standby {command.name} for the next attempt (pid {self.standby.pid})")
 
     def _on_peer_ready(self, probe: SshdProbe) -> None:
         self.trace(f"sshd {probe.host}:{probe.port} answered")
@@ -459,7 +482,9 @@ class NodeSupervisor:
         """Chief: a worker node's supervisor vanished."""
         self.events.emit(EventKind.NODE_LOST, node=node, host=addr, reason=why)
         self.control.node_gone(node)
-        if self.phase.active or self.phase is Phase.BACKOFF:
+        if self.phase is Phase.BACKOFF and self.policy.enabled:
+            self._lost_between_attempts(node, addr, why)
+        elif self.phase.active:
             self._fail(NodeLost(node, addr, why, time.time()))
 
     def chief_verdict(self, failure: Failure | None) -> None:
@@ -478,6 +503,10 @@ class NodeSupervisor:
             when = "once every lost node is back" if delay is None else f"in {delay:.1f} s"
             self.say(f"the chief restarts the job: attempt {attempt} {when}")
             self._begin_backoff(attempt, delay)
+        elif self.phase is Phase.BACKOFF and delay is None and self.backoff_timer is not None:
+            self._cancel(self.backoff_timer)  # a node was lost during the backoff: wait for the chief's go
+            self.backoff_timer = None
+            self.say(f"the chief holds attempt {attempt} until every lost node is back")
 
     def chief_go(self, attempt: int) -> None:
         """Worker: every node is back after a lost one: attempt `attempt` starts now."""
@@ -777,6 +806,16 @@ class NodeSupervisor:
                      "--start-timeout)")
             self.rejoin_timer = self.loop.call_later(self.plan.start_timeout, self._rejoin_timeout)
 
+    def _lost_between_attempts(self, node: int, addr: str, why: str) -> None:
+        """Chief, in the backoff: a node was lost while nothing ran. No attempt failed, so nothing is
+        counted; as after a node lost mid-run, it is forgotten and the next attempt waits for it."""
+        assert isinstance(self.link, ChiefLink)
+        self.link.forget_lost()
+        self.say(f"lost node {node} ({addr}) while waiting to restart ({why}): attempt "
+                 f"{self.attempts.due or self.attempt + 1} waits for it to join again")
+        if self.attempts.due is not None:  # the backoff is over already: the --start-timeout bound runs
+            self._await_rejoin(self.attempts.due)
+
     def _rejoined(self) -> None:
         """Chief, in the backoff: every lost node is back; the attempt starts if its backoff is over."""
         self._cancel(self.rejoin_timer)
@@ -831,6 +870,9 @@ class NodeSupervisor:
     def _cleanup(self) -> None:
         if self.link is not None:
             self.link.close()
+        if self.standby is not None:  # no attempt followed
+            self.standby.stop()
+            self.standby = None
         if not self.phase.over:
             self.processes.kill_all()
         self.processes.reap()

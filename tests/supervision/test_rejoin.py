@@ -139,3 +139,36 @@ def test_a_worker_waits_for_the_verdict_while_the_chiefs_rank_takes_its_time_to_
                 if e["kind"].startswith("attempt_")]
     assert attempts == [("attempt_started", {"attempt": 0}), ("attempt_ended", {"attempt": 0, "exit_code": 3}),
                         ("attempt_started", {"attempt": 1}), ("attempt_ended", {"attempt": 1, "exit_code": 0})]
+
+
+def test_a_worker_node_lost_during_the_backoff_is_waited_for_and_the_job_resumes(
+        launcher: Launcher, tmp_path: Path) -> None:
+    """Nothing runs during the backoff; the worker's detlaunch is SIGKILLed then and started again:
+    attempt 2 waits for it, as after a node lost mid-run, and the lost node costs no restart."""
+    script = tmp_path / "slow_to_stop.py"
+    script.write_text(SLOW_TO_STOP)  # rank 1 fails on attempt 1; rank 0 takes a while to stop
+    common = ["--layer", "direct", "--nnodes", "2", "--nproc-per-node", "1", "--master-addr", "127.0.0.1",
+              "--master-port", str(free_port()), "--max-restarts", "1", "--max-node-restarts", "0",
+              "--restart-backoff", "12", "--restart-backoff-max", "12"]
+    chief = launcher.start(*common, "--node-rank", "0", str(script))
+    worker_args = [*common, "--node-rank", "1", "--node-addr", "127.0.0.2", str(script)]
+    worker = launcher.start(*worker_args)
+    worker.wait_for_output("detlaunch: the chief restarts the job: attempt 2 in", timeout=60)
+    worker.send_signal(signal.SIGKILL)
+    assert worker.wait(30).returncode == -signal.SIGKILL
+    chief.wait_for_output("detlaunch: lost node 1 (127.0.0.2) while waiting to restart (its detlaunch closed the "
+                          "connection without saying goodbye): attempt 2 waits for it to join again", timeout=30)
+    only_detlaunch_between_attempts(launcher, [chief])
+    back = launcher.start(*worker_args)  # the scheduler starts the node's detlaunch again
+    rc, rb = chief.wait(120), back.wait(60)
+    assert (rc.returncode, rb.returncode) == (0, 0), rc.output + rb.output
+    lines = attempt_lines(rc.stderr)
+    assert len(lines) == 3, lines
+    assert lines[0].startswith("detlaunch:   attempt 1: rank-failed after ") and lines[0].endswith(
+        "rank 1 on node 1 (127.0.0.2) exited with code 3"), lines
+    assert lines[1].startswith("detlaunch:     -> attempt 2 started"), lines
+    assert "detlaunch: joined the job at attempt 2: waiting for the other nodes" in rb.stderr
+    assert rank_lines(rc.stdout, 0) == ["rank 0 attempt 1", "rank 0 saving a checkpoint", "rank 0 attempt 2",
+                                        "rank 0 done"], rc.output
+    assert rank_lines(rb.stdout, 1) == ["rank 1 attempt 2", "rank 1 done"], rb.output
+    assert "detlaunch: job finished: 2 rank(s) exited 0" in rc.stderr

@@ -111,6 +111,36 @@ def test_a_lost_node_rejoins_for_the_next_attempt_and_a_connected_one_is_never_d
     loop.close()
 
 
+def test_a_node_lost_during_the_backoff_is_forgotten_and_the_others_hold_for_it(tmp_path: Any) -> None:
+    """Attempt 2 is due in a while, every node was there: node 1 dies meanwhile. The chief forgets it,
+    tells node 2 to hold (wait for go instead of its own backoff) and welcomes node 1's new detlaunch."""
+    loop, port, chief, chief_events, w1, w2, e2 = three_nodes(str(tmp_path))
+    w1.finish(None, [])
+    w2.finish(None, [])
+    run_until(loop, chief.ready_to_finish)
+    chief.restart(2, 30.0)
+    run_until(loop, lambda: "chief_restart" in e2.names())
+    assert e2.seen[-1] == ("chief_restart", 2, 30.0) and not chief.holding
+    assert w1.line is not None
+    w1.line.sock.close()
+    run_until(loop, lambda: "node_lost" in chief_events.names())
+    w1.close()
+    assert chief.forget_lost() == [1] and chief.missing_nodes() == [1]
+    run_until(loop, lambda: e2.names().count("chief_restart") == 2)
+    assert e2.seen[-1] == ("chief_restart", 2, None)  # hold: the attempt starts on go
+    assert chief.forget_lost() == []  # nothing more to forget, and no second hold
+    e1b = Events()
+    w1b = WorkerLink(loop, plan(1, port, str(tmp_path)), e1b)
+    run_until(loop, lambda: w1b.joined and chief_events.names().count("joined") == 2)
+    assert (w1b.attempt, w1b.hold) == (2, True)
+    assert w1b.line is not None
+    w1b.line.sock.close()  # and its loss is seen again, not swallowed
+    run_until(loop, lambda: chief_events.names().count("node_lost") == 2)
+    for link in (w1b, w2, chief):
+        link.close()
+    loop.close()
+
+
 def test_a_node_with_the_wrong_secret_cannot_take_a_lost_nodes_place(tmp_path: Any) -> None:
     loop, port, chief, chief_events, w1, w2, e2 = three_nodes(str(tmp_path))
     assert w1.line is not None

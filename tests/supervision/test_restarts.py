@@ -37,17 +37,20 @@ def torchrun_nodes(*extra: str) -> tuple[list[str], list[str]]:
 
 
 def only_detlaunch_between_attempts(launcher: Launcher, jobs: list[Job]) -> None:
-    """Every live process of the job is a detlaunch (the command a test started, or its PID-namespace child)."""
+    """Every live process of the job is a detlaunch (the command a test started, or its PID-namespace child),
+    or the next attempt's launcher waiting, past its imports (standby.py; at most one a node)."""
     argvs = {job.argv for job in jobs}
-    others = []
+    others, standbys = [], []
     for pid in processes_with_marker(launcher.marker):
         try:
             argv = tuple(psutil.Process(pid).cmdline())
         except psutil.NoSuchProcess:
             continue
-        if argv not in argvs:
+        if argv[1:2] == ("-c",) and argv[-1].endswith(":main") and len(argv) == 5:
+            standbys.append((pid, argv))
+        elif argv not in argvs:
             others.append((pid, argv))
-    assert others == [], others
+    assert others == [] and len(standbys) <= len(jobs), (others, standbys)
 
 
 def attempt_lines(stderr: str) -> list[str]:
@@ -229,4 +232,19 @@ def test_a_hang_is_retried_and_the_job_resumes(launcher: Launcher, tmp_path: Pat
     assert "restart 1 of 1 in 0.0 s" in err
     for rank in (0, 1):
         assert f"rank {rank} attempt 2 starts at step 2" in rank_lines(out, rank)
+        assert rank_lines(out, rank)[-1] == f"rank {rank} done: 4 steps, weights {WEIGHTS}"
+
+
+def test_torchrun_the_next_attempts_torchrun_waits_past_its_imports_and_runs_it(
+        launcher: Launcher, tmp_path: Path) -> None:
+    """Restarts on: while attempt 1 runs, attempt 2's torchrun is started ahead (standby.py), and attempt 2
+    runs in it; none is started for an attempt 3 that the restart counts rule out."""
+    rc, out, err = single_node(launcher, tmp_path, "--max-restarts", "1", "--max-node-restarts", "0", "--debug",
+                               *train_args(tmp_path, DDP, "--crash-step", "2", "--crash-rank", "1"))
+    assert rc == 0, out + err
+    assert re.search(r"started torchrun \(pid \d+\)\n", err), err
+    assert re.search(r"started torchrun \(pid \d+, its standby\)\n", err), err
+    assert err.count("standby torchrun for the next attempt") == 1, err
+    for rank in (0, 1):
+        assert f"rank {rank} attempt 2 starts at step 1" in rank_lines(out, rank), out
         assert rank_lines(out, rank)[-1] == f"rank {rank} done: 4 steps, weights {WEIGHTS}"

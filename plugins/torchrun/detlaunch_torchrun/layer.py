@@ -54,7 +54,9 @@ def _stage(ctx: StageContext) -> Stage:
     check_launcher_args(TABLE, ctx.launcher_args, NAME)
     # torchrun leaves torchelastic_* folders in the temp dir: give it the job's private one.
     tmp = os.path.join(ctx.run_dir, "tmp")
-    return Stage(commands=(Command(tuple(torchrun_argv(ctx)), name=NAME, env={"TMPDIR": tmp}),))
+    # With restarts on, the next attempt's torchrun waits ahead of time, past `import torch`.
+    return Stage(commands=(Command(tuple(torchrun_argv(ctx)), name=NAME, env={"TMPDIR": tmp},
+                                   standby="torch.distributed.run:main"),))
 
 
 @hookimpl
