@@ -17,8 +17,8 @@ from detlaunch.restart import (
     NO_RESTART_EXIT_CODE,
     USER_ERRORS,
     AttemptEnd,
-    Decision,
-    FailureKind,
+    FailureClass,
+    RestartDecision,
     RestartPolicy,
     add_restart_options,
     attempt_env,
@@ -90,14 +90,14 @@ before reporting an error. GLHF! 🏖️
 """.splitlines()
 
 
-def end(attempt: int = 1, kind: FailureKind | None = FailureKind.RANK_FAILED, exit_code: int = 1,
+def end(attempt: int = 1, kind: FailureClass | None = FailureClass.RANK_FAILED, exit_code: int = 1,
         cause: str = "ValueError: boom", **kw: Any) -> AttemptEnd:
     exception = cause.split(":")[0] if ":" in cause else ""
     return AttemptEnd(attempt=attempt, kind=kind, exit_code=exit_code, signature=f"exit {exit_code}: {cause}",
                       what=f"rank 1 on node 0 (127.0.0.1) exited with code {exit_code}", exception=exception, **kw)
 
 
-def decide(policy: RestartPolicy, *history: AttemptEnd) -> Decision:
+def decide(policy: RestartPolicy, *history: AttemptEnd) -> RestartDecision:
     return policy.decide(history, random.Random(1))
 
 
@@ -134,34 +134,34 @@ def test_last_exception_without_the_header_takes_the_last_exception_looking_line
 
 
 @pytest.mark.parametrize(("args", "kind"), [
-    ({"exit_code": 1, "tail": tail_of(import_missing)}, FailureKind.USER_ERROR),
-    ({"exit_code": 1, "tail": tail_of(compile_bad)}, FailureKind.USER_ERROR),
-    ({"exit_code": 1, "tail": tail_of(use_undefined)}, FailureKind.USER_ERROR),
+    ({"exit_code": 1, "tail": tail_of(import_missing)}, FailureClass.USER_ERROR),
+    ({"exit_code": 1, "tail": tail_of(compile_bad)}, FailureClass.USER_ERROR),
+    ({"exit_code": 1, "tail": tail_of(use_undefined)}, FailureClass.USER_ERROR),
     ({"exit_code": 2, "tail": ["usage: train.py [-h]", "train.py: error: unrecognized arguments: --epoch"]},
-     FailureKind.USER_ERROR),
-    ({"exit_code": 1, "tail": tail_of(boom)}, FailureKind.RANK_FAILED),
-    ({"exit_code": 1, "tail": GLOO_SURVIVOR}, FailureKind.RANK_FAILED),
-    ({"exit_code": 137, "signal": signal.SIGKILL}, FailureKind.RANK_FAILED),
-    ({"exit_code": 130, "signal": signal.SIGINT, "interrupted": True}, FailureKind.INTERRUPTED),
-    ({"exit_code": NO_RESTART_EXIT_CODE}, FailureKind.NO_RESTART),
-    ({"exit_code": 1, "started": False}, FailureKind.START_FAILURE),
-    ({"exit_code": 1, "started": False, "tail": tail_of(import_missing)}, FailureKind.USER_ERROR),
-    ({"exit_code": 1, "lost": True}, FailureKind.NODE_LOST),
-    ({"exit_code": 1, "lost": True, "started": False}, FailureKind.NODE_LOST),
-    ({"exit_code": 1, "hung": True}, FailureKind.HANG),
-    ({"exit_code": 2, "interrupted": True}, FailureKind.INTERRUPTED),
+     FailureClass.USER_ERROR),
+    ({"exit_code": 1, "tail": tail_of(boom)}, FailureClass.RANK_FAILED),
+    ({"exit_code": 1, "tail": GLOO_SURVIVOR}, FailureClass.RANK_FAILED),
+    ({"exit_code": 137, "signal": signal.SIGKILL}, FailureClass.RANK_FAILED),
+    ({"exit_code": 130, "signal": signal.SIGINT, "interrupted": True}, FailureClass.INTERRUPTED),
+    ({"exit_code": NO_RESTART_EXIT_CODE}, FailureClass.NO_RESTART),
+    ({"exit_code": 1, "started": False}, FailureClass.START_FAILURE),
+    ({"exit_code": 1, "started": False, "tail": tail_of(import_missing)}, FailureClass.USER_ERROR),
+    ({"exit_code": 1, "lost": True}, FailureClass.NODE_LOST),
+    ({"exit_code": 1, "lost": True, "started": False}, FailureClass.NODE_LOST),
+    ({"exit_code": 1, "hung": True}, FailureClass.HANG),
+    ({"exit_code": 2, "interrupted": True}, FailureClass.INTERRUPTED),
 ])
-def test_classify(args: dict[str, Any], kind: FailureKind) -> None:
+def test_classify(args: dict[str, Any], kind: FailureClass) -> None:
     assert classify(args["exit_code"], args.get("signal"), args.get("tail", ()), args.get("started", True),
                     lost=args.get("lost", False), hung=args.get("hung", False),
                     interrupted=args.get("interrupted", False)) is kind
 
 
 def test_the_no_restart_exit_code_is_configurable_and_can_be_off() -> None:
-    assert classify(7, None, (), True, no_restart_exit_code=7) is FailureKind.NO_RESTART
-    assert classify(NO_RESTART_EXIT_CODE, None, (), True, no_restart_exit_code=None) is FailureKind.RANK_FAILED
+    assert classify(7, None, (), True, no_restart_exit_code=7) is FailureClass.NO_RESTART
+    assert classify(NO_RESTART_EXIT_CODE, None, (), True, no_restart_exit_code=None) is FailureClass.RANK_FAILED
     # A signal is never the script asking: 128+N is how a kill reads.
-    assert classify(137, signal.SIGKILL, (), True, no_restart_exit_code=137) is FailureKind.RANK_FAILED
+    assert classify(137, signal.SIGKILL, (), True, no_restart_exit_code=137) is FailureClass.RANK_FAILED
 
 
 def test_signature_is_how_it_ended_and_the_last_traceback_line() -> None:
@@ -180,7 +180,7 @@ def test_signature_is_how_it_ended_and_the_last_traceback_line() -> None:
 
 def test_attempt_end_from_failure() -> None:
     e = AttemptEnd.from_failure(2, 1, None, tail_of(import_missing), "rank 0 exited with code 1", started=True)
-    assert (e.attempt, e.kind, e.exception) == (2, FailureKind.USER_ERROR, "ModuleNotFoundError")
+    assert (e.attempt, e.kind, e.exception) == (2, FailureClass.USER_ERROR, "ModuleNotFoundError")
     assert e.cause == "ModuleNotFoundError: No module named 'no_such_module_for_detlaunch_tests'"
 
 
@@ -209,32 +209,32 @@ def test_the_budget_is_one_count_for_the_job() -> None:
 
 
 @pytest.mark.parametrize(("last", "why"), [
-    (end(kind=FailureKind.USER_ERROR, cause="ModuleNotFoundError: No module named 'x'"),
+    (end(kind=FailureClass.USER_ERROR, cause="ModuleNotFoundError: No module named 'x'"),
      "ModuleNotFoundError is a user error: not restarting (--restart-on ModuleNotFoundError retries it)"),
-    (end(kind=FailureKind.USER_ERROR, exit_code=2, cause="usage"),
+    (end(kind=FailureClass.USER_ERROR, exit_code=2, cause="usage"),
      "exit code 2 is bad usage: not restarting (--restart-on 2 retries it)"),
-    (end(kind=FailureKind.START_FAILURE, cause="never started"),
+    (end(kind=FailureClass.START_FAILURE, cause="never started"),
      "the job failed before any rank started: not restarting (--restart-on start-failure retries it)"),
-    (end(kind=FailureKind.NO_RESTART, exit_code=64, cause="x"),
+    (end(kind=FailureClass.NO_RESTART, exit_code=64, cause="x"),
      "exit code 64 asks not to be restarted: not restarting"),
-    (end(kind=FailureKind.INTERRUPTED, exit_code=130, cause="x"), "interrupted by a signal: not restarting"),
+    (end(kind=FailureClass.INTERRUPTED, exit_code=130, cause="x"), "interrupted by a signal: not restarting"),
 ])
 def test_failures_that_a_restart_cannot_fix_are_not_retried(last: AttemptEnd, why: str) -> None:
     d = decide(RestartPolicy(max_restarts=5), last)
     assert (d.restart, d.why) == (False, why)
 
 
-@pytest.mark.parametrize("kind", [FailureKind.HANG, FailureKind.NODE_LOST, FailureKind.RANK_FAILED])
-def test_hangs_lost_nodes_and_failed_ranks_are_retried(kind: FailureKind) -> None:
+@pytest.mark.parametrize("kind", [FailureClass.HANG, FailureClass.NODE_LOST, FailureClass.RANK_FAILED])
+def test_hangs_lost_nodes_and_failed_ranks_are_retried(kind: FailureClass) -> None:
     assert decide(RestartPolicy(max_restarts=1), end(kind=kind)).restart
 
 
 def test_restart_on_and_no_restart_on_override_the_defaults() -> None:
-    user_error = end(kind=FailureKind.USER_ERROR, cause="ImportError: libfoo.so: cannot open")
+    user_error = end(kind=FailureClass.USER_ERROR, cause="ImportError: libfoo.so: cannot open")
     assert decide(RestartPolicy(max_restarts=1, restart_on=("ImportError",)), user_error).restart
     assert decide(RestartPolicy(max_restarts=1, restart_on=("user-error",)), user_error).restart
     assert decide(RestartPolicy(max_restarts=1, restart_on=(1,)), user_error).restart
-    not_started = end(kind=FailureKind.START_FAILURE, cause="x")
+    not_started = end(kind=FailureClass.START_FAILURE, cause="x")
     assert decide(RestartPolicy(max_restarts=1, restart_on=("start-failure",)), not_started).restart
 
     p = RestartPolicy(max_restarts=3, no_restart_on=("ValueError",))
@@ -243,15 +243,15 @@ def test_restart_on_and_no_restart_on_override_the_defaults() -> None:
     assert decide(p, end(exit_code=3)).why == "exit code 3 is in --no-restart-on: not restarting"
     assert decide(p, end(exit_code=4)).restart
     p = RestartPolicy(max_restarts=3, no_restart_on=("hang",))
-    assert decide(p, end(kind=FailureKind.HANG)).why == "hang is in --no-restart-on: not restarting"
+    assert decide(p, end(kind=FailureClass.HANG)).why == "hang is in --no-restart-on: not restarting"
 
 
 def test_exit_codes_and_classes_apply_to_a_ranks_own_end_only() -> None:
     # A lost node or a job that never started ends with detlaunch's exit code 1, not the script's.
     p = RestartPolicy(max_restarts=2, no_restart_on=(1,), restart_on=(7,))
-    assert decide(p, end(kind=FailureKind.NODE_LOST, cause="node 1 lost")).restart
+    assert decide(p, end(kind=FailureClass.NODE_LOST, cause="node 1 lost")).restart
     assert not decide(p, end(exit_code=1)).restart
-    assert not decide(RestartPolicy(max_restarts=2, restart_on=(1,)), end(kind=FailureKind.START_FAILURE)).restart
+    assert not decide(RestartPolicy(max_restarts=2, restart_on=(1,)), end(kind=FailureClass.START_FAILURE)).restart
 
 
 def test_a_dotted_exception_matches_by_its_full_or_its_short_name() -> None:
@@ -289,14 +289,14 @@ def test_the_crash_loop_breaker_stops_the_same_failure_twice_in_a_row() -> None:
 
 def test_the_breaker_also_guards_failures_the_user_asked_to_retry() -> None:
     p = RestartPolicy(max_restarts=5, restart_on=("ImportError",))
-    imp = [end(n, kind=FailureKind.USER_ERROR, cause="ImportError: x") for n in (1, 2)]
+    imp = [end(n, kind=FailureClass.USER_ERROR, cause="ImportError: x") for n in (1, 2)]
     assert decide(p, imp[0]).restart
     assert decide(p, *imp).why.endswith("(crash loop)")
 
 
 def test_lost_nodes_have_their_own_count_and_are_never_a_crash_loop() -> None:
     p = RestartPolicy(max_restarts=1, max_node_restarts=2)
-    lost = [end(n, kind=FailureKind.NODE_LOST, cause="node 1 lost") for n in (1, 2, 3)]
+    lost = [end(n, kind=FailureClass.NODE_LOST, cause="node 1 lost") for n in (1, 2, 3)]
     d = decide(p, lost[0], lost[1])
     assert d.restart and d.why.startswith("restart 2 of 2 (a lost node: not counted against --max-restarts)")
     assert decide(p, *lost).why == "all 2 restarts after a lost node used: not restarting"
@@ -440,7 +440,7 @@ def test_the_policy_is_data() -> None:
 def test_the_report_lists_each_attempt_and_why_the_next_started_or_none_did() -> None:
     history = [end(1, started_at=100.0, ended_at=110.0, cause="ValueError: a"),
                end(2, started_at=111.2, ended_at=112.0, exit_code=3, cause="ValueError: a")]
-    decision = Decision(False, "attempt 2 failed the same way as attempt 1 (ValueError: a): not restarting "
+    decision = RestartDecision(False, "attempt 2 failed the same way as attempt 1 (ValueError: a): not restarting "
                         "(crash loop)")
     assert format_attempts(history, decision) == [
         "detlaunch: 2 attempt(s):",
@@ -451,11 +451,11 @@ def test_the_report_lists_each_attempt_and_why_the_next_started_or_none_did() ->
         "(ValueError: a)",
         "detlaunch:     -> attempt 2 failed the same way as attempt 1 (ValueError: a): not restarting (crash loop)",
     ]
-    ok = format_attempts([end(1), end(2, kind=None, exit_code=0)], Decision(False, "attempt 2 finished"))
+    ok = format_attempts([end(1), end(2, kind=None, exit_code=0)], RestartDecision(False, "attempt 2 finished"))
     assert ok[-2:] == ["detlaunch:     -> attempt 2 started", "detlaunch:   attempt 2: finished (exit 0)"]
     lost = AttemptEnd.from_failure(1, 1, None, (), "node 1 (127.0.0.2) was lost: no heartbeat for 5 s",
                                    started=True, lost=True)
-    assert format_attempts([lost], Decision(True, "restart 1 of 1 in 1.0 s", 1.0, 2))[1:] == [
+    assert format_attempts([lost], RestartDecision(True, "restart 1 of 1 in 1.0 s", 1.0, 2))[1:] == [
         "detlaunch:   attempt 1: node-lost: node 1 (127.0.0.2) was lost: no heartbeat for 5 s",
         "detlaunch:     -> restart 1 of 1 in 1.0 s"]
 
@@ -476,7 +476,7 @@ def test_each_attempt_sees_its_restart_count() -> None:
 
 def test_the_user_docs_say_what_the_policy_does() -> None:
     doc = (Path(__file__).resolve().parent.parent / "docs" / "RESTARTS.md").read_text()
-    for kind in FailureKind:
+    for kind in FailureClass:
         assert f"| `{kind.value}` |" in doc, f"docs/RESTARTS.md does not describe the kind {kind.value}"
     for name in USER_ERRORS:
         assert f"`{name}`" in doc, f"docs/RESTARTS.md does not list the user error {name}"

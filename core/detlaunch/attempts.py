@@ -3,7 +3,7 @@
 The restart policy (restart.py) decides from the history; this is the bookkeeping around it that the
 supervisor drives, on the chief for the whole job (a worker only follows the attempt number):
 
-    attempt N runs ──(it ended: ended())──► Decision ──restart──► waiting (backoff; lost nodes away)
+    attempt N runs ──(it ended: ended())──► RestartDecision ──restart──► waiting (backoff; lost nodes away)
          ▲                                     │ no                        │ backoff over: due = N+1
          │                                     ▼                           │ every node back
          └──────────────── begin(N+1) ◄────────┴── the job ends ◄── stopped_waiting() (a signal, a failure)
@@ -16,9 +16,8 @@ from __future__ import annotations
 import dataclasses
 import random
 
-from .report import Failure, signal_name
-from .report import FailureKind as ReportKind
-from .restart import AttemptEnd, Decision, FailureKind, RestartPolicy, Rng, format_attempts
+from .report import Failure, FailureKind, signal_name
+from .restart import AttemptEnd, FailureClass, RestartDecision, RestartPolicy, Rng, format_attempts
 
 
 @dataclasses.dataclass
@@ -31,25 +30,25 @@ class Attempts:
     number: int = 1
     running: bool = True
     history: list[AttemptEnd] = dataclasses.field(default_factory=list)
-    decision: Decision | None = None
+    decision: RestartDecision | None = None
     due: int | None = None
 
-    def ended(self, end: AttemptEnd) -> Decision:
+    def ended(self, end: AttemptEnd) -> RestartDecision:
         """The chief: the attempt that ran ended this way; record it and decide for the whole job."""
         self.history.append(end)
         self.decision = self.policy.decide(self.history, self.rng)
         return self.decision
 
-    def stopped_waiting(self, why: str) -> Decision:
+    def stopped_waiting(self, why: str) -> RestartDecision:
         """The job was stopped between attempts (`why`): the next one never starts."""
-        self.decision = Decision(False, f"{why} before attempt {self.number + 1} started: not restarting")
+        self.decision = RestartDecision(False, f"{why} before attempt {self.number + 1} started: not restarting")
         return self.decision
 
     def restarting(self) -> str:
         """The line the chief prints when it restarts the job."""
         assert self.history and self.decision is not None
         end = self.history[-1]
-        cause = end.what if end.kind is FailureKind.NODE_LOST else end.cause
+        cause = end.what if end.kind is FailureClass.NODE_LOST else end.cause
         return f"attempt {end.attempt} failed ({cause}): {self.decision.why}"
 
     def wait(self) -> None:
@@ -71,10 +70,10 @@ def attempt_end(attempt: int, failure: Failure | None, interrupted_by: int | Non
     if failure is None and interrupted_by is None:
         return AttemptEnd(attempt, None, 0, started_at=started_at, ended_at=ended_at)
     rank = failure.rank if failure else None
-    kind = failure.kind if failure else ReportKind.INTERRUPTED
+    kind = failure.kind if failure else FailureKind.INTERRUPTED
     what = failure.what if failure else f"interrupted by {signal_name(interrupted_by or 0)}"
     return AttemptEnd.from_failure(
         attempt, exit_code, rank.signal if rank else None, failure.tail if failure else (), what,
-        started=started, lost=kind in (ReportKind.NODE_LOST, ReportKind.CHIEF_LOST), hung=kind is ReportKind.HANG,
-        interrupted=interrupted_by is not None or kind is ReportKind.INTERRUPTED,
+        started=started, lost=kind in (FailureKind.NODE_LOST, FailureKind.CHIEF_LOST), hung=kind is FailureKind.HANG,
+        interrupted=interrupted_by is not None or kind is FailureKind.INTERRUPTED,
         no_restart_exit_code=policy.no_restart_exit_code, started_at=started_at, ended_at=ended_at)

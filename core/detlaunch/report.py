@@ -63,7 +63,7 @@ class RankStatus:
 
 
 class FailureKind(enum.StrEnum):
-    """What failed: the verdict's, the report's and (later) the restart policy's vocabulary."""
+    """What failed: the verdict's and the report's vocabulary (restart.FailureClass is the policy's)."""
 
     RANK = "rank"  # a rank exited non-zero or by a signal
     LAUNCHER = "launcher"  # a launcher exited non-zero with no rank failure reported first

@@ -4,7 +4,7 @@ The chief decides for the whole job, once per failure, from the history of every
 far: one count for the job, whatever the number of nodes and however fast a node comes back
 (torchrun's per-node counts restart a job more often than asked, pytorch/pytorch#108158).
 
-    attempt ends ─► AttemptEnd.from_failure (classify + signature) ─► RestartPolicy.decide ─► Decision
+    attempt ends ─► AttemptEnd.from_failure (classify + signature) ─► RestartPolicy.decide ─► RestartDecision
                                                                          │
     format_attempts(history, decision) ◄─────────────────────────────────┘   (the end report)
 
@@ -57,8 +57,9 @@ USER_ERRORS = frozenset({
 })
 
 
-class FailureKind(enum.Enum):
-    """What ended an attempt, as the policy sees it. The value is the name users write."""
+class FailureClass(enum.Enum):
+    """What ended an attempt, as the restart policy classes it (report.FailureKind says what failed). The value is the
+    name users write in --restart-on."""
 
     START_FAILURE = "start-failure"  # the job failed before any rank started
     USER_ERROR = "user-error"  # exit 2, or a traceback ending in one of USER_ERRORS
@@ -69,10 +70,10 @@ class FailureKind(enum.Enum):
     INTERRUPTED = "interrupted"  # the user's signal: never restarted
 
 
-RETRIED_BY_DEFAULT = frozenset({FailureKind.RANK_FAILED, FailureKind.NODE_LOST, FailureKind.HANG})
+RETRIED_BY_DEFAULT = frozenset({FailureClass.RANK_FAILED, FailureClass.NODE_LOST, FailureClass.HANG})
 # Where the exit code (and the traceback) is the rank's own; otherwise it is detlaunch's (1 for a lost
 # node or a job that never started), and --restart-on/--no-restart-on exit codes and classes do not apply.
-RANK_KINDS = frozenset({FailureKind.RANK_FAILED, FailureKind.USER_ERROR, FailureKind.NO_RESTART})
+RANK_KINDS = frozenset({FailureClass.RANK_FAILED, FailureClass.USER_ERROR, FailureClass.NO_RESTART})
 
 
 # -- what ended an attempt -------------------------------------------------------------------
@@ -136,7 +137,7 @@ def classify(
     hung: bool = False,
     interrupted: bool = False,
     no_restart_exit_code: int | None = NO_RESTART_EXIT_CODE,
-) -> FailureKind:
+) -> FailureClass:
     """What kind of failure ended an attempt, from its root cause.
 
     In this order, the first that applies: the user's signal; the script's "do not restart me"
@@ -146,19 +147,19 @@ def classify(
     failed rank.
     """
     if interrupted:
-        return FailureKind.INTERRUPTED
+        return FailureClass.INTERRUPTED
     if signal is None and no_restart_exit_code is not None and exit_code == no_restart_exit_code:
-        return FailureKind.NO_RESTART
+        return FailureClass.NO_RESTART
     if lost:
-        return FailureKind.NODE_LOST
+        return FailureClass.NODE_LOST
     if hung:
-        return FailureKind.HANG
+        return FailureClass.HANG
     if (signal is None and exit_code == USAGE_EXIT_CODE) or _short(exception_name(last_exception(tail_lines))) \
             in USER_ERRORS:
-        return FailureKind.USER_ERROR
+        return FailureClass.USER_ERROR
     if not started:
-        return FailureKind.START_FAILURE
-    return FailureKind.RANK_FAILED
+        return FailureClass.START_FAILURE
+    return FailureClass.RANK_FAILED
 
 
 def _short(name: str) -> str:
@@ -175,7 +176,7 @@ class AttemptEnd:
     """
 
     attempt: int
-    kind: FailureKind | None
+    kind: FailureClass | None
     exit_code: int
     signature: str = ""
     what: str = ""
@@ -210,7 +211,7 @@ class Rng(Protocol):
 
 
 @dataclasses.dataclass(frozen=True)
-class Decision:
+class RestartDecision:
     """Restart or not, after how long, and why (one line the user reads in the report)."""
 
     restart: bool
@@ -219,7 +220,7 @@ class Decision:
     next_attempt: int = 0  # the attempt that starts, when restart
 
 
-Item = int | str  # an exit code, a FailureKind value, or an exception class name
+Item = int | str  # an exit code, a FailureClass value, or an exception class name
 
 
 @dataclasses.dataclass(frozen=True)
@@ -232,7 +233,7 @@ class RestartPolicy:
     failures (ray-project/ray#41285); it still has a budget, because detlaunch cannot tell a
     preemption from a machine the job itself brings down. With max_restarts 0 and no
     max_node_restarts given, nothing restarts: jobs that did not ask see no change.
-    restart_on / no_restart_on: exit codes, FailureKind values, exception class names (as printed,
+    restart_on / no_restart_on: exit codes, FailureClass values, exception class names (as printed,
     or their last dotted part) that override the defaults (RETRIED_BY_DEFAULT). An exit code or a
     class is more specific than a kind and wins over it; exit codes and classes apply to a rank's
     own end only (RANK_KINDS). INTERRUPTED is never restarted.
@@ -278,7 +279,7 @@ class RestartPolicy:
     def retryable(self, end: AttemptEnd) -> tuple[bool, str]:
         """Whether this kind of failure is worth another attempt, and the reason when it is not."""
         assert end.kind is not None
-        if end.kind is FailureKind.INTERRUPTED:
+        if end.kind is FailureClass.INTERRUPTED:
             return False, "interrupted by a signal: not restarting"
         specific: list[Item] = []
         if end.kind in RANK_KINDS:
@@ -291,46 +292,46 @@ class RestartPolicy:
                 return True, ""
         if end.kind in RETRIED_BY_DEFAULT:
             return True, ""
-        if end.kind is FailureKind.USER_ERROR:
+        if end.kind is FailureClass.USER_ERROR:
             if end.exception and _short(end.exception) in USER_ERRORS:
                 name = _short(end.exception)
                 return False, f"{name} is a user error: not restarting (--restart-on {name} retries it)"
             return False, f"exit code {end.exit_code} is bad usage: not restarting (--restart-on {end.exit_code} " \
                           "retries it)"
-        if end.kind is FailureKind.NO_RESTART:
+        if end.kind is FailureClass.NO_RESTART:
             return False, f"exit code {end.exit_code} asks not to be restarted: not restarting"
         return False, "the job failed before any rank started: not restarting (--restart-on start-failure retries it)"
 
-    def decide(self, history: Sequence[AttemptEnd], rng: Rng) -> Decision:
+    def decide(self, history: Sequence[AttemptEnd], rng: Rng) -> RestartDecision:
         """After the last attempt of `history` ended: start another one, or end the job, and why."""
         if not history:
             raise ValueError("decide() needs the attempt that just ended")
         last = history[-1]
         if last.kind is None:
-            return Decision(False, f"attempt {last.attempt} finished")
+            return RestartDecision(False, f"attempt {last.attempt} finished")
         ok, why = self.retryable(last)
         if not ok:
-            return Decision(False, why)
-        if self.crash_loop_limit and last.kind is not FailureKind.NODE_LOST:
+            return RestartDecision(False, why)
+        if self.crash_loop_limit and last.kind is not FailureClass.NODE_LOST:
             run = history[-self.crash_loop_limit :]
             if len(run) == self.crash_loop_limit and all(
-                    e.signature == last.signature and e.kind is not FailureKind.NODE_LOST for e in run):
+                    e.signature == last.signature and e.kind is not FailureClass.NODE_LOST for e in run):
                 first = run[0].attempt
                 who = f"attempt {last.attempt} failed the same way as attempt {first}" if len(run) == 2 else \
                     f"attempts {first}-{last.attempt} failed the same way"
-                return Decision(False, f"{who} ({last.cause}): not restarting (crash loop)")
-        lost = last.kind is FailureKind.NODE_LOST
-        used = sum(1 for e in history[:-1] if (e.kind is FailureKind.NODE_LOST) == lost)
+                return RestartDecision(False, f"{who} ({last.cause}): not restarting (crash loop)")
+        lost = last.kind is FailureClass.NODE_LOST
+        used = sum(1 for e in history[:-1] if (e.kind is FailureClass.NODE_LOST) == lost)
         budget = self.node_restarts if lost else self.max_restarts
         what = "restarts after a lost node" if lost else "restarts"
         if budget == 0:
             flag = "--max-node-restarts" if lost and self.max_node_restarts is not None else "--max-restarts"
-            return Decision(False, f"restarts are off ({flag} 0): not restarting")
+            return RestartDecision(False, f"restarts are off ({flag} 0): not restarting")
         if used >= budget:
-            return Decision(False, f"all {budget} {what} used: not restarting")
+            return RestartDecision(False, f"all {budget} {what} used: not restarting")
         delay = self.backoff(len(history), rng)
         note = " (a lost node: not counted against --max-restarts)" if lost else ""
-        return Decision(True, f"restart {used + 1} of {budget}{note} in {delay:.1f} s", delay, last.attempt + 1)
+        return RestartDecision(True, f"restart {used + 1} of {budget}{note} in {delay:.1f} s", delay, last.attempt + 1)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -395,7 +396,7 @@ def check_policy(policy: RestartPolicy) -> None:
         raise ConfigError(f"{', '.join(sorted(map(str, both)))} is in both --restart-on and --no-restart-on: "
                           "keep it in one")
     for item in (*policy.restart_on, *policy.no_restart_on):
-        if item == FailureKind.INTERRUPTED.value:
+        if item == FailureClass.INTERRUPTED.value:
             raise ConfigError("'interrupted' cannot be in --restart-on or --no-restart-on: the user's signal "
                               "always ends the job")
 
@@ -403,7 +404,7 @@ def check_policy(policy: RestartPolicy) -> None:
 # -- the end report --------------------------------------------------------------------------
 
 
-def format_attempts(history: Sequence[AttemptEnd], decision: Decision | None) -> list[str]:
+def format_attempts(history: Sequence[AttemptEnd], decision: RestartDecision | None) -> list[str]:
     """The report's lines for a job of several attempts: each one's root cause, and why the next
     started or why none did (`decision`: the one taken after the last).
 
@@ -462,7 +463,7 @@ def rank_log_path(log_dir: str, rank: int, attempt: int, restarts_enabled: bool)
 
 # -- options ---------------------------------------------------------------------------------
 
-_KINDS = {k.value for k in FailureKind}
+_KINDS = {k.value for k in FailureClass}
 _CLASS_NAME = re.compile(r"^(?:[A-Za-z_]\w*\.)*[A-Z]\w*$")
 
 
@@ -579,7 +580,7 @@ def policy_from_options(options: Mapping[str, Any]) -> RestartPolicy:
 
 
 __all__ = [
-    "AttemptEnd", "Decision", "FailureKind", "RestartPolicy", "add_restart_options", "attempt_env",
+    "AttemptEnd", "RestartDecision", "FailureClass", "RestartPolicy", "add_restart_options", "attempt_env",
     "attempt_log_dir", "classify", "format_attempts", "last_exception", "policy_from_options", "rank_log_path",
     "signature",
 ]

@@ -5,20 +5,19 @@ from __future__ import annotations
 import random
 
 from detlaunch.attempts import Attempts, attempt_end
-from detlaunch.report import Failure, RankStatus
-from detlaunch.report import FailureKind as ReportKind
-from detlaunch.restart import AttemptEnd, FailureKind, RestartPolicy
+from detlaunch.report import Failure, FailureKind, RankStatus
+from detlaunch.restart import AttemptEnd, FailureClass, RestartPolicy
 
 POLICY = RestartPolicy(max_restarts=1, backoff_initial=0.0, backoff_cap=0.0)
 
 
 def rank_failure(code: int = 3) -> Failure:
     status = RankStatus(rank=1, node_rank=1, exit_code=code, host="127.0.0.2")
-    return Failure(f"rank 1 on node 1 (127.0.0.2) exited with code {code}", code, rank=status, kind=ReportKind.RANK)
+    return Failure(f"rank 1 on node 1 (127.0.0.2) exited with code {code}", code, rank=status, kind=FailureKind.RANK)
 
 
 def lost() -> Failure:
-    return Failure("lost node 1 (127.0.0.2): its detlaunch closed the connection", 1, kind=ReportKind.NODE_LOST)
+    return Failure("lost node 1 (127.0.0.2): its detlaunch closed the connection", 1, kind=FailureKind.NODE_LOST)
 
 
 def end(attempt: int, failure: Failure | None, code: int, interrupted_by: int | None = None) -> AttemptEnd:
@@ -50,7 +49,7 @@ def test_a_failed_rank_restarts_once_then_the_budget_is_spent() -> None:
 def test_a_lost_node_is_retried_and_named_in_the_line_the_chief_prints() -> None:
     a = Attempts(POLICY, random.Random(0))
     decision = a.ended(end(1, lost(), 1))
-    assert a.history[0].kind is FailureKind.NODE_LOST
+    assert a.history[0].kind is FailureClass.NODE_LOST
     assert decision.restart and "(a lost node: not counted against --max-restarts)" in decision.why
     assert a.restarting().startswith("attempt 1 failed (lost node 1 (127.0.0.2): its detlaunch closed the "
                                      "connection): restart 1 of 1")
@@ -72,7 +71,7 @@ def test_a_stop_between_attempts_says_the_next_one_never_started() -> None:
 def test_the_users_signal_is_never_restarted() -> None:
     a = Attempts(RestartPolicy(max_restarts=5), random.Random(0))
     decision = a.ended(end(1, None, 130, interrupted_by=2))
-    assert a.history[0].kind is FailureKind.INTERRUPTED and a.history[0].what == "interrupted by SIGINT"
+    assert a.history[0].kind is FailureClass.INTERRUPTED and a.history[0].what == "interrupted by SIGINT"
     assert not decision.restart and decision.why == "interrupted by a signal: not restarting"
 
 
