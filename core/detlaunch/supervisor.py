@@ -7,6 +7,8 @@ It is the policy that ties the parts together; each part knows nothing of the ot
 - rank_registry.RankRegistry: the rank wrappers' socket and their reports;
 - verdict.Verdict: which failure is the root cause, and the exit code (pure);
 - joblink / dial: the other nodes' supervisors, and peers' sshd greetings.
+- attempt_driver.AttemptDriver: between two attempts of a restart (the backoff, lost nodes, the next start);
+- phase.Phase: where this node's part of the job is, drawn in one docstring.
 
 When any rank fails, it stops every other process at once (the ranks through their
 wrappers, the launchers with their stop signal), SIGKILLs whatever is left after the
@@ -16,7 +18,6 @@ grace period, and exits with the first failing rank's own exit code.
 from __future__ import annotations
 
 import dataclasses
-import enum
 import os
 import signal
 import socket
@@ -25,6 +26,7 @@ import time
 from typing import Any, TextIO
 
 from . import rank_protocol, restart
+from .attempt_driver import AttemptDriver
 from .attempts import Attempts, attempt_end
 from .config import DEDUPE_MIN_RANKS
 from .console import FoldingConsole
@@ -36,6 +38,7 @@ from .eventloop import EventLoop, Timer
 from .events import EventKind
 from .hangs import HangPolicy
 from .joblink import ChiefLink, WorkerLink
+from .phase import Phase as Phase  # the phases were defined here first
 from .plan import LaunchPlan
 from .process_table import Child, ProcessTable
 from .progresswatch import last_seen
@@ -68,58 +71,6 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 SAMPLE_EVERY = 2.0  # seconds between CPU/RSS samples of the ranks (for `detlaunch status`), while they run
 
 
-class Phase(enum.Enum):
-    """Where this node's part of the job is. Every change goes through NodeSupervisor._enter.
-
-        STARTING ──(every peer's sshd answered: launchers start)──► RUNNING
-            │                                                          │
-            │  a failure, a signal, a timeout     the launchers ended, │ or a failure, a signal
-            ▼                                     or every rank did    ▼
-        STOPPING_RANKS ──(the ranks are gone: stop the launchers)──► STOPPING
-          (the user's signal went to the ranks                         │  grace period over, or no
-           first; launchers are left alone)                            │  rank runs any more after
-                                                                       ▼  a failure: SIGKILL all
-            STOPPING / KILLING ──(no child and no wrapper left)──► SWEEPING
-                                                                       │  leftovers gone, or killed
-                                                                       ▼  at the sweep deadline
-        DONE ◄──(the link is closed)── CLOSING ◄──(every node said bye)── LOCAL_DONE
-                                          │                                  │ chief: the restart
-                        worker: "restart" │                                  │ policy says restart
-                                          ▼                                  ▼
-                                       BACKOFF ──(the delay is over: a new attempt)──► STARTING
-
-    A signal in LOCAL_DONE or CLOSING (the chief waiting for other nodes) goes straight to DONE.
-    A signal (or a lost chief) during BACKOFF ends the job: LOCAL_DONE, never a restart.
-    After a lost node, BACKOFF lasts until every node is back too (the chief's go for the workers),
-    whether it was lost while an attempt ran or during BACKOFF itself.
-    """
-
-    STARTING = "starting"
-    RUNNING = "running"
-    STOPPING_RANKS = "stopping ranks"
-    STOPPING = "stopping"
-    KILLING = "killing"
-    SWEEPING = "sweeping"
-    LOCAL_DONE = "local done"
-    CLOSING = "closing"
-    DONE = "done"
-    BACKOFF = "backoff"
-
-    @property
-    def active(self) -> bool:
-        """The job is starting or running: new ranks are welcome, failures stop it."""
-        return self in (Phase.STARTING, Phase.RUNNING)
-
-    @property
-    def stopping(self) -> bool:
-        return self in (Phase.STOPPING_RANKS, Phase.STOPPING, Phase.KILLING)
-
-    @property
-    def over(self) -> bool:
-        """Nothing of the job runs on this node any more."""
-        return self in (Phase.LOCAL_DONE, Phase.CLOSING, Phase.DONE)
-
-
 class NodeSupervisor:
     def __init__(self, plan: LaunchPlan, *, err: TextIO | None = None, debug: bool = False,
                  on_event: EventHook | None = None):
@@ -137,6 +88,7 @@ class NodeSupervisor:
         # Job-wide restarts (restart.py): the chief keeps the history and decides; every node counts attempts.
         self.policy = plan.restarts
         self.attempts = Attempts(self.policy)
+        self.driver = AttemptDriver(self)  # the backoff, the next attempt, lost nodes coming back
         self.control = ControlRequests(  # questions from other shells, routed over the job link
             self.loop, plan.cluster.job_id, self.node,
             chief=lambda: self.link if isinstance(self.link, ChiefLink) else None,
@@ -187,8 +139,6 @@ class NodeSupervisor:
         self.sample_timer: Timer | None = None  # one chain per attempt: cancelled between attempts
         self.start_timer: Timer | None = None
         self.sweep_timer: Timer | None = None
-        self.backoff_timer: Timer | None = None
-        self.rejoin_timer: Timer | None = None  # chief: the bound on lost nodes coming back (--start-timeout)
         self.awaiting_join = False  # worker: the stage starts once the chief said which attempt this is
 
     # -- output ------------------------------------------------------------------------------
@@ -464,7 +414,7 @@ class NodeSupervisor:
         """Chief: every node has joined the job; worker: this node joined the chief."""
         self.link_up = True
         if self.phase is Phase.BACKOFF and isinstance(self.link, ChiefLink):
-            self._rejoined()
+            self.driver.rejoined()
         elif self.awaiting_join:
             self._joined_attempt()
         else:
@@ -483,7 +433,7 @@ class NodeSupervisor:
         self.events.emit(EventKind.NODE_LOST, node=node, host=addr, reason=why)
         self.control.node_gone(node)
         if self.phase is Phase.BACKOFF and self.policy.enabled:
-            self._lost_between_attempts(node, addr, why)
+            self.driver.lost_between_attempts(node, addr, why)
         elif self.phase.active:
             self._fail(NodeLost(node, addr, why, time.time()))
 
@@ -497,21 +447,12 @@ class NodeSupervisor:
         self._stop(signal.SIGTERM)
 
     def chief_restart(self, attempt: int, delay: float | None) -> None:
-        """Worker: the chief starts attempt `attempt` on every node after `delay` seconds
-        (None: once the lost nodes are back, when the chief says go)."""
-        if self.phase is Phase.CLOSING:
-            when = "once every lost node is back" if delay is None else f"in {delay:.1f} s"
-            self.say(f"the chief restarts the job: attempt {attempt} {when}")
-            self._begin_backoff(attempt, delay)
-        elif self.phase is Phase.BACKOFF and delay is None and self.backoff_timer is not None:
-            self._cancel(self.backoff_timer)  # a node was lost during the backoff: wait for the chief's go
-            self.backoff_timer = None
-            self.say(f"the chief holds attempt {attempt} until every lost node is back")
+        """Worker: the chief starts attempt `attempt` on every node after `delay` seconds."""
+        self.driver.chief_restart(attempt, delay)
 
     def chief_go(self, attempt: int) -> None:
         """Worker: every node is back after a lost one: attempt `attempt` starts now."""
-        if self.phase is Phase.BACKOFF:
-            self._next_attempt(attempt)
+        self.driver.next_attempt(attempt)
 
     def chief_lost(self, why: str) -> None:
         """Worker: the chief's supervisor vanished before the job ended."""
@@ -618,7 +559,7 @@ class NodeSupervisor:
         after the grace period is SIGKILLed.
         """
         if self.phase is Phase.BACKOFF:  # no attempt runs: the job ends here, without another
-            self._cancel(self.backoff_timer)
+            self.driver.stop_waiting()
             self._enter(Phase.LOCAL_DONE)
             return
         if not self.phase.active:
@@ -686,7 +627,7 @@ class NodeSupervisor:
         if self.phase is Phase.SWEEPING:
             self._sweep()
         if self.phase is Phase.LOCAL_DONE and (self.link is None or self.link.ready_to_finish()) \
-                and not self._restart_if_decided():
+                and not self.driver.restart_if_decided():
             if self.link is not None:
                 statuses = [e.status for e in self.ranks.ranks.values() if e.status]
                 self.link.finish(self.verdict.failure, statuses)
@@ -727,27 +668,8 @@ class NodeSupervisor:
             self.processes.reap()
         self._enter(Phase.LOCAL_DONE)
 
-    # -- attempts (restart.py decides; the chief for the whole job) --------------------------------
-    def _restart_if_decided(self) -> bool:
-        """Chief, every node's part of the attempt over: record how it ended and start another if the
-        policy says so (workers follow the chief's "restart"). False: the job ends now."""
-        if not self.policy.enabled or not self.plan.cluster.is_chief:
-            return False
-        if not self.attempts.running:  # stopped during the backoff: that attempt never started
-            why = "the job was interrupted" if self.verdict.interrupted_by is not None else \
-                (self.verdict.failure.what if self.verdict.failure else "the job ended")
-            self.attempts.stopped_waiting(why)
-            return False
-        decision = self.attempts.ended(self._attempt_end())
-        if not decision.restart:
-            return False
-        self.say(self.attempts.restarting())
-        if isinstance(self.link, ChiefLink):
-            self.link.restart(decision.next_attempt, decision.delay)  # lost nodes are forgotten: they may rejoin
-        self._begin_backoff(decision.next_attempt, decision.delay)
-        return True
-
-    def _attempt_end(self) -> restart.AttemptEnd:
+    # -- attempts (restart.py decides, the chief for the whole job; attempt_driver.py drives) ---------
+    def attempt_end(self) -> restart.AttemptEnd:
         """How the attempt that just ended ended, as the restart policy reads it."""
         v = self.verdict
         remote = self.link.remote_ranks if isinstance(self.link, ChiefLink) else {}
@@ -755,9 +677,13 @@ class NodeSupervisor:
                            started=bool(self.ranks.ranks or remote), policy=self.policy,
                            started_at=self.attempt_wall, ended_at=time.time())
 
-    def _begin_backoff(self, attempt: int, delay: float | None) -> None:
-        """Every process of the last attempt is gone: wait `delay`, then start `attempt` afresh
-        (None: a worker waiting for the chief's go, which comes once every lost node is back)."""
+    def stopped_why(self) -> str:
+        v = self.verdict
+        if v.interrupted_by is not None:
+            return "the job was interrupted"
+        return v.failure.what if v.failure else "the job ended"
+
+    def end_attempt(self) -> None:
         for timer in (self.kill_timer, self.start_timer, self.sweep_timer, self.sample_timer):
             self._cancel(timer)
         self.attempts.wait()
@@ -765,15 +691,8 @@ class NodeSupervisor:
         self.events.emit(EventKind.ATTEMPT_ENDED, attempt=self.attempt - 1, exit_code=self.verdict.exit_code)
         self.verdict = Verdict()  # a signal or a failure during the wait is the job's end, not the last attempt's
         self._enter(Phase.BACKOFF)
-        if delay is not None:
-            self.backoff_timer = self.loop.call_later(delay, lambda: self._next_attempt(attempt))
 
-    def _next_attempt(self, attempt: int) -> None:
-        if self.phase is not Phase.BACKOFF:
-            return
-        if isinstance(self.link, ChiefLink) and self.link.missing_nodes():
-            self._await_rejoin(attempt)
-            return
+    def start_attempt(self, attempt: int) -> None:
         for probe in self.probes:
             probe.close()
         self.ranks.close()
@@ -794,46 +713,8 @@ class NodeSupervisor:
         except (LaunchError, OSError) as e:
             self.fail_to_start(str(e))
 
-    # -- lost nodes coming back --------------------------------------------------------------------
-    def _await_rejoin(self, attempt: int) -> None:
-        """Chief: attempt `attempt` is due, but lost nodes are not back: wait at most --start-timeout."""
-        assert isinstance(self.link, ChiefLink)
-        self.attempts.due = attempt
-        if self.rejoin_timer is None:
-            missing = self.link.missing_nodes()
-            who = ", ".join(f"{n} ({self.link.addr_of(n)})" for n in missing)
-            self.say(f"waiting for node(s) {who} to join again (at most {self.plan.start_timeout:g} s, "
-                     "--start-timeout)")
-            self.rejoin_timer = self.loop.call_later(self.plan.start_timeout, self._rejoin_timeout)
-
-    def _lost_between_attempts(self, node: int, addr: str, why: str) -> None:
-        """Chief, in the backoff: a node was lost while nothing ran. No attempt failed, so nothing is
-        counted; as after a node lost mid-run, it is forgotten and the next attempt waits for it."""
-        assert isinstance(self.link, ChiefLink)
-        self.link.forget_lost()
-        self.say(f"lost node {node} ({addr}) while waiting to restart ({why}): attempt "
-                 f"{self.attempts.due or self.attempt + 1} waits for it to join again")
-        if self.attempts.due is not None:  # the backoff is over already: the --start-timeout bound runs
-            self._await_rejoin(self.attempts.due)
-
-    def _rejoined(self) -> None:
-        """Chief, in the backoff: every lost node is back; the attempt starts if its backoff is over."""
-        self._cancel(self.rejoin_timer)
-        self.rejoin_timer = None
-        due = self.attempts.due
-        self.say(f"every node is back: attempt {due or self.attempt + 1} starts"
-                 + ("" if due is not None else " when the backoff is over"))
-        if due is not None:
-            self._next_attempt(due)
-
-    def _rejoin_timeout(self) -> None:
-        """Chief: a lost node did not come back within --start-timeout: the job ends (lost node's exit code)."""
-        self.rejoin_timer = None
-        if self.phase is not Phase.BACKOFF or not isinstance(self.link, ChiefLink):
-            return
-        for node in self.link.missing_nodes():
-            self._fail(NodeLost(node, self.link.addr_of(node), f"it did not join again within "
-                                f"{self.plan.start_timeout:g} s (--start-timeout)", time.time()))
+    def fail(self, event: Event) -> None:
+        self._fail(event)
 
     def _joins_first(self) -> bool:
         """Worker with restarts on: its stage waits for the chief's welcome, which says which attempt it
@@ -850,12 +731,8 @@ class NodeSupervisor:
         assert isinstance(self.link, WorkerLink)
         self.awaiting_join = False
         self._cancel(self.start_timer)
-        attempt, hold = self.link.attempt, self.link.hold
-        if attempt == 1 and not hold:
+        if not self.driver.joined(self.link.attempt, self.link.hold):
             self._start_stage()
-            return
-        self.say(f"joined the job at attempt {attempt}" + (": waiting for the other nodes" if hold else ""))
-        self._begin_backoff(attempt, None if hold else 0.0)
 
     @staticmethod
     def _cancel(timer: Timer | None) -> None:
