@@ -31,6 +31,13 @@ def test_the_supervisor_starts_without_what_only_a_sample_or_a_dump_needs() -> N
     assert not imported & LATER, sorted(imported & LATER)
 
 
+def test_sampling_a_tree_needs_no_psutil() -> None:
+    code = ("import os, sys\nfrom detlaunch.sampler import ProcessTreeSampler\n"
+            "u = ProcessTreeSampler().sample(os.getpid())\nprint(u.processes, u.rss, 'psutil' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert out[0] == "1" and int(out[1]) > 1_000_000 and out[2] == "False", out
+
+
 def test_the_tree_walk_finds_children_and_tells_a_zombie() -> None:
     live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     dead = os.fork()
