@@ -31,12 +31,16 @@ class StackCollector:
     def __init__(self, loop: EventLoop) -> None:
         self.loop = loop
         self.pending: set[socket.socket] = set()
+        self.loaded = False
 
-    @staticmethod
-    def load() -> None:
-        """Import the stack tools (py-spy's driver, the grouping: ~20 ms) once a node's ranks run, before a
-        failure needs them (dump before kill), and not at start-up, where they would delay the launcher."""
-        from . import stackgroups, stacks  # noqa: F401
+    def load(self) -> None:
+        """Import the stack tools (py-spy's driver, the grouping: ~20 ms) once a node's ranks run, on a
+        thread, before a failure needs them (dump before kill): not at start-up, where they would delay
+        the launcher, nor on the loop, where they would delay a rank's exit. An import the loop needs
+        meanwhile waits for this one (the import lock)."""
+        if not self.loaded:
+            self.loaded = True
+            threading.Thread(target=_import_stack_tools, name="stack-tools", daemon=True).start()
 
     def collect(self, pids: Sequence[int], budget: float, done: Callable[[dict[int, StackResult]], None],
                 fallback: Mapping[int, str] | None = None) -> None:
@@ -76,6 +80,10 @@ class StackCollector:
     def close(self) -> None:
         for wake in list(self.pending):
             self._forget(wake)
+
+
+def _import_stack_tools() -> None:
+    from . import stackgroups, stacks  # noqa: F401
 
 
 def node_answer(collector: StackCollector, host: str, ranks: Sequence[tuple[int, int]], budget: float,
