@@ -27,7 +27,6 @@ from typing import Any
 from .eventloop import EventLoop, Timer
 from .progresswatch import NodeProgress, ProgressWatch, is_starting, parse_ages
 from .report import Failure, FailureKind
-from .stackgroups import format_text, format_who
 from .stackquery import DEFAULT_BUDGET, StackCollector, node_answer, report_of
 from .verdict import Event, Hung, StuckAfterTraceback
 
@@ -71,6 +70,7 @@ class HangPolicy:
         """A rank of this node started. The chief's watch starts with its first rank: before that, the
         launcher is still starting (torch's import alone takes seconds), and --start-timeout watches."""
         self.progress.registered(rank, self.loop.clock())
+        self.collector.load()
         if self.is_chief and self.hang_timeout > 0 and self.watch is None:
             self.watch = ProgressWatch(self.hang_timeout, self.loop.clock())
             self._arm()
@@ -119,6 +119,8 @@ class HangPolicy:
         self.ask_job("stacks", {"budget": DEFAULT_BUDGET}, then)
 
     def _on_hang_stacks(self, answer: dict[str, Any], idle: float) -> None:
+        from .stackgroups import format_text, format_who
+
         report = report_of(answer, self.watch.last_progress() if self.watch else None)
         lines = [*format_text(report), *(f"node {n}: no answer" for n in answer.get("missing") or [])]
         suspects = tuple(f"{format_who([(s.rank, s.node)])}: {s.why}" for s in report.suspects)
@@ -153,6 +155,8 @@ class HangPolicy:
 
         if self.is_chief:  # the gathering answers within its own budget, whatever the nodes do
             def dumped(answer: dict[str, Any]) -> None:
+                from .stackgroups import format_text
+
                 self.dumped = tuple(format_text(report_of(answer)))
                 then()
 

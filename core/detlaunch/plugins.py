@@ -53,14 +53,32 @@ def disabled_names(env: Mapping[str, str]) -> set[str]:
     return {n.strip() for n in env.get("DETLAUNCH_DISABLE_PLUGINS", "").split(",") if n.strip()}
 
 
-def _entries(group: str) -> list[PluginEntry]:
+Owners = dict[tuple[str, str, str], tuple[str, str]]  # (group, name, target) -> (distribution, version)
+
+
+def _owners() -> Owners:
+    """Who publishes each entry point of detlaunch's groups: one scan of the installed distributions for
+    both groups, and each publishing distribution's metadata parsed once (``dist.name`` and
+    ``dist.version`` parse it again on every call: that cost more than the scan)."""
+    found: Owners = {}
+    parsed: dict[int, tuple[str, str]] = {}
+    installed = importlib.metadata.entry_points()
+    for group in (LAYERS, PLUGINS):
+        for ep in installed.select(group=group):
+            dist = ep.dist
+            if dist is not None and id(dist) not in parsed:
+                meta = dist.metadata
+                parsed[id(dist)] = (meta["Name"], meta["Version"])
+            found[(group, ep.name, ep.value)] = parsed[id(dist)] if dist is not None else ("?", "?")
+    return found
+
+
+def _entries(group: str, owners: Owners) -> list[PluginEntry]:
     manager: stevedore.NamedExtensionManager[Any] = stevedore.NamedExtensionManager(group, names=[])  # lists only
-    owners = {(ep.name, ep.value): ep.dist for ep in importlib.metadata.entry_points(group=group)}
     entries = []
     for ep in manager.list_entry_points():
-        dist = owners.get((ep.name, ep.value))
-        entries.append(PluginEntry(group, ep.name, ep.value, dist.name if dist else "?",
-                                   dist.version if dist else "?"))
+        dist, version = owners.get((group, ep.name, ep.value), ("?", "?"))
+        entries.append(PluginEntry(group, ep.name, ep.value, dist, version))
     # A name published twice: the built-in one wins, the other is shadowed (entry points add,
     # they never replace a built-in).
     entries.sort(key=lambda e: (e.name, e.dist != BUILTIN_DIST))
@@ -109,12 +127,15 @@ class PluginSet:
         self.disabled = disabled_names(env)
         self.layer_module: Any = None
         self.tracebacks: dict[str, str] = {}
-        self._listed: dict[str, list[PluginEntry]] = {}  # listing a group scans every distribution
+        self._listed: dict[str, list[PluginEntry]] = {}
+        self._owners: Owners | None = None  # finding them scans every distribution: once a run
 
     def listed(self, group: str) -> list[PluginEntry]:
         """The entry points of `group`, listed once per run."""
         if group not in self._listed:
-            self._listed[group] = _entries(group)
+            if self._owners is None:
+                self._owners = _owners()
+            self._listed[group] = _entries(group, self._owners)
         return self._listed[group]
 
     def layer_names(self) -> list[str]:

@@ -10,10 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import subprocess
 from collections.abc import Callable, Mapping
-
-import psutil
 
 from . import procs
 from .errors import LaunchError
@@ -68,6 +65,8 @@ class ProcessTable:
     # -- starting -----------------------------------------------------------------------------
     def run_step(self, argv: tuple[str, ...], env: Mapping[str, str], timeout: float) -> None:
         """Run a setup command to completion; LaunchError (one line) when it fails."""
+        import subprocess  # only a layer with setup steps needs it: not at start-up
+
         try:
             done = subprocess.run(argv, env=dict(env), stdin=subprocess.DEVNULL, capture_output=True,
                                   timeout=timeout, check=False)
@@ -184,15 +183,9 @@ class ProcessTable:
 
     def leftovers(self) -> list[int]:
         """Live (not zombie) processes still below the supervisor (but an idle standby)."""
-        return [p.pid for p in procs.descendants() if _alive(p) and p.pid not in self.spared]
+        return [pid for pid in procs.descendants() if not procs.is_zombie(pid) and pid not in self.spared]
 
     def close(self) -> None:
         for child in self.children.values():
             self._close_output(child)
 
-
-def _alive(p: psutil.Process) -> bool:
-    try:
-        return bool(p.status() != psutil.STATUS_ZOMBIE)
-    except psutil.NoSuchProcess:
-        return False

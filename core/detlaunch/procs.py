@@ -15,8 +15,6 @@ import shutil
 import signal
 from collections.abc import Collection, Mapping, Sequence
 
-import psutil
-
 from .errors import LaunchError
 
 PR_SET_PDEATHSIG = 1
@@ -74,11 +72,52 @@ def spawn(argv: Sequence[str], env: Mapping[str, str], *, output_fd: int | None 
     return pid
 
 
-def descendants(pid: int | None = None) -> list[psutil.Process]:
+def children_files() -> bool:
+    """Does this kernel list a task's children in /proc (CONFIG_PROC_CHILDREN, usual)?"""
+    return os.path.exists(f"/proc/self/task/{os.getpid()}/children")
+
+
+def tree_pids(root: int) -> list[int]:
+    """`root` and its descendants, reading only the tree's own /proc files; [] when `root` has gone."""
+    out: list[int] = []
+    todo = [root]
+    while todo:
+        pid = todo.pop()
+        try:
+            tids = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue  # it has gone
+        out.append(pid)
+        for tid in tids:  # a child is listed under the thread that forked it
+            try:
+                with open(f"/proc/{pid}/task/{tid}/children", "rb") as f:
+                    todo.extend(map(int, f.read().split()))
+            except OSError:
+                continue  # the thread has gone
+    return out
+
+
+def descendants(pid: int | None = None) -> list[int]:
+    """The pids below `pid` (this process by default), zombies too; psutil only where /proc does not list
+    children (it costs every detlaunch process about 1 MB and 15 ms to import)."""
+    root = pid or os.getpid()
+    if children_files():
+        return tree_pids(root)[1:]
+    import psutil
+
     try:
-        return psutil.Process(pid or os.getpid()).children(recursive=True)
+        return [c.pid for c in psutil.Process(root).children(recursive=True)]
     except psutil.NoSuchProcess:
         return []
+
+
+def is_zombie(pid: int) -> bool:
+    """Whether `pid` has exited and waits to be reaped (or is gone already)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] in (b"Z", b"X")
+    except (OSError, IndexError):
+        return True
 
 
 def signal_pid(pid: int, sig: int) -> None:
@@ -97,20 +136,16 @@ def signal_group(pgid: int, sig: int) -> None:
 
 def signal_tree(pid: int, sig: int) -> None:
     """Signal a process and everything below it (sshd and its per-connection children)."""
-    for p in [*descendants(pid), None]:
-        target = pid if p is None else p.pid
+    for target in [*descendants(pid), pid]:
         signal_pid(target, sig)
 
 
 def kill_descendants(spare: Collection[int] = ()) -> int:
     """SIGKILL every process below this one but `spare`; return how many were signalled."""
-    procs = [p for p in descendants() if p.pid not in spare]
-    for p in procs:
-        try:
-            p.kill()
-        except psutil.NoSuchProcess:
-            pass
-    return len(procs)
+    pids = [pid for pid in descendants() if pid not in spare]
+    for pid in pids:
+        signal_pid(pid, signal.SIGKILL)
+    return len(pids)
 
 
 def reap() -> list[tuple[int, int]]:

@@ -35,20 +35,23 @@ import sys
 import time
 
 try:
-    from . import faultdump, rank_protocol  # imported as detlaunch.rank_wrapper
-    from .progress import ENV as PROGRESS_ENV
-    from .progress import OutputMark, create_progress_file
+    from . import rank_protocol  # imported as detlaunch.rank_wrapper
 except ImportError:  # run as a script (python -S rank_wrapper.py): its folder is sys.path[0]
-    import faultdump  # type: ignore[no-redef]
     import rank_protocol  # type: ignore[no-redef]
-    from progress import ENV as PROGRESS_ENV  # type: ignore[no-redef]
-    from progress import OutputMark, create_progress_file  # type: ignore[no-redef]
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # never at run time: the typing module alone costs about 1 MB
     from collections.abc import Iterator, Mapping
     from types import FrameType
     from typing import Any
+
+    from .progress import OutputMark
+
+
+def sibling(name: str) -> Any:
+    """A module next to this one (progress, faultdump), imported only where a rank has a supervisor
+    (a wrapper that only prefixes output never loads them): as detlaunch.NAME, or by file as a script."""
+    return __import__(f"{__package__}.{name}" if __package__ else name, fromlist=["_"])
 
 PIPE_BUF = 4096
 READ_SIZE = 1 << 16
@@ -560,21 +563,22 @@ class WrappedRank:
 def watch_progress(run_dir: str, rank: int) -> OutputMark | None:
     """The rank's progress file in its node's run dir, named in DETLAUNCH_PROGRESS_FILE for
     detlaunch.progress(); None (no hang watch for this rank) when it cannot be made."""
+    progress = sibling("progress")
     try:
-        path = create_progress_file(run_dir, rank)
-        mark = OutputMark(path)
+        path = progress.create_progress_file(run_dir, rank)
+        mark = progress.OutputMark(path)
     except (OSError, ValueError) as e:
         os.write(2, f"detlaunch rank wrapper: warning: no progress file for rank {rank}: {e}\n".encode())
         return None
-    os.environ[PROGRESS_ENV] = path
-    return mark
+    os.environ[progress.ENV] = path
+    return mark  # type: ignore[no-any-return]
 
 
 def offer_faulthandler(run_dir: str, rank: int) -> None:
     """Let the rank's Python register faulthandler for detlaunch's stack fallback (faultdump.py), so its
     stack can be had when py-spy cannot read it; without the file there is no fallback for this rank."""
     try:
-        faultdump.prepare(run_dir, rank, os.environ)  # type: ignore[arg-type]
+        sibling("faultdump").prepare(run_dir, rank, os.environ)
     except OSError as e:
         os.write(2, f"detlaunch rank wrapper: warning: no faulthandler file for rank {rank}: {e}\n".encode())
 

@@ -13,12 +13,14 @@ from __future__ import annotations
 import socket
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .eventloop import EventLoop, Priority
 from .faultdump import stack_path
-from .stackgroups import RankKey, StackReport, group_stacks
-from .stacks import StackResult, Unavailable, collect_stacks, from_json, to_json
+
+if TYPE_CHECKING:
+    from .stackgroups import RankKey, StackReport
+    from .stacks import StackResult
 
 DEFAULT_BUDGET = 2.0  # seconds py-spy gets for every rank of a node (all at once)
 
@@ -29,12 +31,24 @@ class StackCollector:
     def __init__(self, loop: EventLoop) -> None:
         self.loop = loop
         self.pending: set[socket.socket] = set()
+        self.loaded = False
+
+    def load(self) -> None:
+        """Import the stack tools (py-spy's driver, the grouping: ~20 ms) once a node's ranks run, on a
+        thread, before a failure needs them (dump before kill): not at start-up, where they would delay
+        the launcher, nor on the loop, where they would delay a rank's exit. An import the loop needs
+        meanwhile waits for this one (the import lock)."""
+        if not self.loaded:
+            self.loaded = True
+            threading.Thread(target=_import_stack_tools, name="stack-tools", daemon=True).start()
 
     def collect(self, pids: Sequence[int], budget: float, done: Callable[[dict[int, StackResult]], None],
                 fallback: Mapping[int, str] | None = None) -> None:
         if not pids:
             done({})
             return
+        from .stacks import Unavailable, collect_stacks
+
         wake, signal_end = socket.socketpair()
         results: dict[int, StackResult] = {}
 
@@ -68,10 +82,16 @@ class StackCollector:
             self._forget(wake)
 
 
+def _import_stack_tools() -> None:
+    from . import stackgroups, stacks  # noqa: F401
+
+
 def node_answer(collector: StackCollector, host: str, ranks: Sequence[tuple[int, int]], budget: float,
                 done: Callable[[dict[str, Any]], None], run_dir: str | None = None) -> None:
     """This node's answer to "stacks": [(rank, pid)] of its live ranks, each with its stack or why not.
     run_dir: where the ranks' faulthandler files are (for those py-spy cannot read)."""
+
+    from .stacks import Unavailable, to_json
 
     def collected(results: dict[int, StackResult]) -> None:
         done({"host": host, "ranks": [
@@ -85,6 +105,8 @@ def node_answer(collector: StackCollector, host: str, ranks: Sequence[tuple[int,
 
 def results_of(answer: Mapping[str, Any]) -> dict[RankKey, StackResult]:
     """{(rank, node): stack} from the whole job's answer (control.py's gathered form)."""
+    from .stacks import from_json
+
     results: dict[RankKey, StackResult] = {}
     for node in answer.get("nodes") or []:
         for r in node.get("ranks") or []:
@@ -96,4 +118,6 @@ def results_of(answer: Mapping[str, Any]) -> dict[RankKey, StackResult]:
 
 
 def report_of(answer: Mapping[str, Any], last_progress: Mapping[int, float] | None = None) -> StackReport:
+    from .stackgroups import group_stacks
+
     return group_stacks(results_of(answer), last_progress)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import select
 import socket
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,6 +17,7 @@ from detlaunch import rank_protocol
 from detlaunch.eventloop import EventLoop
 from detlaunch.rank_registry import RankEntry, RankRegistry, RankRules
 from detlaunch.rank_wrapper import SupervisorConnection, UsageError, recv_fds
+from detlaunch.rank_wrapper import __file__ as WRAPPER
 from detlaunch.report import RankStatus
 
 pytestmark = pytest.mark.timeout(20)
@@ -158,3 +161,29 @@ def test_the_wrapper_says_why_it_was_refused(node: Node) -> None:
     wrapper.join()
     assert len(errors) == 1 and isinstance(errors[0], UsageError)
     assert str(errors[0]) == "the supervisor refused rank 9: rank 9 does not belong to node 1 (its ranks are 2..3)"
+
+
+# What the wrapper's common path imported before it was kept lean: json (with re, enum, functools,
+# collections) cost every rank about 1.2 MB of its ~12 MB (issue 11's goal).
+HEAVY = {"json", "json.decoder", "re", "enum", "functools", "collections", "typing", "dataclasses", "psutil",
+         "detlaunch"}
+
+
+def test_a_wrapper_in_a_job_imports_nothing_heavy(node: Node) -> None:
+    """The real wrapper (python -S, as the supervisor starts it) registers, runs a rank and reports: every
+    message, the progress file and the faulthandler file, with none of the modules it used to pull in."""
+    env = {**os.environ, "DETLAUNCH_SUPERVISOR": node.path, "PYTHONPROFILEIMPORTTIME": "1"}
+    wrapper = subprocess.Popen([sys.executable, "-S", WRAPPER, "--rank", "2", "--job", "job-1", "--", "true"],
+                               env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        node.serve_until(lambda: node.exits)
+        _, err = wrapper.communicate(timeout=10)
+    finally:
+        if wrapper.poll() is None:
+            wrapper.kill()
+            wrapper.wait()
+    assert wrapper.returncode == 0 and [(s.rank, s.exit_code) for s in node.exits] == [(2, 0)], err
+    assert os.path.exists(os.path.dirname(node.path) + "/progress-2"), "the common path was not taken"
+    imported = {line.rsplit("|", 1)[-1].strip() for line in err.splitlines() if line.startswith("import time:")}
+    assert {"rank_protocol", "progress", "faultdump"} <= imported, sorted(imported)
+    assert not imported & HEAVY, sorted(imported & HEAVY)

@@ -1,0 +1,59 @@
+"""What detlaunch imports before its launcher starts, and the /proc tree walk that replaced psutil there (ms).
+
+Every module imported before the fork is held by all three detlaunch processes of a node and is paid
+for in every job's start (issue 11: launch overhead <= 1.10x the bare launcher; issue 17: <= 30 MB PSS).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from detlaunch import procs
+
+pytestmark = pytest.mark.timeout(30)
+
+# Needed only once ranks run (sampling, stacks) or for a rare request: imported there, not at start-up.
+LATER = {"psutil", "subprocess", "detlaunch.stacks", "detlaunch.stackgroups"}
+
+
+def test_the_supervisor_starts_without_what_only_a_sample_or_a_dump_needs() -> None:
+    code = ("import sys, json\nimport detlaunch.cli, detlaunch.plan, detlaunch.isolation, detlaunch.supervisor\n"
+            "print(json.dumps(sorted(sys.modules)))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    imported = set(json.loads(out))
+    assert "detlaunch.supervisor" in imported
+    assert not imported & LATER, sorted(imported & LATER)
+
+
+def test_sampling_a_tree_needs_no_psutil() -> None:
+    code = ("import os, sys\nfrom detlaunch.sampler import ProcessTreeSampler\n"
+            "u = ProcessTreeSampler().sample(os.getpid())\nprint(u.processes, u.rss, 'psutil' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert out[0] == "1" and int(out[1]) > 1_000_000 and out[2] == "False", out
+
+
+def test_the_tree_walk_finds_children_and_tells_a_zombie() -> None:
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    dead = os.fork()
+    if dead == 0:
+        os._exit(0)
+    try:
+        deadline = time.monotonic() + 10
+        while not procs.is_zombie(dead):  # it exits at once; until reaped it is a zombie
+            assert time.monotonic() < deadline, "the child never became a zombie"
+            time.sleep(0.01)
+        below = procs.descendants()
+        assert live.pid in below and dead in below
+        assert not procs.is_zombie(live.pid)
+        assert procs.descendants(live.pid) == []
+    finally:
+        live.send_signal(signal.SIGKILL)
+        live.wait()
+        os.waitpid(dead, 0)
+    assert procs.is_zombie(dead)  # reaped: gone counts as not alive too
