@@ -56,7 +56,7 @@ class HangPolicy:
     # -- the questions every node answers ------------------------------------------------------
     def answer_progress(self, args: Any, done: Answer) -> None:
         now = self.loop.clock()
-        done({"ages": self.progress.ages([rank for rank, _ in self.live_ranks()], now),
+        done({"ages": self.progress.ages(self.progress.watched(rank for rank, _ in self.live_ranks()), now),
               "starting": self.progress.starting()})
 
     def answer_stacks(self, args: Any, done: Answer) -> None:
@@ -74,6 +74,10 @@ class HangPolicy:
         if self.is_chief and self.hang_timeout > 0 and self.watch is None:
             self.watch = ProgressWatch(self.hang_timeout, self.loop.clock())
             self._arm()
+
+    def exited(self, rank: int) -> None:
+        """A rank of this node ended: that is progress (see NodeProgress.exited)."""
+        self.progress.exited(rank, self.loop.clock())
 
     # -- the hang watch (the chief) ------------------------------------------------------------
 

@@ -71,9 +71,19 @@ class NodeProgress:
     def __init__(self, run_dir: str) -> None:
         self.run_dir = run_dir
         self.started: dict[int, float] = {}
+        self.ended: dict[int, float] = {}
 
     def registered(self, rank: int, now: float) -> None:
         self.started[rank] = now
+
+    def exited(self, rank: int, now: float) -> None:
+        """A rank's exit is its last progress: the job is silent only from then on (a launcher that
+        lingers after its ranks is watched from their exit, not from their start)."""
+        self.ended[rank] = now
+
+    def watched(self, live: Iterable[int]) -> list[int]:
+        """The ranks whose age the hang watch asks for: the live ones and those that ended."""
+        return sorted({*live, *self.ended})
 
     def starting(self) -> bool:
         """No rank of this node has started yet (in this attempt)."""
@@ -86,14 +96,14 @@ class NodeProgress:
                    for r in (read_progress(path), read_progress(path, OUTPUT_RECORD)))
 
     def ages(self, ranks: Iterable[int], now: float) -> list[tuple[int, float]]:
-        """[(rank, seconds since its last progress)] for `ranks` (the live ones)."""
+        """[(rank, seconds since its last progress)] for `ranks` (see watched)."""
         out = []
         for rank in ranks:
             path = progress_path(self.run_dir, rank)
             beat, output = read_progress(path), read_progress(path, OUTPUT_RECORD)
             last = latest_progress(self.started.get(rank, now), output.monotonic if output else None,
                                    beat.monotonic if beat else None)
-            out.append((rank, now - last))
+            out.append((rank, now - max(last, self.ended.get(rank, last))))
         return out
 
 

@@ -278,7 +278,8 @@ class NodeSupervisor:
     def _start_standby(self) -> None:
         """Restarts on: the next attempt's launcher starts now, past its imports (Command.standby)."""
         launchers = [c for c in self.plan.stage.commands if c.standby is not None and not c.daemon]
-        restarts_left = self.policy.max_restarts + self.policy.node_restarts - (self.attempt - 1)
+        lost_node_restarts = self.policy.node_restarts if self.plan.cluster.num_nodes > 1 else 0  # one node: none
+        restarts_left = self.policy.max_restarts + lost_node_restarts - (self.attempt - 1)
         if restarts_left <= 0 or self.standby is not None or len(launchers) != 1:
             return
         command = launchers[0]
@@ -349,6 +350,7 @@ class NodeSupervisor:
 
     def _on_rank_exit(self, status: RankStatus) -> None:
         self.trace(f"rank {status.rank} ended: {status.describe()}")
+        self.hangs.exited(status.rank)
         self.events.emit(EventKind.RANK_EXITED, status.rank, code=None if status.signal else status.exit_code,
                          signal=status.signal, wall=status.wall, stopped=status.stopped)
         if self.link is not None:

@@ -91,6 +91,20 @@ def test_node_progress_reads_the_heartbeat_and_the_wrappers_output_mark(tmp_path
     assert node.ages([3], time.monotonic())[0][1] < 1
 
 
+def test_a_ranks_exit_is_progress_and_an_ended_rank_is_still_watched(tmp_path: Path) -> None:
+    """A launcher lingering after its ranks ended is silent from their exit on, not from their start
+    (a restarted attempt's ranks that finished between two checks read as hung)."""
+    create_progress_file(str(tmp_path), 0)
+    node = NodeProgress(str(tmp_path))
+    now = time.monotonic()
+    node.registered(0, now - 50)
+    node.exited(0, now - 2)
+    assert node.watched([]) == [0] and node.watched([4]) == [0, 4]
+    assert node.ages(node.watched([]), now)[0][1] == pytest.approx(2, abs=0.5)
+    watch = ProgressWatch(6, now - 50)
+    watch.update(0, node.ages(node.watched([]), now), now)
+    assert not watch.hung(now) and watch.hung(now + 4.5)
+
 def test_status_reads_last_output_and_heartbeat_from_the_same_records(tmp_path: Path,
                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     path = create_progress_file(str(tmp_path), 0)

@@ -238,8 +238,9 @@ def test_a_hang_is_retried_and_the_job_resumes(launcher: Launcher, tmp_path: Pat
 def test_torchrun_the_next_attempts_torchrun_waits_past_its_imports_and_runs_it(
         launcher: Launcher, tmp_path: Path) -> None:
     """Restarts on: while attempt 1 runs, attempt 2's torchrun is started ahead (standby.py), and attempt 2
-    runs in it; none is started for an attempt 3 that the restart counts rule out."""
-    rc, out, err = single_node(launcher, tmp_path, "--max-restarts", "1", "--max-node-restarts", "0", "--debug",
+    runs in it; none is started for an attempt 3 that the restart counts rule out (one node: no node
+    can be lost, so --max-node-restarts does not count)."""
+    rc, out, err = single_node(launcher, tmp_path, "--max-restarts", "1", "--debug",
                                *train_args(tmp_path, DDP, "--crash-step", "2", "--crash-rank", "1"))
     assert rc == 0, out + err
     assert re.search(r"started torchrun \(pid \d+\)\n", err), err
