@@ -152,6 +152,10 @@ def run(argv: list[str], env: dict[str, str]) -> int:
         print(render_json(plan) if options.get("format") == "json" else render_text(plan))
         return 0
 
+    if cluster.num_nodes > 1 and cluster.is_chief:  # refused now, in one line, not half-way through the start
+        from .fdlimit import check_open_files, chief_needs
+
+        check_open_files(chief_needs(cluster))
     if options.get("log_dir"):
         _prepare_log_dir(options["log_dir"])
 
