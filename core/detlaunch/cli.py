@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import atexit
 import dataclasses
-import gc
 import json
 import os
 import re
@@ -103,8 +102,9 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
 def exit_at_once(code: int) -> None:
     """Exit now, as the interpreter would once atexit ran, without tearing its objects down one by one.
 
-    That teardown cost each detlaunch ~20 ms of CPU after its job was over (50 ms before gc.freeze): 32
-    nodes ending together on 2 cores spent most of a second in it (bench teardown-nodes).
+    That teardown (a full garbage collection over what the start built, then every module's objects) cost
+    each detlaunch ~50 ms of CPU after its job was over: 32 nodes ending together on 2 cores spent seconds
+    in it after their supervisors were done (bench teardown-nodes).
     """
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
@@ -201,10 +201,6 @@ def run(argv: list[str], env: dict[str, str]) -> int:
             print(line, file=sys.stderr)
         return result.exit_code
 
-    # What the start built lives until the exit: no collection walks it again, the supervisor's fork among
-    # them. The exit's full collection cost ~50 ms of CPU a node: on 2 cores, 32 nodes ending together
-    # spent seconds in it after their supervisors were done (bench teardown-nodes).
-    gc.freeze()
     try:
         hooks.job_started(plan.context, plan.stage)  # scheduler side effects; a failure is one error line
         if options.get("no_pid_namespace"):
