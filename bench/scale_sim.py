@@ -162,15 +162,15 @@ def cpu_seconds(procs: list[psutil.Process]) -> float:
 
 
 def chief_processes(chief: subprocess.Popen[bytes]) -> tuple[list[psutil.Process], psutil.Process]:
-    """detlaunch and its supervisor (pid 1 of the job's PID namespace), not the rank and its wrapper."""
-    outer = psutil.Process(chief.pid)
-    ours = [outer]
-    for child in outer.children():
-        if any(a.endswith("rank_wrapper.py") for a in child.cmdline()):
-            continue
-        ours.append(child)
-    supervisor = ours[-1]
-    return ours, supervisor
+    """detlaunch, the child that makes the job's PID namespace, and the supervisor (that namespace's pid 1,
+    the deepest of them), not the rank and its wrapper. (Only the outer process's children, as this read
+    before, took the idle middle process for the supervisor: 0 % CPU and 0 KB a node.)"""
+    ours = [psutil.Process(chief.pid)]
+    while True:
+        below = [c for c in ours[-1].children() if not any(a.endswith("rank_wrapper.py") for a in c.cmdline())]
+        if not below:
+            return ours, ours[-1]
+        ours.append(below[0])
 
 
 def read_json(pipe: Any, want: str, timeout: float) -> dict[str, Any]:
