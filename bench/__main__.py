@@ -21,13 +21,27 @@ from collections.abc import Callable
 from importlib import metadata
 from pathlib import Path
 
-from . import direct, flood, launch, memory, multinode, report, restarts, scale, status, teardown, throughput
+from . import (
+    direct,
+    flood,
+    launch,
+    memory,
+    multinode,
+    report,
+    restarts,
+    scale,
+    status,
+    teardown,
+    teardown_nodes,
+    throughput,
+)
 from .common import BENCH, DET_PY, ROOT, Section, Table, base_env, become_subreaper, nothing_left, say
 
 MEASUREMENTS: dict[str, Callable[..., Section]] = {
     "throughput": lambda env, reps, quick, tmp: throughput.main(env, reps, quick),
     "memory": memory.main,
     "teardown": teardown.main,
+    "teardown-nodes": teardown_nodes.main,
     "launch": launch.main,
     "scale": scale.main,
     "multinode": multinode.main,
@@ -44,7 +58,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true",
                    help="2 repetitions, no 2M-line streams, scale with 1 repetition")
     p.add_argument("--reps", type=int,
-                   help="repetitions per case (default 5, at most 3 for the 2M-line streams and scale; 2 with --quick)")
+                   help="repetitions per case (default 5; at most 3 for the 2M-line streams, scale and "
+                        "teardown-nodes; 2 with --quick)")
     p.add_argument("--only", nargs="+", choices=list(MEASUREMENTS), help="run only these measurements")
     p.add_argument("--out", type=Path, default=BENCH / "results", help="where results go (default bench/results)")
     return p.parse_args(argv)
@@ -85,7 +100,8 @@ def measure_all(args: argparse.Namespace, reps: int, env: dict[str, str], tmp: P
     for name, measure in MEASUREMENTS.items():
         if args.only and name not in args.only:
             continue
-        n = min(reps, 1 if args.quick else 3) if name == "scale" else reps  # scale: 8 jobs a repetition
+        long = name in ("scale", "teardown-nodes")  # scale: 8 jobs a repetition; 32 nodes: ~1 min a run
+        n = min(reps, 1 if args.quick else 3) if long else reps
         try:
             sections.append(measure(env, n, args.quick, tmp))
         except Exception as e:  # one broken measurement must not lose the others

@@ -15,7 +15,7 @@ So what is measured is the real chief:
 - fan-out: from one worker's failure report (the last node's) to every worker told to stop
   (the `stop` message each worker's link hands to its events), wall clock of one machine;
 - RSS: the chief's supervisor with every node joined, less before any joined, per node;
-- plan: `--dry-run` of a 1024-host --hosts list and hostfile, start to exit.
+- plan: `--dry-run` of a 1024-host --hosts list, hostfile and SLURM hostlist (a step's variables), start to exit.
 
 Results are printed as a table and written as JSON (--out).
 """
@@ -30,6 +30,7 @@ import secrets
 import select
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -161,15 +162,15 @@ def cpu_seconds(procs: list[psutil.Process]) -> float:
 
 
 def chief_processes(chief: subprocess.Popen[bytes]) -> tuple[list[psutil.Process], psutil.Process]:
-    """detlaunch and its supervisor (pid 1 of the job's PID namespace), not the rank and its wrapper."""
-    outer = psutil.Process(chief.pid)
-    ours = [outer]
-    for child in outer.children():
-        if any(a.endswith("rank_wrapper.py") for a in child.cmdline()):
-            continue
-        ours.append(child)
-    supervisor = ours[-1]
-    return ours, supervisor
+    """detlaunch, the child that makes the job's PID namespace, and the supervisor (that namespace's pid 1,
+    the deepest of them), not the rank and its wrapper. (Only the outer process's children, as this read
+    before, took the idle middle process for the supervisor: 0 % CPU and 0 KB a node.)"""
+    ours = [psutil.Process(chief.pid)]
+    while True:
+        below = [c for c in ours[-1].children() if not any(a.endswith("rank_wrapper.py") for a in c.cmdline())]
+        if not below:
+            return ours, ours[-1]
+        ours.append(below[0])
 
 
 def read_json(pipe: Any, want: str, timeout: float) -> dict[str, Any]:
@@ -269,28 +270,53 @@ def measure(nodes: int, per_process: int, heartbeat: float, idle: float, tmp: Pa
                 proc.wait()
 
 
-def plan_time(hosts: int, tmp: Path) -> dict[str, float]:
-    """Seconds for `detlaunch --dry-run` of a `hosts`-node job (--hosts, then a hostfile)."""
+def slurm_step_env(names: list[str], node_id: int) -> dict[str, str]:
+    """What `srun --ntasks-per-node=1` sets on node `node_id` of a job on `names` (as tests/discovery has it),
+    the node list compressed the way SLURM writes it; the machine's own scheduler variables left out."""
+    from detlaunch.providers.hostlist import compress_hostlist
+
+    nodes, n = compress_hostlist(names), len(names)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SLURMD_"))}
+    env.update({"SLURM_JOB_ID": "17", "SLURM_STEP_ID": "0", "SLURM_JOB_NODELIST": nodes, "SLURM_NODELIST": nodes,
+                "SLURM_STEP_NODELIST": nodes, "SLURM_NODEID": str(node_id), "SLURMD_NODENAME": names[node_id],
+                "SLURM_NNODES": str(n), "SLURM_NTASKS": str(n), "SLURM_NTASKS_PER_NODE": "1",
+                "SLURM_TASKS_PER_NODE": f"1(x{n})", "SLURM_STEP_TASKS_PER_NODE": f"1(x{n})",
+                "SLURM_PROCID": str(node_id), "SLURM_LOCALID": "0"})
+    return env
+
+
+def plan_time(hosts: int, tmp: Path, reps: int = 3) -> dict[str, float]:
+    """Median seconds for `detlaunch --dry-run` of a `hosts`-node job: --hosts, a hostfile, a SLURM step's
+    variables (its compressed SLURM_JOB_NODELIST expanded, every name resolved); on the chief and the last
+    node; and a 1-host --hosts job, the floor (interpreter, plugins, plan). Interleaved, rotated each repetition."""
     names = [host(i) for i in range(hosts)]
     hostfile = tmp / "hostfile"
     hostfile.write_text("".join(f"{h} slots=8\n" for h in names))
     rank = tmp / "train.py"
     rank.write_text("pass\n")
     port = str(free_pair())
-    out = {}
-    for label, args in (("hosts", ["--hosts", ",".join(f"{h}:8" for h in names)]),
-                        ("hostfile", ["--hostfile", str(hostfile)])):
-        for node_rank in ("0", str(hosts - 1)):
+    sources = {"hosts": ["--hosts", ",".join(f"{h}:8" for h in names)], "hostfile": ["--hostfile", str(hostfile)],
+               "slurm": ["--nproc-per-node", "8"], "1 host": ["--hosts", "127.0.0.1:8"]}
+    cases = [(label, node_rank) for label in sources for node_rank in (0, hosts - 1) if label != "1 host"]
+    cases.append(("1 host", 0))
+    samples: dict[tuple[str, int], list[float]] = {case: [] for case in cases}
+    for rep in range(reps):
+        for label, node_rank in cases[rep % len(cases):] + cases[:rep % len(cases)]:
+            env, argv = None, [*sources[label], "--node-rank", str(node_rank)]
+            if label == "slurm":
+                env, argv = slurm_step_env(names, node_rank), sources[label]
             t0 = time.monotonic()
-            done = subprocess.run([sys.executable, "-m", "detlaunch", "--layer", "direct", *args, "--node-rank",
-                                   node_rank, "--master-port", port, "--dry-run", "--format", "json", str(rank)],
-                                  capture_output=True, timeout=120, check=False)
+            done = subprocess.run([sys.executable, "-m", "detlaunch", "--layer", "direct", *argv, "--master-port", port,
+                                   "--dry-run", "--format", "json", str(rank)],
+                                  capture_output=True, timeout=120, check=False, env=env)
+            samples[(label, node_rank)].append(time.monotonic() - t0)
             assert done.returncode == 0, done.stderr
-            out[f"{label} node {node_rank}"] = round(time.monotonic() - t0, 3)
-    t0 = time.monotonic()
-    subprocess.run([sys.executable, "-m", "detlaunch", "--version"], capture_output=True, check=False)
-    out["detlaunch --version (the floor)"] = round(time.monotonic() - t0, 3)
-    return out
+            cluster = json.loads(done.stdout)["cluster"]
+            assert (len(cluster["node_addrs"]), cluster["node_rank"]) == (
+                1 if label == "1 host" else hosts, node_rank), cluster["node_rank"]
+            assert cluster["provider"] == ("slurm" if label == "slurm" else "static"), cluster["provider"]
+    return {("1 host (the floor)" if label == "1 host" else f"{label} node {node_rank}"):
+            round(statistics.median(samples[(label, node_rank)]), 3) for label, node_rank in cases}
 
 
 def main(argv: list[str]) -> int:
@@ -300,6 +326,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--per-process", type=int, default=256, help="simulated nodes per simulating process")
     p.add_argument("--heartbeat", type=float, default=1.0)
     p.add_argument("--idle", type=float, default=10.0, help="seconds of idle CPU measurement")
+    p.add_argument("--plan-only", action="store_true", help="only the --dry-run plan times of 1024 hosts")
     p.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "scale_sim.json")
     p.add_argument("--simulate", nargs=5, metavar=("FIRST", "COUNT", "JOB", "PORT", "HEARTBEAT"),
                    help=argparse.SUPPRESS)
@@ -309,14 +336,16 @@ def main(argv: list[str]) -> int:
         Simulation(int(first), int(count), job, int(port), float(heartbeat),
                    os.environ["DETLAUNCH_JOB_SECRET"]).run()
         return 0
-    results: dict[str, Any] = {"runs": [], "load": os.getloadavg()[0]}
+    results: dict[str, Any] = {"runs": [], "load": os.getloadavg()}
     with tempfile.TemporaryDirectory() as tmp:
-        for n in args.nodes:
+        for n in [] if args.plan_only else args.nodes:
             run = measure(n, args.per_process, args.heartbeat, args.idle, Path(tmp))
             print(json.dumps(run), flush=True)
             results["runs"].append(run)
-        results["plan_1024_hosts_s"] = plan_time(1024, Path(tmp))
+        results["plan_1024_hosts_s"] = plan_time(1024, Path(tmp))  # medians of 3
         print(json.dumps(results["plan_1024_hosts_s"]), flush=True)
+    results["load_after"] = os.getloadavg()
+    print(json.dumps({"load average (1, 5, 15 min) before": results["load"], "after": results["load_after"]}))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=2))
     return 0

@@ -34,20 +34,24 @@ NODES = str(SCRIPTS / "nodes.py")
 TIMEOUT = 60.0
 
 
-def two_nodes(layer: str) -> Launcher:
-    """detlaunch --layer LAYER on two loopback "nodes", one rank each, side by side."""
+def on_nodes(layer: str, count: int = 2) -> Launcher:
+    """detlaunch --layer LAYER on `count` loopback "nodes" (127.0.0.1, 127.0.0.2, ...), one rank each, side
+    by side; nodes.py writes when each node's detlaunch exited to JOB/node-exits."""
 
     def launcher(n: int, script: list[str], job: Path, env: dict[str, str]) -> list[str]:
-        hosts = ["--hosts", "127.0.0.1:1,127.0.0.2:1", "--master-port", str(free_port())]
-        detlaunch_layer(layer, env, [*hosts, "--node-rank", "1", *script])
+        hosts = ["--hosts", ",".join(f"127.0.0.{i + 1}:1" for i in range(count)), "--master-port", str(free_port())]
+        detlaunch_layer(layer, env, [*hosts, "--node-rank", str(count - 1), *script])
         node = [DETLAUNCH, "--layer", layer, *hosts]
-        return [PY, NODES, *node, "--node-rank", "0", *script, "---", *node, "--node-rank", "1", *script]
+        argv = [PY, NODES, "--exit-times", str(job / "node-exits")]
+        for i in range(count):
+            argv += [*(["---"] if i else []), *node, "--node-rank", str(i), *script]
+        return argv
 
     return launcher
 
 
 CROSS_NODE: dict[str, Launcher] = {
-    f"detlaunch --layer {layer}, 2 nodes": two_nodes(layer) for layer in ("torchrun", "horovod", "deepspeed")
+    f"detlaunch --layer {layer}, 2 nodes": on_nodes(layer) for layer in ("torchrun", "horovod", "deepspeed")
 }
 CASES: dict[str, Launcher] = {**LAUNCHERS, **CROSS_NODE}
 

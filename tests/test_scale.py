@@ -2,11 +2,13 @@
 one rank each), and 2 nodes x 64 ranks. Ranks do not import torch. Each test: every rank starts, a
 rank on the last node fails, every node exits with its code and names it, and nothing is left (the
 fixture). Latencies are printed for the record (bench/ measures them); bounds here are generous.
+And a 1024-node chief whose hard open-files limit is too low: refused in one line.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -85,3 +87,17 @@ def test_a_stopped_node_does_not_hold_back_the_verdict_for_the_others(launcher: 
     print(f"\nthe chief stopped the job {stopping:.2f} s after the failure, node 1 stopped all along")
     assert stopping < 10
     assert jobs[1].wait(60).returncode != 0
+
+
+def test_a_chief_whose_hard_open_files_limit_is_too_low_is_refused_in_one_line(launcher: Launcher) -> None:
+    """1024 nodes need a socket each on the chief: under `ulimit -n 256` (hard), detlaunch says so and exits."""
+    hosts = ",".join(["127.0.0.1:1", *(f"127.21.{i // 250}.{i % 250 + 1}:1" for i in range(1023))])
+    low_limit = [sys.executable, "-c", "import os, resource, sys; "
+                 "resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256)); os.execvp(sys.argv[1], sys.argv[1:])"]
+    r = launcher.start("--layer", "direct", "--hosts", hosts, "--node-rank", "0", "--master-port",
+                       str(free_port()), RANKS, prefix=low_limit).wait(60)
+    assert r.returncode == 1, r.output
+    assert r.stderr.splitlines() == [
+        "detlaunch: error: this job needs 1091 open files on the chief (one per node, and its own), but the limit is "
+        "256 (ulimit -Hn): raise it, or run fewer nodes per chief"], r.output
+    assert r.stdout == ""

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import errno
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from .eventloop import EventLoop, Priority, Timer
 
@@ -122,3 +122,9 @@ class SshdProbe:
             self.loop.remove(self.sock)
             self.sock.close()
             self.sock = None
+
+
+def probe_sshds(loop: EventLoop, peers: Iterable[tuple[str, int]], on_ready: Callable[[SshdProbe], None],
+                on_error: Callable[[str], None]) -> list[SshdProbe]:
+    """Probe every peer's sshd at once: a job of N nodes waits for its slowest sshd, not for N in turn."""
+    return [SshdProbe(loop, host, port, on_ready, on_error) for host, port in peers]

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from .dial import Dialer
 from .errors import LaunchError
 from .eventloop import EventLoop, Priority, Timer
-from .fdlimit import ensure_open_files
+from .fdlimit import chief_needs, ensure_open_files
 from .report import Failure, RankStatus
 
 if TYPE_CHECKING:
@@ -258,7 +258,7 @@ class ChiefLink:
         self.secret_from_env = bool(plan.environ.get(SECRET_ENV))
         self.secret = create_secret(plan.environ, plan.shared_dir)
         self.expected = set(range(1, plan.cluster.num_nodes))
-        ensure_open_files(len(self.expected) + 4 * plan.cluster.local_slots)
+        ensure_open_files(chief_needs(plan.cluster))
         self.nodes: dict[int, PeerConnection] = {}
         self.pending: set[PeerConnection] = set()  # accepted, not authenticated yet
         self.finished: set[int] = set()  # said goodbye, or were lost

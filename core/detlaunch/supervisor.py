@@ -31,7 +31,7 @@ from .attempts import Attempts, attempt_end
 from .config import DEDUPE_MIN_RANKS
 from .console import FoldingConsole
 from .control import ControlRequests, write_job_file
-from .dial import SshdProbe
+from .dial import SshdProbe, probe_sshds
 from .emitter import EventEmitter, EventHook
 from .errors import LaunchError
 from .eventloop import EventLoop, Timer
@@ -255,8 +255,7 @@ class NodeSupervisor:
                 self._start(i)
         self.start_timer = self.loop.call_at(self.attempt_started_at + self.plan.start_timeout,
                                              self._on_start_timeout)
-        self.probes = [SshdProbe(self.loop, h, p, self._on_peer_ready, self.fail_to_start)
-                       for h, p in self.plan.stage.wait_for_sshd]
+        self.probes = probe_sshds(self.loop, self.plan.stage.wait_for_sshd, self._on_peer_ready, self.fail_to_start)
         if not self.probes:
             self._start_when_ready()
 

@@ -1,1 +1,1 @@
-"""detlaunchs direct layer: the supervisor starts each rank itself, with torchruns environment."""
+"""detlaunch's direct layer: the supervisor starts each rank itself, with torchrun's environment."""
