@@ -85,7 +85,7 @@ class AttemptDriver:
         """Every process of the last attempt is gone: wait `delay`, then start `attempt` afresh
         (None: a worker waiting for the chief's go, which comes once every lost node is back)."""
         self.host.end_attempt()
-        self.backoff_timer = None
+        self.stop_waiting()
         if delay is not None:
             self.backoff_timer = self.host.loop.call_later(delay, lambda: self.next_attempt(attempt))
 

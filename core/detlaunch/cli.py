@@ -100,12 +100,17 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
 
 
 def exit_at_once(code: int) -> None:
-    """Exit now, as the interpreter would once atexit ran, without tearing its objects down one by one.
+    """Exit now, as the interpreter would once atexit ran, without tearing its objects down one by one
+    (unless a plugin left a thread of its own running: then the interpreter joins it, as always).
 
     That teardown (a full garbage collection over what the start built, then every module's objects) cost
     each detlaunch ~50 ms of CPU after its job was over: 32 nodes ending together on 2 cores spent seconds
     in it after their supervisors were done (bench teardown-nodes).
     """
+    import threading  # loaded already by then: this costs a dict lookup
+
+    if any(t.is_alive() and not t.daemon for t in threading.enumerate() if t is not threading.main_thread()):
+        return
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         try:

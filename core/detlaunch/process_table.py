@@ -85,7 +85,8 @@ class ProcessTable:
             self.spared.discard(standby.pid)
             pid, out_r = standby.pid, standby.output_fd
         else:
-            if standby is not None:
+            if standby is not None:  # it died idle: start afresh, and spare its pid no longer
+                self.spared.discard(standby.pid)
                 standby.stop()
             pid, out_r = self._spawn(command, env)
         child = Child(command, pid, out_r)

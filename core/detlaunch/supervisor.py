@@ -201,10 +201,13 @@ class NodeSupervisor:
 
     def _start(self, command_index: int) -> None:
         command = self.plan.stage.commands[command_index]
-        standby, self.standby = self.standby, None
-        if standby is not None and not standby.fits(command.argv, {**self.env, **command.env}):
-            standby.stop()
-            standby = None
+        standby = None
+        if self.standby is not None and command.standby is not None:  # only the launcher it was started for
+            standby, self.standby = self.standby, None
+            if not standby.fits(command.argv, {**self.env, **command.env}):
+                self.processes.spared.discard(standby.pid)
+                standby.stop()
+                standby = None
         child = self.processes.start(command, self.env, standby)
         self.trace(f"started {command.name} (pid {child.pid}{', its standby' if standby else ''})")
         self.events.emit(EventKind.LAUNCHER_STARTED, name=command.name, pid=child.pid)
