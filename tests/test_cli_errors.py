@@ -7,6 +7,7 @@ types it and once with ``--debug``, and checks exactly what the user sees.
 from __future__ import annotations
 
 import importlib.metadata
+import os
 import re
 import socket
 from pathlib import Path
@@ -331,3 +332,18 @@ def test_a_long_tmpdir_still_works(launcher: Launcher, tmp_path: Path) -> None:
     script = rank_script(tmp_path, "print('rank', rank, 'ok')\n")
     code, out, err, text = run_ranks(launcher, script, nproc=1, env={"TMPDIR": str(long_tmp)})
     assert (code, out) == (0, b"[rank=0] rank 0 ok\n"), text
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("args", [["--dry-run"], ["--dry-run", "--format", "json"]])
+def test_a_reader_that_stops_early_ends_it_quietly(script: str, args: list[str]) -> None:
+    """`detlaunch --dry-run | head -1`: the closed pipe is the reader's choice, not a traceback."""
+    import subprocess
+    import sys
+
+    r, w = os.pipe()
+    os.close(r)  # the reader is gone before detlaunch writes its first line
+    done = subprocess.run([sys.executable, "-m", "detlaunch", "--layer", "torchrun", "--nproc-per-node", "2",
+                           *args, script], stdout=w, stderr=subprocess.PIPE, timeout=50)
+    os.close(w)
+    assert done.returncode == 141 and done.stderr == b"", done.stderr.decode()

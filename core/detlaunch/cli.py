@@ -8,6 +8,7 @@ import dataclasses
 import json
 import os
 import re
+import signal
 import sys
 import tempfile
 import traceback
@@ -77,7 +78,10 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
     argv = list(sys.argv[1:] if argv is None else argv)
     env = dict(os.environ if env is None else env)
     if argv and argv[0] in CONTROL_COMMANDS:  # questions to a running job: no plugin is loaded for them
-        return control_command(argv[0], argv[1:], env)
+        try:
+            return control_command(argv[0], argv[1:], env)
+        except BrokenPipeError:
+            return _reader_went_away()
     args = argv[1:] if argv and argv[0] in SUBCOMMANDS else argv
     try:
         debug = _pre_parse(args, env).debug
@@ -97,6 +101,16 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
         return e.code if isinstance(e.code, int) else 0
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        return _reader_went_away()
+
+
+def _reader_went_away() -> int:
+    """`detlaunch --dry-run | head`: whoever read our output stopped; end as a shell tool does, quietly."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())  # the interpreter's last flush must not fail again
+    os.close(devnull)
+    return 128 + signal.SIGPIPE
 
 
 def exit_at_once(code: int) -> None:
