@@ -169,3 +169,16 @@ def test_a_rank_can_plan_a_nested_job(launcher: Launcher, script: Path) -> None:
     assert plan["cluster"]["node_rank"] == 0
     assert plan["cluster"]["job_id"] != json.loads(outer.stdout)["cluster"]["job_id"]
     assert plan["cluster"]["chief_addr"] == "127.0.0.1"  # DET_CHIEF_IP, honoured
+
+
+def test_the_plan_says_when_the_next_attempts_launcher_is_started_ahead(launcher: Launcher, script: Path) -> None:
+    tag = "next attempt's started ahead: torch.distributed.run:main"
+    with_restarts = launcher.run("--layer", "torchrun", "--nproc-per-node", "2", "--max-restarts", "1",
+                                 "--dry-run", str(script), timeout=30)
+    without = launcher.run("--layer", "torchrun", "--nproc-per-node", "2", "--dry-run", str(script), timeout=30)
+    assert with_restarts.returncode == 0 and without.returncode == 0
+    assert [line for line in with_restarts.stdout.splitlines() if tag in line][0].startswith("└── ")
+    assert tag not in without.stdout
+    plan = json.loads(launcher.run("--layer", "torchrun", "--nproc-per-node", "2", "--max-restarts", "1", "--dry-run",
+                                   "--format", "json", str(script), timeout=30).stdout)
+    assert [c["standby"] for c in plan["commands"]] == ["torch.distributed.run:main"], plan["commands"]

@@ -125,7 +125,8 @@ class LaunchPlan:
             "prelaunch": [list(s) for s in self.stage.prelaunch],
             "commands": [
                 {"name": cmd.name, "argv": list(cmd.argv), "daemon": cmd.daemon,
-                 "stop_signal": int(cmd.stop_signal), "env": dict(cmd.env), "rank": cmd.rank}
+                 "stop_signal": int(cmd.stop_signal), "env": dict(cmd.env), "rank": cmd.rank,
+                 "standby": cmd.standby if self.restarts.enabled else None}
                 for cmd in self.stage.commands
             ],
             "rank_wrapper": list(self.wrapper_argv),
@@ -251,7 +252,8 @@ def render_text(plan: LaunchPlan) -> str:
         last = n == len(launched) - 1 and not rank_commands
         branch, pad = ("└── ", "    ") if last else ("├── ", "│   ")
         own, runs_ranks = _split_rank_command(cmd, plan)
-        tags = [t for t in ("daemon" if cmd.daemon else "", f"stop with {signal_name(cmd.stop_signal)}") if t]
+        standby = f"next attempt's started ahead: {cmd.standby}" if cmd.standby and plan.restarts.enabled else ""
+        tags = [t for t in ("daemon" if cmd.daemon else "", f"stop with {signal_name(cmd.stop_signal)}", standby) if t]
         lines.append(f"{branch}{_quote(own)}  [{', '.join(tags)}]")
         for key, value in sorted(cmd.env.items()):
             lines.append(f"{pad}    env {key}={_short(value)}")
