@@ -8,7 +8,9 @@ every node stops, then starts again) against bare torchrun --max-restarts 1 on t
 and 2 nodes (127.0.0.1, 127.0.0.2) x 1 rank; and, as the baseline the issue sets for 2 nodes, a fresh
 2-node detlaunch start (launch to every rank running), and a 1-node first start with restarts on and off
 (on, the next attempt's torchrun starts ahead while the first starts: what that costs). The direct layer
-(--layer direct: the supervisor starts the ranks itself, no torchrun agent) runs as a case of its own.
+(--layer direct: the supervisor starts the ranks itself, no torchrun agent) runs as a case of its own, and so
+do --layer horovod (its ranks rendezvous through horovod) and --layer deepspeed on 1 node (each attempt starts
+their launcher afresh: neither has a standby).
 
 Where the time goes, from the ranks' stamps (each a max over the ranks of attempt 2): "to start" is
 the failure to the last rank process starting (detlaunch's teardown and restart, plus the launcher's
@@ -85,6 +87,8 @@ def main(env: dict[str, str], reps: int, quick: bool, tmp: Path, only: str = "")
     cases = {
         "detlaunch torchrun, 1 node x 2": (lambda: detlaunch_job(1, *ONE_RESTART), 2, 1),
         "detlaunch direct, 1 node x 2": (lambda: detlaunch_job(1, *ONE_RESTART, layer="direct"), 2, 1),
+        "detlaunch horovod, 1 node x 2": (lambda: detlaunch_job(1, *ONE_RESTART, layer="horovod"), 2, 1),
+        "detlaunch deepspeed, 1 node x 2": (lambda: detlaunch_job(1, *ONE_RESTART, layer="deepspeed"), 2, 1),
         "bare torchrun --max-restarts 1, 1 node x 2": (lambda: bare_torchrun(1), 2, 1),
         "detlaunch torchrun, 2 nodes x 1": (lambda: detlaunch_job(2, *ONE_RESTART), 2, 1),
         "detlaunch direct, 2 nodes x 1": (lambda: detlaunch_job(2, *ONE_RESTART, layer="direct"), 2, 1),
@@ -159,11 +163,14 @@ def main(env: dict[str, str], reps: int, quick: bool, tmp: Path, only: str = "")
         sa, sb = stats[a], stats[b]
         return sa.median / sb.median if sa and sb else None
 
-    one = None if only else ratio("detlaunch torchrun, 1 node x 2", "bare torchrun --max-restarts 1, 1 node x 2")
+    bare = "bare torchrun --max-restarts 1, 1 node x 2"
+    one = {layer: None if only else ratio(f"detlaunch {layer}, 1 node x 2", bare)
+           for layer in ("torchrun", "direct", "horovod", "deepspeed")}
     two = None if only else ratio("detlaunch torchrun, 2 nodes x 1", "fresh start, detlaunch 2 nodes x 1 (no failure)")
     goals = [
-        Goal("restart, 1 node: failure to every rank running again", "no slower than bare torchrun --max-restarts 1",
-             f"{one:.2f}x" if one else "n/a", one <= 1.0 if one else None),
+        *(Goal(f"restart, 1 node, --layer {layer}: failure to every rank running again",
+               "no slower than bare torchrun --max-restarts 1", f"{r:.2f}x" if r else "n/a", r <= 1.0 if r else None)
+          for layer, r in one.items()),
         Goal("restart, 2 nodes: failure to every rank running again", "within 1.2x of a fresh 2-node start",
              f"{two:.2f}x" if two else "n/a", two <= 1.2 if two else None),
         Goal(f"restart count after {FAILURES} failures on 2 nodes", f"exactly {FAILURES} in every run",

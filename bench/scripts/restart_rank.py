@@ -8,6 +8,7 @@ Writes DIR/a<attempt>-r<rank> = "<process start> <after init + barrier> <after i
 (the time) and fails: SIGKILL (kill), or exit 10+attempt (exit: a different failure each attempt, so no
 crash-loop breaker stops it).
 The attempt comes from DETLAUNCH_RESTART_COUNT, else TORCHELASTIC_RESTART_COUNT (bare torchrun).
+Under --layer horovod (HOROVOD_RANK, no MASTER_ADDR) the process group is horovod's, the barrier an allreduce.
 """
 
 import os
@@ -19,13 +20,27 @@ started = time.monotonic()
 out = os.environ["BENCH_OUT"]
 attempt = int(os.environ.get("DETLAUNCH_RESTART_COUNT") or os.environ.get("TORCHELASTIC_RESTART_COUNT") or 0)
 
-import torch.distributed as dist  # noqa: E402  (the start stamp comes before the import)
+if "HOROVOD_RANK" in os.environ and "MASTER_ADDR" not in os.environ:  # --layer horovod: horovod's own collective
+    import horovod.torch as hvd  # noqa: E402
+    import torch  # noqa: E402
 
-imported = time.monotonic()
+    imported = time.monotonic()
+    hvd.init()
+    rank, world = hvd.rank(), hvd.size()
 
-dist.init_process_group("gloo")
-dist.barrier()
-rank, world = dist.get_rank(), dist.get_world_size()
+    def barrier() -> None:
+        hvd.allreduce(torch.zeros(1), name="barrier")
+
+    def leave() -> None:
+        hvd.shutdown()
+else:
+    import torch.distributed as dist  # noqa: E402  (the start stamp comes before the import)
+
+    imported = time.monotonic()
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    barrier, leave = dist.barrier, dist.destroy_process_group
+barrier()
 with open(os.path.join(out, f"a{attempt}-r{rank}"), "w") as f:
     f.write(f"{started} {time.monotonic()} {imported}\n")
 if attempt < int(os.environ.get("BENCH_FAILURES", "1")) and rank == world - 1:
@@ -34,6 +49,6 @@ if attempt < int(os.environ.get("BENCH_FAILURES", "1")) and rank == world - 1:
     if os.environ.get("BENCH_HOW", "kill") == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
     os._exit(10 + attempt)
-dist.barrier()  # the survivors of a failing attempt wait here until they are stopped
-dist.destroy_process_group()
+barrier()  # the survivors of a failing attempt wait here until they are stopped
+leave()
 sys.exit(0)
