@@ -18,7 +18,7 @@ import time
 from typing import Protocol
 
 from .attempts import Attempts
-from .eventloop import EventLoop, Timer
+from .eventloop import EventLoop, Timer, cancel_timer
 from .joblink import ChiefLink, WorkerLink
 from .phase import Phase
 from .plan import LaunchPlan
@@ -100,7 +100,7 @@ class AttemptDriver:
 
     def stop_waiting(self) -> None:
         """A signal or a failure during the backoff: the next attempt never starts."""
-        _cancel(self.backoff_timer)
+        cancel_timer(self.backoff_timer)
         self.backoff_timer = None
 
     # -- a worker follows ------------------------------------------------------------------------
@@ -149,7 +149,7 @@ class AttemptDriver:
 
     def rejoined(self) -> None:
         """In the backoff: every lost node is back; the attempt starts if its backoff is over."""
-        _cancel(self.rejoin_timer)
+        cancel_timer(self.rejoin_timer)
         self.rejoin_timer = None
         due = self.host.attempts.due
         self.host.say(f"every node is back: attempt {due or self.host.attempts.number + 1} starts"
@@ -166,8 +166,3 @@ class AttemptDriver:
         for node in h.link.missing_nodes():
             h.fail(NodeLost(node, h.link.addr_of(node), f"it did not join again within "
                             f"{h.plan.start_timeout:g} s (--start-timeout)", time.time()))
-
-
-def _cancel(timer: Timer | None) -> None:
-    if timer is not None:
-        timer.cancel()

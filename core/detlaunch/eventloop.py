@@ -51,6 +51,12 @@ class Timer:
         self.cancelled = True
 
 
+def cancel_timer(timer: Timer | None) -> None:
+    """Cancel `timer` if there is one (a part's optional timer: set, fired or never armed)."""
+    if timer is not None:
+        timer.cancel()
+
+
 class EventLoop:
     """Files, timers and signals, dispatched one batch at a time."""
 

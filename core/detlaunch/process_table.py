@@ -79,15 +79,19 @@ class ProcessTable:
             raise LaunchError(f"{os.path.basename(argv[0])} failed ({' '.join(argv)}): "
                               f"{why[-1] if why else f'exit {done.returncode}'}")
 
+    def drop_standby(self, standby: Standby) -> None:
+        """A standby not used after all: stopped, and its pid spared no longer (it may be reused)."""
+        self.spared.discard(standby.pid)
+        standby.stop()
+
     def start(self, command: Command, env: Mapping[str, str], standby: Standby | None = None) -> Child:
         """Start `command`: in `standby` (started for it ahead of time) if it still waits, else afresh."""
         if standby is not None and standby.go():
             self.spared.discard(standby.pid)
             pid, out_r = standby.pid, standby.output_fd
         else:
-            if standby is not None:  # it died idle: start afresh, and spare its pid no longer
-                self.spared.discard(standby.pid)
-                standby.stop()
+            if standby is not None:  # it died idle: start afresh
+                self.drop_standby(standby)
             pid, out_r = self._spawn(command, env)
         child = Child(command, pid, out_r)
         if self.log_dir:

@@ -34,7 +34,7 @@ from .control import ControlRequests, write_job_file
 from .dial import SshdProbe, probe_sshds
 from .emitter import EventEmitter, EventHook
 from .errors import LaunchError
-from .eventloop import EventLoop, Timer
+from .eventloop import EventLoop, Timer, cancel_timer
 from .events import EventKind
 from .hangs import HangPolicy
 from .joblink import ChiefLink, WorkerLink
@@ -205,8 +205,7 @@ class NodeSupervisor:
         if self.standby is not None and command.standby is not None:  # only the launcher it was started for
             standby, self.standby = self.standby, None
             if not standby.fits(command.argv, {**self.env, **command.env}):
-                self.processes.spared.discard(standby.pid)
-                standby.stop()
+                self.processes.drop_standby(standby)
                 standby = None
         child = self.processes.start(command, self.env, standby)
         self.trace(f"started {command.name} (pid {child.pid}{', its standby' if standby else ''})")
@@ -689,7 +688,7 @@ class NodeSupervisor:
 
     def end_attempt(self) -> None:
         for timer in (self.kill_timer, self.start_timer, self.sweep_timer, self.sample_timer):
-            self._cancel(timer)
+            cancel_timer(timer)
         self.attempts.wait()
         self.hangs.new_attempt()  # a traceback timer or the hang watch of the last attempt must not fire in the next
         self.events.emit(EventKind.ATTEMPT_ENDED, attempt=self.attempt - 1, exit_code=self.verdict.exit_code)
@@ -734,14 +733,9 @@ class NodeSupervisor:
         """Worker: joined; start the attempt the chief runs (or wait for its go)."""
         assert isinstance(self.link, WorkerLink)
         self.awaiting_join = False
-        self._cancel(self.start_timer)
+        cancel_timer(self.start_timer)
         if not self.driver.joined(self.link.attempt, self.link.hold):
             self._start_stage()
-
-    @staticmethod
-    def _cancel(timer: Timer | None) -> None:
-        if timer is not None:
-            timer.cancel()
 
     def attempts_report(self) -> list[str]:
         """The chief's report of every attempt, printed before the last one's (restarts on only)."""
