@@ -19,12 +19,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import difflib
 import os
 import shutil
 import string
 import sys
-import tomllib
 from collections.abc import Mapping, Sequence
 from typing import Any, NoReturn
 
@@ -224,6 +222,8 @@ def _convert(action: argparse.Action, raw: Any, where: str, fix: str) -> Any:
 def read_config_file(path: str | None) -> dict[str, dict[str, Any]]:
     if not path:
         return {}
+    import tomllib  # only when there is a file: most runs have none, and it costs a start ~5 ms
+
     try:
         data = tomllib.loads(read_regular_file(path).decode("utf-8"))
     except FileNotFoundError:
@@ -329,6 +329,8 @@ def _parse_without_separator(
 def unknown_option_message(parser: argparse.ArgumentParser, arg: str, layer: str = "NAME") -> str:
     """Name the fix: detlaunch's spelling of a near miss or of another launcher's flag (``-np`` on a
     layer other than horovod's), else the `--` that hands it to the launcher."""
+    import difflib  # a typo's path only
+
     name = arg.split("=", 1)[0]
     known = [s for s in parser._option_string_actions if s.startswith("--")]
     close = difflib.get_close_matches(name.replace("_", "-"), known, n=1, cutoff=0.8)

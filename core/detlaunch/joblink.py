@@ -20,6 +20,7 @@ current secret, never a stale one).
 
 from __future__ import annotations
 
+import enum
 import hashlib
 import hmac
 import json
@@ -518,6 +519,27 @@ class ChiefLink:
                 pass
 
 
+class LinkState(enum.Enum):
+    """Where a worker node's link to the chief is. Every change goes through WorkerLink._to (traced
+    under --debug)::
+
+        DIALING --welcome--> JOINED --stop--> STOPPED
+                               ^                 |
+                               +----restart------+
+        JOINED or STOPPED --end--> ENDED       (the chief's last word: the job is over)
+        any --close()--> CLOSED                (this node is done with the link)
+
+    A line that closes in DIALING is a failed start; in JOINED or STOPPED, a lost chief; in ENDED or
+    CLOSED, expected.
+    """
+
+    DIALING = "dialing"  # reaching the chief, and proving to each other who we are
+    JOINED = "joined"  # welcomed: this node runs the attempts the chief starts, and reports to it
+    STOPPED = "stopped"  # the chief stopped this attempt (its verdict): nothing more to report on it
+    ENDED = "ended"
+    CLOSED = "closed"
+
+
 class WorkerLink:
     """A worker node's side: reaches the chief (retrying until the start timeout) and obeys it."""
 
@@ -530,10 +552,7 @@ class WorkerLink:
         self.shared_dir = plan.shared_dir
         self.env = plan.environ
         self.line: PeerConnection | None = None
-        self.joined = False
-        self.chief_ended = False
-        self.stopped_by_chief = False
-        self.closing = False
+        self.state = LinkState.DIALING
         self.secret: str | None = None
         self.attempt = 1  # the attempt the chief's welcome said this node joins
         self.hold = False  # and whether it waits for the chief's "go" first
@@ -543,6 +562,16 @@ class WorkerLink:
 
     def _on_connected(self, sock: socket.socket) -> None:
         self.line = PeerConnection(self.loop, sock, self.on_message, self.on_close)
+
+    def _to(self, state: LinkState) -> None:
+        if state is not self.state:
+            self.events.trace(f"link to the chief: {self.state.value} -> {state.value}")
+            self.state = state
+
+    @property
+    def joined(self) -> bool:
+        """The chief has welcomed this node (whatever happened since)."""
+        return self.state in (LinkState.JOINED, LinkState.STOPPED, LinkState.ENDED)
 
     def on_message(self, line: PeerConnection, m: dict[str, Any]) -> None:
         kind = m.get("t")
@@ -556,14 +585,14 @@ class WorkerLink:
                 line.close()
                 return
             line.trusted()
-            self.joined = True
+            self._to(LinkState.JOINED)
             self.attempt, self.hold = int(m.get("attempt") or 1), bool(m.get("hold"))
             self.events.trace(f"joined the chief (attempt {self.attempt}{', waiting for go' if self.hold else ''})")
             self.events.joined()
         elif not line.authed:
             return  # nothing but the handshake counts before the chief has proven who it is
         elif kind == "stop":
-            self.stopped_by_chief = True
+            self._to(LinkState.STOPPED)
             self.events.chief_verdict(_message_failure(m))
         elif kind == "request":  # the chief gathers every node's answer to a client's question
             self.events.chief_request(int(m["id"]), str(m.get("what")), dict(m.get("args") or {}))
@@ -576,7 +605,7 @@ class WorkerLink:
         elif kind == "go":
             self.events.chief_go(int(m["attempt"]))
         elif kind == "end":
-            self.chief_ended = True
+            self._to(LinkState.ENDED)
             failure = _message_failure(m)
             if failure is not None:  # the final verdict, all nodes' reports considered
                 self.events.chief_verdict(failure)
@@ -603,7 +632,7 @@ class WorkerLink:
 
     def on_close(self, line: PeerConnection) -> None:
         self.line = None
-        if self.chief_ended or self.closing:
+        if self.state in (LinkState.ENDED, LinkState.CLOSED):
             return
         if not line.authed:
             self.events.link_failed_to_start(f"the chief at {self.chief[0]}:{self.chief[1]} refused this node "
@@ -642,7 +671,7 @@ class WorkerLink:
             self.line.send({"t": "reply", "id": key, "data": data})
 
     def failed(self, failure: Failure) -> None:
-        if self.line is not None and not self.stopped_by_chief:
+        if self.line is not None and self.state is not LinkState.STOPPED:
             self.line.send({"t": "failed", "failure": failure.to_json()})
 
     def ready_to_finish(self) -> bool:
@@ -657,14 +686,14 @@ class WorkerLink:
 
     def _next_attempt(self) -> None:
         """The chief answered the goodbye with a restart: the link serves the next attempt."""
-        self.stopped_by_chief = False
+        self._to(LinkState.JOINED)
 
     @property
     def closed(self) -> bool:
         return self.line is None
 
     def close(self) -> None:
-        self.closing = True
+        self._to(LinkState.CLOSED)
         if self.timer is not None:
             self.timer.cancel()
             self.timer = None

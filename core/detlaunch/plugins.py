@@ -16,7 +16,7 @@ import argparse
 import dataclasses
 import importlib.metadata
 import traceback
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, cast
 
 import pluggy
@@ -43,7 +43,7 @@ class PluginEntry:
     group: str
     name: str
     target: str
-    dist: str
+    dist: str  # "" until asked for (PluginSet.owned)
     version: str
     status: str = "not loaded"  # "loaded", "not loaded", "disabled", "failed", "shadowed"
     error: str = ""
@@ -73,12 +73,16 @@ def _owners() -> Owners:
     return found
 
 
-def _entries(group: str, owners: Owners) -> list[PluginEntry]:
+def _entries(group: str, owners: Callable[[], Owners]) -> list[PluginEntry]:
     manager: stevedore.NamedExtensionManager[Any] = stevedore.NamedExtensionManager(group, names=[])  # lists only
-    entries = []
-    for ep in manager.list_entry_points():
-        dist, version = owners.get((group, ep.name, ep.value), ("?", "?"))
-        entries.append(PluginEntry(group, ep.name, ep.value, dist, version))
+    listed = manager.list_entry_points()
+    # Who publishes an entry point is asked of every installed distribution (a scan that cost a start
+    # ~15 ms): here only when a name is published twice, since the built-in one must win. Otherwise
+    # PluginSet.owned reads it when a listing or an error message names it.
+    twice = len({ep.name for ep in listed}) < len(listed)
+    found = owners() if twice else {}
+    entries = [PluginEntry(group, ep.name, ep.value, *found.get((group, ep.name, ep.value), ("", "")))
+               for ep in listed]
     # A name published twice: the built-in one wins, the other is shadowed (entry points add,
     # they never replace a built-in).
     entries.sort(key=lambda e: (e.name, e.dist != BUILTIN_DIST))
@@ -133,10 +137,20 @@ class PluginSet:
     def listed(self, group: str) -> list[PluginEntry]:
         """The entry points of `group`, listed once per run."""
         if group not in self._listed:
-            if self._owners is None:
-                self._owners = _owners()
-            self._listed[group] = _entries(group, self._owners)
+            self._listed[group] = _entries(group, self._owners_once)
         return self._listed[group]
+
+    def _owners_once(self) -> Owners:
+        if self._owners is None:
+            self._owners = _owners()
+        return self._owners
+
+    def owned(self, entry: PluginEntry) -> PluginEntry:
+        """`entry` with the distribution that publishes it, and its version."""
+        if entry.dist:
+            return entry
+        dist, version = self._owners_once().get((entry.group, entry.name, entry.target), ("?", "?"))
+        return dataclasses.replace(entry, dist=dist, version=version)
 
     def layer_names(self) -> list[str]:
         return [e.name for e in self.listed(LAYERS) if e.status != "shadowed"]
@@ -190,6 +204,7 @@ class PluginSet:
         loaded, module = self._load(candidates[0])
         self.entries.append(loaded)
         if module is None:
+            loaded = self.owned(loaded)
             raise PluginLoadError(
                 f"layer {name!r} ({loaded.target}, from {loaded.dist} {loaded.version}) failed to "
                 f"load: {loaded.error}"
@@ -209,7 +224,7 @@ class PluginSet:
         out = []
         for group in groups:
             for e in self.listed(group):
-                out.append(loaded.get((e.group, e.name, e.target), e))
+                out.append(self.owned(loaded.get((e.group, e.name, e.target), e)))
         return out
 
     @property

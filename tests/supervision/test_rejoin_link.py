@@ -188,3 +188,37 @@ def test_what_anyone_can_send_before_auth_closes_that_connection_and_nothing_els
     for link in (w1, w2, chief):
         link.close()
     loop.close()
+
+
+def test_a_worker_links_state_follows_the_chief_stop_restart_end_and_is_traced(tmp_path: Any) -> None:
+    """LinkState's drawing, message by message: welcome -> JOINED, stop -> STOPPED (its own failure is
+    then not reported again), restart -> JOINED, end -> ENDED, and the line closing then is no lost chief."""
+    from detlaunch.joblink import LinkState
+    from detlaunch.report import Failure, FailureKind
+
+    loop, port = EventLoop(), free_port()
+    chief_events, worker_events = Events(), Events()
+    chief = ChiefLink(loop, plan(0, port, str(tmp_path)), chief_events)
+    chief.expected = {1}
+    worker = WorkerLink(loop, plan(1, port, str(tmp_path)), worker_events)
+    assert worker.state is LinkState.DIALING and not worker.joined
+    run_until(loop, lambda: worker.state is LinkState.JOINED)
+
+    chief.failed(Failure("rank 0 on node 0 (127.0.0.1) exited with code 3", 3, at=1.0, kind=FailureKind.RANK))
+    run_until(loop, lambda: worker.state is LinkState.STOPPED)
+    assert worker.joined and "chief_verdict" in worker_events.names()
+    chief.finished.add(1)
+    chief.restart(2, 0.0)
+    run_until(loop, lambda: worker.state is LinkState.JOINED)
+    assert ("chief_restart", 2, 0.0) in worker_events.seen
+
+    chief.finish(None, [])
+    run_until(loop, lambda: worker.state is LinkState.ENDED and worker.closed)
+    run_for(loop, 0.2)
+    assert "chief_lost" not in worker_events.names() and "link_failed_to_start" not in worker_events.names()
+    traced = [s[1] for s in worker_events.seen if s[0] == "trace" and s[1].startswith("link to the chief")]
+    assert traced == ["link to the chief: dialing -> joined", "link to the chief: joined -> stopped",
+                      "link to the chief: stopped -> joined", "link to the chief: joined -> ended"]
+    worker.close()
+    assert worker.state is LinkState.CLOSED
+    chief.close()
