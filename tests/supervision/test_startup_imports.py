@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 from detlaunch import procs
@@ -57,3 +58,21 @@ def test_the_tree_walk_finds_children_and_tells_a_zombie() -> None:
         live.wait()
         os.waitpid(dead, 0)
     assert procs.is_zombie(dead)  # reaped: gone counts as not alive too
+
+
+def test_a_start_parses_no_toml_and_reads_no_distribution_metadata_it_does_not_need(tmp_path: Path) -> None:
+    """No config file: no TOML parser; no typo: no difflib; no listing, error or name published twice:
+    the scan of every installed distribution for who publishes an entry point (~15 ms) is not made."""
+    script = tmp_path / "train.py"
+    script.write_text("print('hi')\n")
+    code = ("import contextlib, io, json, os, sys\nfrom detlaunch import cli, plugins\nscans = []\n"
+            "scan = plugins._owners\nplugins._owners = lambda: scans.append(1) or scan()\n"
+            "with contextlib.redirect_stdout(io.StringIO()):\n"
+            "    code = cli.run(['--layer', 'torchrun', '--nproc-per-node', '2', '--dry-run', sys.argv[1]],"
+            " dict(os.environ))\n"
+            "print(json.dumps({'code': code, 'scans': len(scans), 'modules': sorted(sys.modules)}))")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DETLAUNCH_")}
+    out = json.loads(subprocess.run([sys.executable, "-c", code, str(script)], capture_output=True, text=True,
+                                    check=True, env=env).stdout)
+    assert out["code"] == 0 and out["scans"] == 0
+    assert not {"tomllib", "difflib"} & set(out["modules"]), sorted({"tomllib", "difflib"} & set(out["modules"]))
