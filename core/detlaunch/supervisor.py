@@ -9,6 +9,7 @@ It is the policy that ties the parts together; each part knows nothing of the ot
 - joblink / dial: the other nodes' supervisors, and peers' sshd greetings.
 - attempt_driver.AttemptDriver: between two attempts of a restart (the backoff, lost nodes, the next start);
 - phase.Phase: where this node's part of the job is, drawn in one docstring.
+- stage_files.StageFiles: the stage's files and folders on this node, written at the start and removed at the end.
 
 When any rank fails, it stops every other process at once (the ranks through their
 wrappers, the launchers with their stop signal), SIGKILLs whatever is left after the
@@ -46,8 +47,8 @@ from .rank_protocol import DEFAULT_PREFIX
 from .rank_registry import RankEntry, RankRegistry, RankRules
 from .report import Failure, JobResult, RankStatus, describe_exit, signal_name
 from .rundirs import RunDir, create_run_dir
-from .safefs import ensure_private_dir, write_private_file
 from .sampler import ProcessTreeSampler
+from .stage_files import StageFiles
 from .standby import Standby
 from .verdict import (
     ChiefLost,
@@ -102,6 +103,7 @@ class NodeSupervisor:
         self.control.handle("stacks", self.hangs.answer_stacks)
         self.control.handle("progress", self.hangs.answer_progress)
         self.run_dir: RunDir | None = None
+        self.files = StageFiles(plan.stage, plan.run_dir, plan.shared_dir)
         self.events = EventEmitter(plan.cluster.job_id, self.node, path=plan.events_path, hook=on_event,
                                    warn=lambda why: self.say(f"warning: {why}; the job goes on"))
         self.console = self._folding_console()  # the job's console, folding repeated lines (--dedupe)
@@ -180,20 +182,6 @@ class NodeSupervisor:
         self.processes.adopt_orphans()
         self.prepared = True
 
-    def _path(self, rel: str) -> str:
-        return rel if os.path.isabs(rel) else os.path.join(self.plan.run_dir, rel)
-
-    def _write_files(self) -> None:
-        stage = self.plan.stage
-        for d in stage.dirs:
-            _remove_tree(self._path(d))
-            ensure_private_dir(self._path(d))
-        for files, mode in ((stage.files, 0o600), (stage.executables, 0o700)):
-            for rel, content in files.items():
-                path = self._path(rel)
-                ensure_private_dir(os.path.dirname(path))
-                write_private_file(path, content, mode)
-
     def _run_steps(self, steps: tuple[tuple[str, ...], ...]) -> None:
         for argv in steps:
             self.trace(f"running {' '.join(argv)}")
@@ -222,7 +210,7 @@ class NodeSupervisor:
             if self.plan.cluster.num_nodes > 1:
                 self.link = (ChiefLink(self.loop, self.plan, self) if self.plan.cluster.is_chief
                              else WorkerLink(self.loop, self.plan, self))
-            self._write_files()
+            self.files.write()
             self._run_steps(self.plan.stage.setup)
             if self._joins_first():
                 self._await_join()
@@ -764,21 +752,9 @@ class NodeSupervisor:
             os.unlink(self.plan.socket_path)
         except OSError:
             pass
-        stage = self.plan.stage
-        for rel in [*stage.files, *stage.executables]:
-            try:
-                os.unlink(self._path(rel))
-            except OSError:
-                pass
-        for d in [*stage.dirs, self.plan.run_dir]:
-            _remove_tree(self._path(d))
+        self.files.remove()
         if self.run_dir is not None:
             self.run_dir.close()
-        # The shared job dir and its folders go when the last node leaves them empty.
-        top = os.path.dirname(self.plan.shared_dir)
-        for d in sorted({os.path.dirname(self._path(d)) for d in stage.dirs}, key=len, reverse=True):
-            _remove_empty_dirs(d, stop_at=top)
-        _remove_empty_dirs(self.plan.shared_dir, stop_at=top)
 
     def _result(self) -> JobResult:
         local = self.ranks.statuses()
@@ -796,23 +772,3 @@ class NodeSupervisor:
                          duration=time.monotonic() - self.started_at, node_rank=self.node,
                          warnings=tuple(self.processes.log_errors), stacks=self.hangs.dumped)
 
-
-def _remove_empty_dirs(path: str, stop_at: str) -> None:
-    """rmdir `path` and its parents while they are empty, up to (not including) `stop_at`."""
-    while path.startswith(stop_at + os.sep):
-        try:
-            os.rmdir(path)
-        except OSError:
-            return
-        path = os.path.dirname(path)
-
-
-def _remove_tree(path: str) -> None:
-    if not os.path.isdir(path) or os.path.islink(path):
-        return
-    for root, dirs, files in os.walk(path, topdown=False):
-        for name in files:
-            os.unlink(os.path.join(root, name))
-        for name in dirs:
-            os.rmdir(os.path.join(root, name))
-    os.rmdir(path)

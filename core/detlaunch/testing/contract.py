@@ -211,7 +211,7 @@ class LoadedLayer:
         plugins.load_layer(name)  # raises a DetlaunchError (one line) when it does not load
         plugins.check_hooks()
         entry = next(e for e in plugins.entries if e.group == LAYERS and e.name == name)
-        return cls(name, plugins, entry)
+        return cls(name, plugins, plugins.owned(entry))  # with its distribution and version
 
     @property
     def module(self) -> Any:
@@ -503,7 +503,8 @@ class LayerContract:
     def test_entry_point_loads_through_the_real_loader(self, contract: Case) -> None:
         entry = contract.loaded.entry
         assert entry.status == "loaded", entry
-        assert entry.dist != "?" and entry.version != "?", f"{entry.target}: no distribution owns this entry point"
+        assert entry.dist not in ("", "?") and entry.version not in ("", "?"), (
+            f"{entry.target}: no distribution owns this entry point")
         hooks = {impl.function.__name__ for caller in contract.loaded.plugins.pm.get_hookcallers(contract.loaded.module)
                  or [] for impl in caller.get_hookimpls() if impl.plugin is contract.loaded.module}
         assert "detlaunch_chief_stage" in hooks, f"the layer implements no detlaunch_chief_stage (it has: {hooks})"
