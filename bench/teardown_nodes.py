@@ -1,13 +1,14 @@
 """Failure teardown on 32 real nodes: 32 `detlaunch --layer direct` on 127.0.0.1-127.0.0.32, one rank each
 (bench/scripts/rank.py, no torch); once all 32 ranks started, the last node's rank exits 3. Two cases,
-interleaved: the default (the chief first takes the 31 other ranks' stacks, within --dump-budget, 1.5 s),
-and --dump-budget 0 (stopped at once, no stacks).
+interleaved: the default (every node takes its running rank's stack before it stops it, within --dump-budget,
+1.5 s; the chief gathers the 31 stacks for its report), and --dump-budget 0 (stopped at once, no stacks).
 
     python -m bench --only teardown-nodes --reps 3
 
 Timed from the moment the failing rank calls exit (it writes CLOCK_MONOTONIC just before) to every
 node's detlaunch exited (each exit timed as it is reaped, bench/scripts/nodes.py), and to every process
-of the job gone (common.run). Every node must exit 3; the 1-min load average is taken before each run.
+of the job gone (common.run). Every node must exit 3, and by default the chief's report must show the 31
+running ranks' stacks; the 1-min load average is taken before each run.
 """
 
 from __future__ import annotations
@@ -37,6 +38,9 @@ def once(job: Path, env: dict[str, str], options: list[str]) -> tuple[float, flo
     nodes = json.loads((job / "node-exits").read_text())
     if set(nodes["codes"]) != {3}:
         raise RuntimeError(f"32 nodes: exit codes {nodes['codes']}, every node should exit 3:\n{r.stderr[-3000:]}")
+    dumped = f"detlaunch:   ranks 0-{NODES - 2} (nodes 0-{NODES - 2}): "  # the chief's report: every survivor's stack
+    if "--dump-budget" not in options and dumped not in r.stderr:
+        raise RuntimeError(f"32 nodes: the report shows no stack of the running ranks:\n{r.stderr[-3000:]}")
     failed_at = float((job / "exit-time").read_text())
     return min(nodes["exits"]) - failed_at, max(nodes["exits"]) - failed_at, r.end - failed_at
 

@@ -14,7 +14,7 @@ from conftest import Launcher
 from helpers import free_port
 
 pytestmark = pytest.mark.timeout(60)
-WRAPPER = str(Path(detlaunch.__file__).resolve().parent / "rank_wrapper.py")
+WRAPPER = str(Path(detlaunch.__file__).resolve().parent / "run_rank_wrapper.py")
 
 
 def q(argv: list[str]) -> str:

@@ -10,9 +10,11 @@ Three things, each a few timers and questions on the parts that already exist:
 - a rank that printed a whole Python traceback and is still running TRACEBACK_DELAY seconds
   later (it hangs in atexit, destroy_process_group, a non-daemon thread) fails the job
   (`StuckAfterTraceback`): its traceback is the root cause;
-- dump before kill (`--dump-budget S`): when a rank fails, the chief takes every surviving rank's
-  stack, on every node, before it stops them; a worker whose own rank failed tells the chief at
-  once and stops on its own only if the chief's stop has not come within the budget.
+- dump before kill (`--dump-budget S`): when a rank fails, the chief asks every node for its
+  surviving ranks' stacks and tells every node to stop in the same breath; each node (the chief
+  too) stops its ranks once it has taken their stacks, so no node waits for the slowest one's; a
+  worker whose own rank failed tells the chief at once and stops on its own only if the chief's
+  stop has not come within the budget.
 
 The questions go through control.py (the same machinery as `detlaunch status` and
 `detlaunch stacks`), so the stacks come from every node over the job link.
@@ -52,6 +54,8 @@ class HangPolicy:
         self.attempt = 0  # answers to a question of an earlier attempt are dropped
         self.dumping = False  # the survivors' stacks are being taken: the stop waits for them
         self.dumped: tuple[str, ...] = ()  # ... and here they are, grouped, for the report
+        self.own_dumps = 0  # this node's answers to a dump before kill still being taken
+        self.after_own_dumps: list[Callable[[], None]] = []  # stops waiting for them
 
     # -- the questions every node answers ------------------------------------------------------
     def answer_progress(self, args: Any, done: Answer) -> None:
@@ -64,7 +68,33 @@ class HangPolicy:
             budget = max(0.1, min(float(args.get("budget") or DEFAULT_BUDGET), 10.0))
         except (TypeError, ValueError):
             budget = DEFAULT_BUDGET
+        if args.get("before_stop"):  # the chief's dump before kill: this node's stop waits for the answer
+            self.own_dumps += 1
+            done = self._then_stops(done)
         node_answer(self.collector, self.host, self.live_ranks(), budget, done, self.run_dir)
+
+    def _then_stops(self, done: Answer) -> Answer:
+        """`done`, then the stops that waited for this node's stacks (once the last such answer is out)."""
+        attempt = self.attempt
+
+        def answered(answer: dict[str, Any]) -> None:
+            done(answer)
+            if attempt != self.attempt:
+                return  # new_attempt forgot it
+            self.own_dumps -= 1
+            if not self.own_dumps:
+                stops, self.after_own_dumps = self.after_own_dumps, []
+                for stop in stops:
+                    stop()
+
+        return answered
+
+    def stop_after_own_dumps(self, stop: Callable[[], None]) -> None:
+        """Run `stop` once this node's ranks' stacks for a dump before kill are taken: now if none is."""
+        if self.own_dumps:
+            self.after_own_dumps.append(stop)
+        else:
+            stop()
 
     def registered(self, rank: int) -> None:
         """A rank of this node started. The chief's watch starts with its first rank: before that, the
@@ -147,7 +177,12 @@ class HangPolicy:
 
     # -- dump before kill ------------------------------------------------------------------------
     def dump_before_stop(self, failure: Failure, stop: Callable[[], None]) -> bool:
-        """A rank failed: take the survivors' stacks first, then `stop()`; False when there is nothing to take."""
+        """A rank failed: take the survivors' stacks first, then `stop()`; False when there is nothing to take.
+
+        The chief asks every node (itself too) with "before_stop": each node stops once its own
+        answer is out (stop_after_own_dumps), so the chief may tell the others to stop right after
+        asking; the gathered stacks reach the report before the nodes' ends do (the link keeps order).
+        """
         if self.dump_budget <= 0 or failure.kind is not FailureKind.RANK or self.dumping:
             return False
         self.dumping = True
@@ -162,9 +197,9 @@ class HangPolicy:
                 from .stackgroups import format_text
 
                 self.dumped = tuple(format_text(report_of(answer)))
-                then()
 
-            self.ask_job("stacks", {"budget": self.dump_budget}, dumped)
+            self.ask_job("stacks", {"budget": self.dump_budget, "before_stop": True}, dumped)
+            self.stop_after_own_dumps(then)
         else:  # the chief takes the stacks (this node's too) and sends the stop; if it does not, stop anyway
             self._after(self.dump_budget + 1.5, then)
         return True
@@ -187,6 +222,7 @@ class HangPolicy:
         self.progress = NodeProgress(self.run_dir)  # no rank of the next attempt has started yet
         self.dumping = False
         self.dumped = ()
+        self.own_dumps, self.after_own_dumps = 0, []
 
     def close(self) -> None:
         for timer in self.timers:

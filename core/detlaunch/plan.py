@@ -29,7 +29,7 @@ from .report import signal_name
 from .restart import OPTION_ENV, RestartPolicy, policy_from_options
 from .stage import SOCKET_NAME, SSHD_SUPERVISOR_ENV, Command, Stage, StageContext
 
-WRAPPER_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "rank_wrapper.py")
+WRAPPER_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "run_rank_wrapper.py")
 # The variable core sets for every process it starts.
 SUPERVISOR_ENV = "DETLAUNCH_SUPERVISOR"
 

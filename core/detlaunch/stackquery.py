@@ -34,10 +34,12 @@ class StackCollector:
         self.loaded = False
 
     def load(self) -> None:
-        """Import the stack tools (py-spy's driver, the grouping: ~20 ms) once a node's ranks run, on a
-        thread, before a failure needs them (dump before kill): not at start-up, where they would delay
-        the launcher, nor on the loop, where they would delay a rank's exit. An import the loop needs
-        meanwhile waits for this one (the import lock)."""
+        """Import py-spy's driver (stacks.py, ~10 ms) once a node's ranks run, on a thread, before a
+        failure needs it (every node answers a dump before kill): not at start-up, where it would delay
+        the launcher, nor on the loop, where it would delay a rank's exit. An import the loop needs
+        meanwhile waits for this one (the import lock). Not the grouping (stackgroups.py): only the
+        chief formats the stacks, once; every module imported after the fork costs the supervisor its
+        own copy of the pages it touches (~1-2 MB for these two, bench direct)."""
         if not self.loaded:
             self.loaded = True
             threading.Thread(target=_import_stack_tools, name="stack-tools", daemon=True).start()
@@ -83,7 +85,7 @@ class StackCollector:
 
 
 def _import_stack_tools() -> None:
-    from . import stackgroups, stacks  # noqa: F401
+    from . import stacks  # noqa: F401
 
 
 def node_answer(collector: StackCollector, host: str, ranks: Sequence[tuple[int, int]], budget: float,

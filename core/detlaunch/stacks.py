@@ -23,14 +23,16 @@ import re
 import selectors
 import shutil
 import signal
-import subprocess
 import sys
 import threading
 import time
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import faultdump
+
+if TYPE_CHECKING:
+    import subprocess
 
 YAMA_SCOPE = "/proc/sys/kernel/yama/ptrace_scope"
 
@@ -287,6 +289,10 @@ def _ask_faulthandlers(files: Mapping[int, str], failed: Mapping[int, StackResul
 
 
 def _dump_batch(py_spy: str, pids: list[int], deadline: float, budget: float) -> dict[int, StackResult]:
+    # Not at import: the supervisor loads this module once its ranks run (stackquery.py), and subprocess
+    # would cost each node ~1 MB while the job runs; importing it here takes ~2 ms, when stacks are asked for.
+    import subprocess
+
     results: dict[int, StackResult] = {}
     dumps: list[_Dump] = []
     env = {**os.environ, "RUST_BACKTRACE": "0"}

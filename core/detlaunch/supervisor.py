@@ -435,7 +435,7 @@ class NodeSupervisor:
         self.verdict.add(ChiefVerdict(failure))
         if was_active and failure is not None:
             self.say(f"the chief stopped the job: {failure.what}")
-        self._stop(signal.SIGTERM)
+        self.hangs.stop_after_own_dumps(lambda: self._stop(signal.SIGTERM))  # the chief asked for them first
 
     def chief_restart(self, attempt: int, delay: float | None) -> None:
         """Worker: the chief starts attempt `attempt` on every node after `delay` seconds."""
@@ -506,23 +506,16 @@ class NodeSupervisor:
                              exit_code=failure.exit_code, at=failure.at)
         if decision is Decision.FIRST and failure is not None:
             self.say(f"{failure.what}: stopping the job")
-            dumping = self.hangs.dump_before_stop(failure, lambda: self._stop_after_dump(event))
-            if not dumping or not self.plan.cluster.is_chief:  # the chief tells the others after the dump
-                self._tell_link(event)
+            # The chief's dump asks every node for its stacks first: each stops once its own are taken.
+            dumping = self.hangs.dump_before_stop(failure, lambda: self._stop(signal.SIGTERM))
+            self._tell_link(event)
             if dumping:
                 return
         elif decision is Decision.EARLIER and failure is not None:
             self.trace(f"an earlier failure came in: {failure.what}")
-            if not (self.hangs.dumping and self.plan.cluster.is_chief):  # told once the stacks are taken
-                self._tell_link(event)
-        if decision is not Decision.IGNORED and not self.hangs.dumping:
-            self._stop(signal.SIGTERM)
-
-    def _stop_after_dump(self, event: Event) -> None:
-        """The survivors' stacks are taken (hangs.py): now stop them."""
-        if self.plan.cluster.is_chief:
             self._tell_link(event)
-        self._stop(signal.SIGTERM)
+        if decision is not Decision.IGNORED and not self.hangs.dumping:
+            self.hangs.stop_after_own_dumps(lambda: self._stop(signal.SIGTERM))
 
     def fail_to_start(self, what: str) -> None:
         event = StartFailed(what, self.node, time.time())

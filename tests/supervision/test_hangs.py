@@ -254,6 +254,42 @@ def test_dump_before_kill_the_chief_takes_the_stacks_then_stops_a_worker_waits_f
 
 
 @pytest.mark.timeout(10)
+def test_dump_before_kill_each_node_stops_once_its_own_stacks_are_taken(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The chief tells every node to stop right after asking for the stacks (32 nodes need not wait
+    for the slowest node's dump): a node's stop waits for its own answer to that question only."""
+    taking: list[object] = []  # the answers being taken on this node, answered when the test says
+    monkeypatch.setattr(hangs_module, "node_answer", lambda *args: taking.append(args[4]))
+    loop, stops, sent = EventLoop(), [], []  # type: ignore[var-annotated]
+    worker = policy(loop, [], [], {}, is_chief=False)
+    worker.answer_stacks({"budget": 1.0}, sent.append)  # `detlaunch stacks` from a shell: holds no stop
+    worker.stop_after_own_dumps(lambda: stops.append("asked by a shell"))
+    assert stops == ["asked by a shell"]
+    worker.answer_stacks({"budget": 1.0, "before_stop": True}, sent.append)  # the chief's dump before kill
+    worker.stop_after_own_dumps(lambda: stops.append("chief's verdict"))  # came right after the question
+    assert stops == ["asked by a shell"]  # the ranks run until their stacks are taken
+    taking[1]({"ranks": ["stack"]})  # type: ignore[operator]
+    assert sent == [{"ranks": ["stack"]}] and stops == ["asked by a shell", "chief's verdict"]  # answer first
+
+    gathered: list[object] = []
+
+    def ask_job(what: str, args: dict[str, object], answer: object) -> None:  # the chief's own part first
+        gathered.append(answer)
+        chief.answer_stacks(args, lambda _part: None)
+
+    chief = policy(loop, [], [], {}, ask_job=ask_job)
+    failure = as_failure(RankEnded(RankStatus(3, 1, 3, wall=1.0)))
+    assert failure is not None and chief.dump_before_stop(failure, lambda: stops.append("chief"))
+    assert chief.dumping and stops[-1] == "chief's verdict"  # not before its own ranks' stacks
+    taking[2]({"ranks": []})  # type: ignore[operator]
+    assert stops[-1] == "chief" and not chief.dumping and gathered  # the others' answers may come later
+    chief.answer_stacks({"before_stop": True}, sent.append)
+    chief.new_attempt()  # an attempt's end forgets a stop still waiting
+    chief.stop_after_own_dumps(lambda: stops.append("next attempt"))
+    assert stops[-1] == "next attempt"
+    loop.close()
+
+
+@pytest.mark.timeout(10)
 def test_a_traceback_then_still_running_fails_after_the_delay(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(hangs_module, "TRACEBACK_DELAY", 0.01)
     loop, failed = EventLoop(), []  # type: ignore[var-annotated]
