@@ -37,6 +37,10 @@ from detlaunch.ssh import SshLayout, add_ssh_options, ssh_client_parts, ssh_port
 
 from .flags import TABLE
 
+# horovodrun.py's names, written out: importing it imports horovod.
+HOROVODRUN_MODULE = "detlaunch_horovod.horovodrun"
+PROBE_ENV = "DETLAUNCH_HOROVOD_PROBE"
+
 NAME = "horovod"
 # The seed's constants (determined/constants.py), as documented defaults.
 STARTUP_TIMEOUT_SECONDS = 1200
@@ -241,11 +245,15 @@ def detlaunch_chief_stage(ctx: StageContext) -> Stage:
     # The seed ends the command with "--"; horovodrun 0.28 hands that "--" on to `env` in each
     # rank's command line, which then fails with exit 127. The rank command starts with an
     # absolute path, so horovodrun cannot mistake it for one of its options.
-    argv = [_horovodrun(), *argv[1:-1]]
+    # horovodrun runs as `python -m detlaunch_horovod.horovodrun` (horovodrun.py): the same run, with its
+    # imports and its build probe done at import, so that with restarts on the next attempt's waits past them.
+    controller = str(ctx.option("controller", "gloo"))
+    argv = [sys.executable, "-m", HOROVODRUN_MODULE, *argv[1:-1]]
     # Naming the controller spares horovodrun its probe for an MPI build (seconds at every start).
-    argv.append(f"--{ctx.option('controller', 'gloo')}")
+    argv.append(f"--{controller}")
     # The seed: SIGINT, since horovodrun misbehaves on SIGTERM.
-    horovodrun = Command((*argv, *ctx.rank_command), name="horovodrun", stop_signal=signal.SIGINT)
+    horovodrun = Command((*argv, *ctx.rank_command), name="horovodrun", stop_signal=signal.SIGINT,
+                         env={PROBE_ENV: controller}, standby=f"{HOROVODRUN_MODULE}:main")
     # SLURM_JOBID would make horovod/mpirun ignore -H and pack every rank here.
     unset = ("SLURM_JOBID",)
     if not multi:
