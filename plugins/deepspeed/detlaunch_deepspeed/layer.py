@@ -45,7 +45,6 @@ import importlib.metadata
 import os
 import re
 import shlex
-import shutil
 import signal
 import sys
 from collections.abc import Callable, Mapping, Sequence
