@@ -10,6 +10,11 @@
   deepspeed.launcher.launch -> rank_shim.py -> rank wrapper -> script. The ranks register
   with their own node's supervisor (DETLAUNCH_SSHD_SUPERVISOR, set by that node's sshd).
 
+The runner (``deepspeed``) runs as ``python -m detlaunch_deepspeed.runner`` (runner.py: the
+``deepspeed`` command's run), so that with restarts on the next attempt's waits past its imports
+(a standby). Its one-node launch, deepspeed.launcher.launch, is a new interpreter that imports
+deepspeed (and torch) at every start: deepspeed's runner fixes that command.
+
 ``--local_rank``: deepspeed's launcher passes ``--local_rank=N`` to the script, and many scripts
 parse it (``deepspeed.initialize`` checks it against LOCAL_RANK). It puts it right after the
 program it runs, which here is rank_shim.py: that moves it to right after the user's script and

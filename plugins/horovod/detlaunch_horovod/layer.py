@@ -1,7 +1,9 @@
 """horovod layer: the seed's chain (harness/determined/launch/horovod.py), on detlaunch's public API.
 
 - chief: supervisor -> ``horovodrun -np N -p SSH_PORT -H localhost:S0,host1:S1,... ...`` -> rank
-  wrapper -> script. horovodrun is stopped with SIGINT (it misbehaves on SIGTERM).
+  wrapper -> script. horovodrun is stopped with SIGINT (it misbehaves on SIGTERM). It runs as
+  ``python -m detlaunch_horovod.horovodrun`` (horovodrun.py: horovodrun's own run, with its imports and
+  its build probe at import), so that with restarts on the next attempt's waits past them (a standby).
 - worker nodes: supervisor -> the per-job ``sshd -D``; ranks arrive over ssh and register
   with this node's supervisor, which ends when they have all exited.
 - ``--auto``: one node with at most one slot runs the script directly, without horovodrun.
