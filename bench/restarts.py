@@ -9,8 +9,12 @@ and 2 nodes (127.0.0.1, 127.0.0.2) x 1 rank; and, as the baseline the issue sets
 2-node detlaunch start (launch to every rank running), and a 1-node first start with restarts on and off
 (on, the next attempt's torchrun starts ahead while the first starts: what that costs). The direct layer
 (--layer direct: the supervisor starts the ranks itself, no torchrun agent) runs as a case of its own, and so
-do --layer horovod (its ranks rendezvous through horovod) and --layer deepspeed on 1 node (each attempt starts
-their launcher afresh: neither has a standby).
+do --layer horovod (its ranks rendezvous through horovod) and --layer deepspeed on 1 node (each has a standby
+launcher as torchrun's: horovodrun past its imports and its build probe, deepspeed's runner past its imports).
+Neither horovodrun nor deepspeed restarts on its own; what their ranks cost to start is shown by a fresh start
+of the bare launcher on the same script (launch to every rank running): its ranks pay what detlaunch's
+restart cannot take off (horovod's: `import horovod.torch`; deepspeed's: deepspeed.launcher.launch importing
+deepspeed and torch before it starts any rank).
 
 Where the time goes, from the ranks' stamps (each a max over the ranks of attempt 2): "to start" is
 the failure to the last rank process starting (detlaunch's teardown and restart, plus the launcher's
@@ -29,7 +33,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from .common import DETLAUNCH, PY, SCRIPTS, Goal, Panel, Section, Stat, Table, free_port, interleaved, run, say
+from .common import DETLAUNCH, PY, SCRIPTS, VENV, Goal, Panel, Section, Stat, Table, free_port, interleaved, run, say
 
 SCRIPT = str(SCRIPTS / "restart_rank.py")
 NODES = str(SCRIPTS / "nodes.py")
@@ -58,6 +62,14 @@ def bare_torchrun(nodes: int) -> list[str]:
                 f"127.0.0.{rank + 1}", "--max-restarts", "1", SCRIPT]
 
     return [PY, NODES, *agent(0), "---", *agent(1)]
+
+
+def bare_launcher(name: str) -> list[str]:
+    """horovodrun or deepspeed alone, 1 node x 2 ranks, on the same script (restart_rank.py picks horovod's
+    collective under horovodrun, as under --layer horovod)."""
+    if name == "horovodrun":
+        return [str(VENV / "bin" / "horovodrun"), "-np", "2", "-H", "localhost:2", "--gloo", PY, "-u", SCRIPT]
+    return [str(VENV / "bin" / "deepspeed"), "--num_gpus", "2", "--master_port", str(free_port()), SCRIPT]
 
 
 def stamps(out: Path, attempt: int) -> list[tuple[float, float, float]]:
@@ -94,6 +106,9 @@ def main(env: dict[str, str], reps: int, quick: bool, tmp: Path, only: str = "")
         "detlaunch direct, 2 nodes x 1": (lambda: detlaunch_job(2, *ONE_RESTART, layer="direct"), 2, 1),
         "bare torchrun --max-restarts 1, 2 nodes x 1": (lambda: bare_torchrun(2), 2, 1),
         "fresh start, detlaunch 2 nodes x 1 (no failure)": (lambda: detlaunch_job(2), 2, 0),
+        # What the ranks of bare horovodrun / deepspeed cost to start (neither restarts on its own).
+        "fresh start, bare horovodrun -np 2, 1 node x 2": (lambda: bare_launcher("horovodrun"), 2, 0),
+        "fresh start, bare deepspeed --num_gpus 2, 1 node x 2": (lambda: bare_launcher("deepspeed"), 2, 0),
         # What the standby torchrun (started while attempt 1 starts, with restarts on) costs a first start.
         "fresh start, detlaunch torchrun 1 node x 2, --max-restarts 1": (
             lambda: detlaunch_job(1, "--max-restarts", "1"), 2, 0),

@@ -42,6 +42,7 @@ from helpers import free_port, rank_lines, report_line
 DS = str(EXAMPLES / "ds_allreduce.py")
 RANKS = str(SCRIPTS / "ranks.py")
 DEEPSPEED = os.path.join(os.path.dirname(sys.executable), "deepspeed")
+RUNNER = ["-m", "detlaunch_deepspeed.runner"]  # the deepspeed command's run, as a module (a standby can import it)
 SHIM = str(Path(rank_shim.__file__).resolve())
 TRICKY = "a  b 'c' \"d\" $HOME `id` \\n \\ ; e(f) & | * ~ !x"
 
@@ -243,8 +244,8 @@ def test_dry_run_shows_the_chief_and_worker_chains(launcher: Launcher) -> None:
     sshd, ds = plan["commands"]
     assert (sshd["name"], sshd["daemon"]) == ("sshd", True)
     client = next(f for f in plan["files"] if f.endswith("/client/ssh_config"))
-    assert ds["argv"][: len(ds["argv"]) - len(plan["rank_wrapper"]) - len(plan["command"])] == [
-        DEEPSPEED, "-H", f"{folder}/hostfile", "--master_addr", "127.0.0.1", "--master_port", str(master),
+    assert ds["argv"][1: len(ds["argv"]) - len(plan["rank_wrapper"]) - len(plan["command"])] == [
+        *RUNNER, "-H", f"{folder}/hostfile", "--master_addr", "127.0.0.1", "--master_port", str(master),
         "--no_ssh_check", "--launcher", "pdsh", SHIM, str(len(plan["rank_wrapper"]) + 3), "-"]
     assert (ds["name"], ds["daemon"], ds["stop_signal"]) == ("deepspeed", False, int(signal.SIGKILL))
     assert ds["env"]["DS_ENV_FILE"] == f"{folder}/env"
@@ -279,7 +280,7 @@ def test_dry_run_one_node(launcher: Launcher) -> None:
     [ds] = plan["commands"]
     # deepspeed runs rank_shim.py, which puts --local_rank=N right after the script (index `at` of the rank command).
     at = len(plan["rank_wrapper"]) + 3  # the wrapper, then python -u SCRIPT
-    assert ds["argv"][:11] == [DEEPSPEED, "--num_gpus", "2", "--master_addr", "localhost", "--master_port", "29555",
+    assert ds["argv"][1:13] == [*RUNNER, "--num_gpus", "2", "--master_addr", "localhost", "--master_port", "29555",
                                SHIM, str(at), "-", *plan["rank_wrapper"][:1]]
     assert ds["stop_signal"] == int(signal.SIGKILL) and ds["env"] == {}
     assert plan["prelaunch"] == [] and plan["files"] == [] and "DS_ACCELERATOR" not in plan["env"]

@@ -10,6 +10,11 @@
   deepspeed.launcher.launch -> rank_shim.py -> rank wrapper -> script. The ranks register
   with their own node's supervisor (DETLAUNCH_SSHD_SUPERVISOR, set by that node's sshd).
 
+The runner (``deepspeed``) runs as ``python -m detlaunch_deepspeed.runner`` (runner.py: the
+``deepspeed`` command's run), so that with restarts on the next attempt's waits past its imports
+(a standby). Its one-node launch, deepspeed.launcher.launch, is a new interpreter that imports
+deepspeed (and torch) at every start: deepspeed's runner fixes that command.
+
 ``--local_rank``: deepspeed's launcher passes ``--local_rank=N`` to the script, and many scripts
 parse it (``deepspeed.initialize`` checks it against LOCAL_RANK). It puts it right after the
 program it runs, which here is rank_shim.py: that moves it to right after the user's script and
@@ -45,7 +50,6 @@ import importlib.metadata
 import os
 import re
 import shlex
-import shutil
 import signal
 import sys
 from collections.abc import Callable, Mapping, Sequence
@@ -69,6 +73,7 @@ from .envfile import DENY, parse_version, quoting_for
 from .flags import TABLE
 
 NAME = "deepspeed"
+RUNNER_MODULE = "detlaunch_deepspeed.runner"  # runner.py, written out: importing it imports deepspeed
 # Multi-node needs DS_ENV_FILE (so that the env file can live in a private folder rather than in
 # the user's current or home directory); 0.15.0 is the oldest release checked to have it.
 MIN_MULTI_NODE_VERSION = (0, 15, 0)
@@ -206,11 +211,6 @@ def accelerator_devices(globber: Callable[[str], list[str]] = glob.glob) -> list
     return [path for pattern in ACCELERATOR_DEVICES for path in globber(pattern)]
 
 
-def _deepspeed() -> str:
-    beside_python = os.path.join(os.path.dirname(sys.executable), "deepspeed")
-    return beside_python if os.path.exists(beside_python) else shutil.which("deepspeed") or "deepspeed"
-
-
 # -- hooks -----------------------------------------------------------------------------------------
 
 
@@ -248,8 +248,10 @@ def shim_args(ctx: StageContext, master_addr: str) -> tuple[str, ...]:
 
 def _launch_command(ctx: StageContext, argv: Sequence[str], master_addr: str = "",
                     env: Mapping[str, str] | None = None) -> Command:
-    return Command((_deepspeed(), *argv[1:], *shim_args(ctx, master_addr), *ctx.rank_command), name=NAME,
-                   stop_signal=signal.SIGKILL, env=dict(env or {}))
+    # deepspeed's runner runs as `python -m detlaunch_deepspeed.runner` (runner.py), the `deepspeed` command's
+    # run: with restarts on, the next attempt's waits past its imports (deepspeed and torch).
+    return Command((sys.executable, "-m", RUNNER_MODULE, *argv[1:], *shim_args(ctx, master_addr), *ctx.rank_command),
+                   name=NAME, stop_signal=signal.SIGKILL, env=dict(env or {}), standby=f"{RUNNER_MODULE}:main")
 
 
 @hookimpl

@@ -1,7 +1,9 @@
 """horovod layer: the seed's chain (harness/determined/launch/horovod.py), on detlaunch's public API.
 
 - chief: supervisor -> ``horovodrun -np N -p SSH_PORT -H localhost:S0,host1:S1,... ...`` -> rank
-  wrapper -> script. horovodrun is stopped with SIGINT (it misbehaves on SIGTERM).
+  wrapper -> script. horovodrun is stopped with SIGINT (it misbehaves on SIGTERM). It runs as
+  ``python -m detlaunch_horovod.horovodrun`` (horovodrun.py: horovodrun's own run, with its imports and
+  its build probe at import), so that with restarts on the next attempt's waits past them (a standby).
 - worker nodes: supervisor -> the per-job ``sshd -D``; ranks arrive over ssh and register
   with this node's supervisor, which ends when they have all exited.
 - ``--auto``: one node with at most one slot runs the script directly, without horovodrun.
@@ -36,6 +38,10 @@ from detlaunch.launcher_flags import add_launcher_flags, check_launcher_args
 from detlaunch.ssh import SshLayout, add_ssh_options, ssh_client_parts, ssh_port_check, sshd_parts
 
 from .flags import TABLE
+
+# horovodrun.py's names, written out: importing it imports horovod.
+HOROVODRUN_MODULE = "detlaunch_horovod.horovodrun"
+PROBE_ENV = "DETLAUNCH_HOROVOD_PROBE"
 
 NAME = "horovod"
 # The seed's constants (determined/constants.py), as documented defaults.
@@ -241,11 +247,15 @@ def detlaunch_chief_stage(ctx: StageContext) -> Stage:
     # The seed ends the command with "--"; horovodrun 0.28 hands that "--" on to `env` in each
     # rank's command line, which then fails with exit 127. The rank command starts with an
     # absolute path, so horovodrun cannot mistake it for one of its options.
-    argv = [_horovodrun(), *argv[1:-1]]
+    # horovodrun runs as `python -m detlaunch_horovod.horovodrun` (horovodrun.py): the same run, with its
+    # imports and its build probe done at import, so that with restarts on the next attempt's waits past them.
+    controller = str(ctx.option("controller", "gloo"))
+    argv = [sys.executable, "-m", HOROVODRUN_MODULE, *argv[1:-1]]
     # Naming the controller spares horovodrun its probe for an MPI build (seconds at every start).
-    argv.append(f"--{ctx.option('controller', 'gloo')}")
+    argv.append(f"--{controller}")
     # The seed: SIGINT, since horovodrun misbehaves on SIGTERM.
-    horovodrun = Command((*argv, *ctx.rank_command), name="horovodrun", stop_signal=signal.SIGINT)
+    horovodrun = Command((*argv, *ctx.rank_command), name="horovodrun", stop_signal=signal.SIGINT,
+                         env={PROBE_ENV: controller}, standby=f"{HOROVODRUN_MODULE}:main")
     # SLURM_JOBID would make horovod/mpirun ignore -H and pack every rank here.
     unset = ("SLURM_JOBID",)
     if not multi:
