@@ -764,4 +764,3 @@ class NodeSupervisor:
                          interrupted_by=self.verdict.interrupted_by,
                          duration=time.monotonic() - self.started_at, node_rank=self.node,
                          warnings=tuple(self.processes.log_errors), stacks=self.hangs.dumped)
-
