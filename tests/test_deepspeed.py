@@ -306,6 +306,31 @@ def test_one_node_two_ranks_all_reduce(launcher: Launcher) -> None:
 
 
 @pytest.mark.timeout(300)
+def test_one_node_the_launch_runs_in_the_runners_process_past_its_imports(launcher: Launcher) -> None:
+    """deepspeed's runner would start `python -u -m deepspeed.launcher.launch` (a new interpreter that
+    imports deepspeed and torch again, ~2 s): the runner runs it in its own process instead."""
+    r = launcher.run("--layer", "deepspeed", "--nproc-per-node", "2", "--master-port", str(free_port()),
+                     str(SCRIPTS / "ancestors.py"), timeout=240)
+    assert r.returncode == 0, r.output
+    for rank in (0, 1):
+        ancestors = [json.loads(line) for line in rank_lines(r.stdout, rank)]
+        starters = [a for a in ancestors if RUNNER[1] in a or "deepspeed.launcher.launch" in a]
+        assert len(starters) == 1 and starters[0][1:3] == RUNNER, ancestors  # the runner, and no launch
+
+
+def test_the_runner_hands_only_its_one_node_launch_to_this_process() -> None:
+    from detlaunch_deepspeed import runner
+
+    shim = runner._RunnersSubprocess()
+    here = shim.Popen([*runner.LAUNCH, "--world_info=e30=", "train.py"], env={"A": "1"})
+    assert isinstance(here, runner._LaunchHere) and (here.args, here.env) == (["--world_info=e30=", "train.py"],
+                                                                               {"A": "1"})
+    other = shim.Popen([sys.executable, "-c", "raise SystemExit(5)"])  # pdsh, mpirun, ...: a real process
+    assert isinstance(other, subprocess.Popen) and other.wait(30) == 5
+    assert shim.CalledProcessError is subprocess.CalledProcessError  # the rest is subprocess's own
+
+
+@pytest.mark.timeout(300)
 def test_one_node_failing_rank_exits_with_its_own_code(launcher: Launcher) -> None:
     r = launcher.run("--layer", "deepspeed", "--nproc-per-node", "2", "--master-port", str(free_port()), RANKS,
                      env={"FAIL_RANK": "1", "FAIL_CODE": "3", "SLEEP": "200"}, timeout=240)

@@ -12,8 +12,9 @@
 
 The runner (``deepspeed``) runs as ``python -m detlaunch_deepspeed.runner`` (runner.py: the
 ``deepspeed`` command's run), so that with restarts on the next attempt's waits past its imports
-(a standby). Its one-node launch, deepspeed.launcher.launch, is a new interpreter that imports
-deepspeed (and torch) at every start: deepspeed's runner fixes that command.
+(a standby). Its one-node launch, deepspeed.launcher.launch, would be a new interpreter that
+imports deepspeed (and torch) again at every start (~2 s): runner.py runs it in the runner's own
+process, where those imports are done (same arguments, environment, output, exit code).
 
 ``--local_rank``: deepspeed's launcher passes ``--local_rank=N`` to the script, and many scripts
 parse it (``deepspeed.initialize`` checks it against LOCAL_RANK). It puts it right after the
