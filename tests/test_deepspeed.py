@@ -330,6 +330,16 @@ def test_the_runner_hands_only_its_one_node_launch_to_this_process() -> None:
     assert shim.CalledProcessError is subprocess.CalledProcessError  # the rest is subprocess's own
 
 
+def test_the_in_process_launch_ends_with_the_status_a_real_interpreter_would_give(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from detlaunch_deepspeed.runner import exit_status
+
+    for code in (None, 0, 3, 255, 256, -15, "rank 1 failed"):
+        real = subprocess.run([sys.executable, "-c", f"raise SystemExit({code!r})"], capture_output=True, text=True)
+        assert exit_status(code) == real.returncode, code
+    assert capsys.readouterr().err == "rank 1 failed\n"
+
+
 @pytest.mark.timeout(300)
 def test_one_node_failing_rank_exits_with_its_own_code(launcher: Launcher) -> None:
     r = launcher.run("--layer", "deepspeed", "--nproc-per-node", "2", "--master-port", str(free_port()), RANKS,

@@ -78,14 +78,15 @@ class HangPolicy:
         attempt = self.attempt
 
         def answered(answer: dict[str, Any]) -> None:
-            done(answer)
-            if attempt != self.attempt:
-                return  # new_attempt forgot it
-            self.own_dumps -= 1
-            if not self.own_dumps:
-                stops, self.after_own_dumps = self.after_own_dumps, []
-                for stop in stops:
-                    stop()
+            try:
+                done(answer)
+            finally:  # whatever sending or formatting it did, the stop that waits for it comes
+                if attempt == self.attempt:  # else new_attempt forgot it
+                    self.own_dumps -= 1
+                    if not self.own_dumps:
+                        stops, self.after_own_dumps = self.after_own_dumps, []
+                        for stop in stops:
+                            stop()
 
         return answered
 
@@ -193,7 +194,11 @@ class HangPolicy:
                 stop()
 
         if self.is_chief:  # the gathering answers within its own budget, whatever the nodes do
+            attempt = self.attempt
+
             def dumped(answer: dict[str, Any]) -> None:
+                if attempt != self.attempt:
+                    return  # a restart came first: these stacks are not the next attempt's
                 from .stackgroups import format_text
 
                 self.dumped = tuple(format_text(report_of(answer)))

@@ -19,7 +19,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -286,6 +286,38 @@ def test_dump_before_kill_each_node_stops_once_its_own_stacks_are_taken(monkeypa
     chief.new_attempt()  # an attempt's end forgets a stop still waiting
     chief.stop_after_own_dumps(lambda: stops.append("next attempt"))
     assert stops[-1] == "next attempt"
+    loop.close()
+
+
+def test_a_stop_waiting_for_this_nodes_stacks_comes_even_if_sending_them_fails(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    taking: list[object] = []
+    monkeypatch.setattr(hangs_module, "node_answer", lambda *args: taking.append(args[4]))
+    loop, stops = EventLoop(), []  # type: ignore[var-annotated]
+    worker = policy(loop, [], [], {}, is_chief=False)
+
+    def broken_send(_answer: object) -> None:
+        raise OSError("the link is gone")
+
+    worker.answer_stacks({"budget": 1.0, "before_stop": True}, broken_send)
+    worker.stop_after_own_dumps(lambda: stops.append("stop"))
+    with pytest.raises(OSError):
+        taking[0]({"ranks": []})  # type: ignore[operator]
+    assert stops == ["stop"] and worker.own_dumps == 0
+    loop.close()
+
+
+def test_stacks_gathered_for_an_attempt_that_a_restart_ended_are_not_the_next_ones(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(hangs_module, "node_answer", lambda *args: None)
+    answers: list[Callable[[dict[str, object]], None]] = []
+    loop = EventLoop()
+    chief = policy(loop, [], [], {}, ask_job=lambda what, args, answer: answers.append(answer))
+    failure = as_failure(RankEnded(RankStatus(3, 1, 3, wall=1.0)))
+    assert failure is not None and chief.dump_before_stop(failure, lambda: None)
+    chief.new_attempt()  # the restart came before the gathering's answer
+    answers[0](JOB_STACKS)  # the stacks of the attempt that ended
+    assert chief.dumped == ()
     loop.close()
 
 

@@ -40,17 +40,26 @@ class _LaunchHere:
         os.environ.update(self.env)
         sys.argv = [launch.__file__, *self.args]
         for stream in (sys.stdout, sys.stderr):
-            if isinstance(stream, io.TextIOWrapper):
-                stream.reconfigure(write_through=True)  # what -u does to the text streams
+            if isinstance(stream, io.TextIOWrapper):  # -u: every line out at once, even if SIGKILLed next
+                stream.reconfigure(write_through=True, line_buffering=True)
         try:
             launch.main()
             self.returncode = 0
         except SystemExit as e:
-            self.returncode = e.code if isinstance(e.code, int) else int(e.code is not None)
+            self.returncode = exit_status(e.code)
         return self.returncode
 
     def poll(self) -> int | None:
         return self.returncode
+
+
+def exit_status(code: object) -> int:
+    """What a parent sees of an interpreter that ends with SystemExit(code): the low byte of an
+    int (sys.exit(-15) is 241); any other object is printed to stderr, and the status is 1."""
+    if code is None or isinstance(code, int):
+        return (code or 0) & 0xFF
+    print(code, file=sys.stderr)
+    return 1
 
 
 class _RunnersSubprocess:

@@ -18,7 +18,6 @@ import glob
 import importlib.util
 import mmap
 import os
-import shutil
 import signal
 import sys
 from collections.abc import Mapping, Sequence
@@ -143,9 +142,12 @@ def check_build(controller: str) -> None:
                           f"HOROVOD_WITH_{controller.upper()}=1 ({REBUILD}), or use --controller {other}")
 
 
-def _horovodrun() -> str:
-    beside_python = os.path.join(os.path.dirname(sys.executable), "horovodrun")
-    return beside_python if os.path.exists(beside_python) else shutil.which("horovodrun") or "horovodrun"
+def horovodrun_check() -> Check:
+    """What the layer runs as horovodrun (``python -m detlaunch_horovod.horovodrun``): horovod's launcher,
+    importable in this Python; not a horovodrun command on PATH, which the job never runs."""
+    launcher = Check.importable("horovod.runner.launch", "pip install horovod into this Python environment")
+    detail = f"horovod.runner.launch, run by {sys.executable}" if launcher.ok else launcher.detail
+    return Check("horovodrun", launcher.ok, detail, launcher.fix)
 
 
 @hookimpl
@@ -196,8 +198,7 @@ def detlaunch_doctor_checks(config: Config) -> list[Check]:
     return [
         Check.importable("torch", "pip install torch, then rebuild horovod against it"),
         *build_checks(str(config.options.get("controller") or "gloo")),
-        Check("horovodrun", os.path.exists(_horovodrun()) or shutil.which("horovodrun") is not None, _horovodrun(),
-              "pip install horovod into this Python environment"),
+        horovodrun_check(),
         Check.on_path("sshd", "apt-get install openssh-server" + where, config.env, required=multi,
                       also=("/usr/sbin", "/sbin")),
         Check.on_path("ssh", "apt-get install openssh-client" + where, config.env, required=multi),
