@@ -182,3 +182,19 @@ def test_the_plan_says_when_the_next_attempts_launcher_is_started_ahead(launcher
     plan = json.loads(launcher.run("--layer", "torchrun", "--nproc-per-node", "2", "--max-restarts", "1", "--dry-run",
                                    "--format", "json", str(script), timeout=30).stdout)
     assert [c["standby"] for c in plan["commands"]] == ["torch.distributed.run:main"], plan["commands"]
+    # Only lost-node restarts: on one node none can follow (no standby is started, none is shown); on two, one can.
+    node_only = ("--layer", "torchrun", "--max-restarts", "0", "--max-node-restarts", "2", "--dry-run")
+    one_node = launcher.run(*node_only, "--nproc-per-node", "2", str(script), timeout=30)
+    two_nodes = launcher.run(*node_only, "--hosts", "127.0.0.1:2,127.0.0.2:2", "--node-rank", "0", str(script),
+                             timeout=30)
+    assert one_node.returncode == 0 and two_nodes.returncode == 0, one_node.output + two_nodes.output
+    assert tag not in one_node.stdout and tag in two_nodes.stdout
+
+
+def test_restarts_after_counts_what_can_still_follow_an_attempt() -> None:
+    from detlaunch.restart import RestartPolicy
+
+    assert RestartPolicy(max_restarts=2).restarts_after(1, num_nodes=1) == 2
+    assert RestartPolicy(max_restarts=2).restarts_after(3, num_nodes=1) == 0
+    assert RestartPolicy(max_restarts=0, max_node_restarts=2).restarts_after(1, num_nodes=1) == 0  # no node to lose
+    assert RestartPolicy(max_restarts=1, max_node_restarts=2).restarts_after(1, num_nodes=2) == 3

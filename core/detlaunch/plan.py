@@ -98,6 +98,11 @@ class LaunchPlan:
     def socket_path(self) -> str:
         return os.path.join(self.run_dir, SOCKET_NAME)
 
+    def standby_of(self, cmd: Command) -> str | None:
+        """The standby the supervisor starts for `cmd` while the first attempt runs: none when no restart
+        can follow it (the same rule as the supervisor's, RestartPolicy.restarts_after)."""
+        return cmd.standby if self.restarts.restarts_after(1, self.cluster.num_nodes) > 0 else None
+
     @property
     def expected_ranks(self) -> int:
         s = self.stage.expected_ranks
@@ -126,7 +131,7 @@ class LaunchPlan:
             "commands": [
                 {"name": cmd.name, "argv": list(cmd.argv), "daemon": cmd.daemon,
                  "stop_signal": int(cmd.stop_signal), "env": dict(cmd.env), "rank": cmd.rank,
-                 "standby": cmd.standby if self.restarts.enabled else None}
+                 "standby": self.standby_of(cmd)}
                 for cmd in self.stage.commands
             ],
             "rank_wrapper": list(self.wrapper_argv),
@@ -252,7 +257,7 @@ def render_text(plan: LaunchPlan) -> str:
         last = n == len(launched) - 1 and not rank_commands
         branch, pad = ("└── ", "    ") if last else ("├── ", "│   ")
         own, runs_ranks = _split_rank_command(cmd, plan)
-        standby = f"next attempt's started ahead: {cmd.standby}" if cmd.standby and plan.restarts.enabled else ""
+        standby = f"next attempt's started ahead: {plan.standby_of(cmd)}" if plan.standby_of(cmd) else ""
         tags = [t for t in ("daemon" if cmd.daemon else "", f"stop with {signal_name(cmd.stop_signal)}", standby) if t]
         lines.append(f"{branch}{_quote(own)}  [{', '.join(tags)}]")
         for key, value in sorted(cmd.env.items()):

@@ -267,6 +267,11 @@ class RestartPolicy:
         """Whether any attempt but the first can ever start (what per-attempt log folders follow)."""
         return self.max_restarts > 0 or self.node_restarts > 0
 
+    def restarts_after(self, attempt: int, num_nodes: int) -> int:
+        """At most how many attempts can still follow `attempt` (a node cannot be lost on one node)."""
+        lost_node = self.node_restarts if num_nodes > 1 else 0
+        return self.max_restarts + lost_node - (attempt - 1)
+
     def backoff(self, restart: int, rng: Rng) -> float:
         """Seconds to wait before restart number `restart` (1 for the first), in [0, backoff_cap]."""
         try:

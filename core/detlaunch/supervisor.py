@@ -267,8 +267,7 @@ class NodeSupervisor:
     def _start_standby(self) -> None:
         """Restarts on: the next attempt's launcher starts now, past its imports (Command.standby)."""
         launchers = [c for c in self.plan.stage.commands if c.standby is not None and not c.daemon]
-        lost_node_restarts = self.policy.node_restarts if self.plan.cluster.num_nodes > 1 else 0  # one node: none
-        restarts_left = self.policy.max_restarts + lost_node_restarts - (self.attempt - 1)
+        restarts_left = self.policy.restarts_after(self.attempt, self.plan.cluster.num_nodes)
         if restarts_left <= 0 or self.standby is not None or len(launchers) != 1:
             return
         command = launchers[0]
