@@ -63,7 +63,7 @@ def test_one_node_the_next_attempt_runs_in_the_standby_launcher(launcher: Launch
     assert "DETLAUNCH_HOROVOD_PROBE" not in out + err  # horovodrun.py takes it out before anything runs
 
 
-def test_horovodrun_module_is_horovodrun(tmp_path: Path) -> None:
+def test_horovodrun_module_is_horovodrun() -> None:
     """python -m detlaunch_horovod.horovodrun answers as the horovodrun command: its usage error, its exit code."""
     horovodrun = os.path.join(os.path.dirname(sys.executable), "horovodrun")
     ours = subprocess.run([sys.executable, "-m", "detlaunch_horovod.horovodrun", "--no-such-flag"],
@@ -74,7 +74,7 @@ def test_horovodrun_module_is_horovodrun(tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(120)
-def test_deepspeed_runner_module_is_the_deepspeed_command(tmp_path: Path) -> None:
+def test_deepspeed_runner_module_is_the_deepspeed_command() -> None:
     """python -m detlaunch_deepspeed.runner answers as the deepspeed command: its usage error, its exit code."""
     deepspeed = os.path.join(os.path.dirname(sys.executable), "deepspeed")
     env = {**os.environ, "DS_ACCELERATOR": "cpu"}

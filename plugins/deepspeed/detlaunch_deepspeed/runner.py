@@ -28,11 +28,10 @@ LAUNCH = [sys.executable, "-u", "-m", "deepspeed.launcher.launch"]
 
 class _LaunchHere:
     """`python -u -m deepspeed.launcher.launch ARGS` with `env`, run in this process when waited for
-    (deepspeed's runner waits for it at once)."""
+    (deepspeed's runner waits for it at once, and reads nothing of it but wait() and returncode)."""
 
     def __init__(self, args: Sequence[str], env: Mapping[str, str]):
         self.args, self.env = list(args), dict(env)
-        self.pid = os.getpid()
         self.returncode: int | None = None
 
     def wait(self) -> int:
@@ -47,9 +46,6 @@ class _LaunchHere:
             self.returncode = 0
         except SystemExit as e:
             self.returncode = exit_status(e.code)
-        return self.returncode
-
-    def poll(self) -> int | None:
         return self.returncode
 
 
