@@ -73,6 +73,19 @@ def test_horovodrun_module_is_horovodrun() -> None:
     assert ours.returncode == 2 and "horovodrun: error: " in ours.stderr
 
 
+def test_horovodrun_modules_helpers_import_none_of_horovods_launcher() -> None:
+    """horovodrun's per-rank helper (multiprocessing's spawn) runs the main module again as __mp_main__: there
+    horovodrun.py imports nothing of horovod's launcher (~0.3 s a helper; the horovodrun command's import it all)."""
+    probe = ("import runpy, sys; runpy.run_module('detlaunch_horovod.horovodrun', run_name='__mp_main__'); "
+             "print(sorted(m for m in sys.modules if m.startswith('horovod')))")
+    env = {**os.environ, "DETLAUNCH_HOROVOD_PROBE": "gloo"}
+    helper = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, env=env)
+    assert (helper.returncode, helper.stdout) == (0, "[]\n"), helper.stderr
+    as_main = subprocess.run([sys.executable, "-c", probe.replace("__mp_main__", "detlaunch_horovod.horovodrun")],
+                             capture_output=True, text=True, timeout=60, env=env)
+    assert "'horovod.runner.launch'" in as_main.stdout, as_main.stderr  # the run and a standby have it at import
+
+
 @pytest.mark.timeout(120)
 def test_deepspeed_runner_module_is_the_deepspeed_command() -> None:
     """python -m detlaunch_deepspeed.runner answers as the deepspeed command: its usage error, its exit code."""
