@@ -14,6 +14,7 @@ import signal
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 from conftest import EXAMPLES, SCRIPTS, Launcher
 from detlaunch.testing.contract import free_port as free_ports
@@ -140,6 +141,27 @@ def test_a_failing_rank_stops_the_others_with_one_signal_each(launcher: Launcher
     assert rank_lines(r.stdout, 0) == ["rank 0 ready", "rank 0 got SIGTERM"], r.output
     assert "rank 0 (node 0): SIGKILLed by detlaunch (it had not stopped when asked)" in r.stderr, r.stderr
     assert r.duration < 30
+
+
+def test_a_node_is_two_detlaunch_processes_and_none_of_them_or_the_wrappers_maps_openssl(launcher: Launcher) -> None:
+    """What a node costs (issue 17: <= 30 MB): as root the detlaunch command makes the PID namespace itself, so
+    the supervisor (the namespace's pid 1) is its child, no process between (an ordinary user has one, see
+    isolation.py); and no process of detlaunch's loads OpenSSL's libcrypto (~3 MB each: cli.without_openssl_hashes)."""
+    job = launcher.start(*shape_args("direct", 1, 0, free_port()), RANKS, env={"SLEEP": "120"})
+    for rank in (0, 1):
+        job.wait_for_output(f"[rank={rank}] rank {rank} sleeping")
+    top = psutil.Process(job.proc.pid)
+    tree = {p.pid: (p.ppid(), p.cmdline()) for p in [top, *top.children(recursive=True)]}
+    detlaunch = [pid for pid, (_, argv) in tree.items() if argv[1:3] == ["-m", "detlaunch"]]
+    wrappers = [pid for pid, (_, argv) in tree.items() if any(a.endswith("run_rank_wrapper.py") for a in argv[:3])]
+    maps = {pid: Path(f"/proc/{pid}/maps").read_text() for pid in [*detlaunch, *wrappers]}
+    job.send_signal(signal.SIGTERM)
+    assert job.wait(60).returncode == 143
+    if os.getuid() == 0:
+        assert detlaunch == [top.pid, detlaunch[1]] and tree[detlaunch[1]][0] == top.pid, tree
+    assert len(detlaunch) == (2 if os.getuid() == 0 else 3) and len(wrappers) == 2, tree
+    for pid, text in maps.items():
+        assert "libcrypto" not in text, (tree[pid], [line for line in text.splitlines() if "crypto" in line])
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])

@@ -73,8 +73,20 @@ def _pre_parse(argv: Sequence[str], env: Mapping[str, str]) -> argparse.Namespac
     return ns
 
 
+def without_openssl_hashes() -> None:
+    """hashlib's own sha256 (and the rest) in this process, not OpenSSL's: loading libcrypto costs each of
+    detlaunch's processes ~3 MB (issue 17: <= 30 MB a node), for stevedore's cache key and the job link's
+    HMAC, a few hashes a job. hashlib falls back to its builtins where _hashlib cannot be imported (a Python
+    built without OpenSSL); ssl is a module of its own and works as before. Only OpenSSL's extras
+    (pbkdf2_hmac, scrypt, names such as "sha512_224") are not there, and nothing of detlaunch uses them."""
+    if "hashlib" not in sys.modules:
+        sys.modules.setdefault("_hashlib", None)  # type: ignore[arg-type]
+
+
 def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> int:
     as_command = argv is None  # the detlaunch command itself, not a caller in this interpreter
+    if as_command:
+        without_openssl_hashes()
     argv = list(sys.argv[1:] if argv is None else argv)
     env = dict(os.environ if env is None else env)
     if argv and argv[0] in CONTROL_COMMANDS:  # questions to a running job: no plugin is loaded for them

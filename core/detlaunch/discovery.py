@@ -9,15 +9,13 @@ come next, local is ``trylast`` and always answers.
 from __future__ import annotations
 
 import glob
-import hashlib
-import secrets
 from collections.abc import Mapping
 
 from .cluster import ClusterInfo, Host, parse_hostfile, parse_hosts
 from .config import Config
 from .errors import ClusterError, ConfigError
 from .hookspecs import hookimpl
-from .safefs import read_regular_file
+from .safefs import random_hex, read_regular_file
 
 
 def visible_gpus(env: Mapping[str, str]) -> int:
@@ -34,7 +32,7 @@ def default_slots(config: Config) -> int:
 
 
 def random_job_id() -> str:
-    return "dl-" + secrets.token_hex(5)
+    return "dl-" + random_hex(5)
 
 
 def job_id_for(config: Config, fallback: str) -> str:
@@ -43,6 +41,8 @@ def job_id_for(config: Config, fallback: str) -> str:
 
 def derived_job_id(*parts: object) -> str:
     """Every node computes the same id from the same flags, without talking to the others."""
+    import hashlib  # here: OpenSSL's libcrypto (~3 MB) only in a process that needs it
+
     digest = hashlib.sha256("\0".join(map(str, parts)).encode()).hexdigest()[:12]
     return f"dl-{digest}"
 

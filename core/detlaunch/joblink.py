@@ -21,11 +21,8 @@ current secret, never a stale one).
 from __future__ import annotations
 
 import enum
-import hashlib
-import hmac
 import json
 import os
-import secrets
 import socket
 import time
 from collections.abc import Callable, Mapping
@@ -39,7 +36,7 @@ from .report import Failure, RankStatus
 
 if TYPE_CHECKING:
     from .plan import LaunchPlan
-from .safefs import ensure_private_dir, read_private_file, write_private_file
+from .safefs import ensure_private_dir, random_hex, read_private_file, write_private_file
 
 HEARTBEAT_MISSES = 5
 MAX_UNAUTHENTICATED = 4096  # bytes a peer may send before it has proven it is a node of the job
@@ -60,7 +57,7 @@ def create_secret(env: Mapping[str, str], shared_dir: str) -> str:
     if env.get(SECRET_ENV):
         return str(env[SECRET_ENV])
     ensure_private_dir(shared_dir)
-    secret = secrets.token_hex(32)
+    secret = random_hex(32)
     write_private_file(os.path.join(shared_dir, SECRET_FILE), secret)
     return secret
 
@@ -71,11 +68,16 @@ def read_secret(env: Mapping[str, str], shared_dir: str) -> str:
 
 
 def mac(secret: str, *parts: object) -> str:
+    import hashlib  # here: OpenSSL's libcrypto (~3 MB) only in a process of a job with a link
+    import hmac
+
     return hmac.new(secret.encode(), "\0".join(map(str, parts)).encode(), hashlib.sha256).hexdigest()
 
 
 def mac_matches(given: object, expected: str) -> bool:
     """Constant-time, for anything a peer sent (compare_digest raises on a non-ASCII str)."""
+    import hmac
+
     return isinstance(given, str) and hmac.compare_digest(given.encode(), expected.encode())
 
 
@@ -121,7 +123,7 @@ class PeerConnection:
         self.node: int | None = None
         self.peer = ""  # the remote address
         self.authed = False
-        self.nonce = secrets.token_hex(16)
+        self.nonce = random_hex(16)
         self.unsent = bytearray()
         self.writing = False  # the loop calls flush when the socket takes more
         self.why = ""  # why the link closed, when this side closed it for a reason

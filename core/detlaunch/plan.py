@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import secrets
 import shlex
 import sys
 import tempfile
@@ -27,6 +26,7 @@ from .plugins import Hooks
 from .rank_protocol import DEFAULT_PREFIX
 from .report import signal_name
 from .restart import OPTION_ENV, RestartPolicy, policy_from_options
+from .safefs import random_hex
 from .stage import SOCKET_NAME, SSHD_SUPERVISOR_ENV, Command, Stage, StageContext
 
 WRAPPER_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "run_rank_wrapper.py")
@@ -159,7 +159,7 @@ def private_run_dir() -> str:
 
     A Unix socket path must fit in 108 bytes: under a deep TMPDIR, fall back to /tmp.
     """
-    name = f"detlaunch-{secrets.token_hex(8)}"
+    name = f"detlaunch-{random_hex(8)}"
     base = tempfile.gettempdir()
     if len(os.path.join(base, name, SOCKET_NAME)) > 100:
         base = "/tmp"

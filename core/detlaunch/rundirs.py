@@ -15,9 +15,10 @@ from __future__ import annotations
 import fcntl
 import os
 import re
-import secrets
 import shutil
 import stat
+
+from .safefs import random_hex
 
 LOCK_NAME = "owner.lock"
 RUN_DIR_NAME = re.compile(r"detlaunch-[0-9a-f]{16}")
@@ -39,7 +40,7 @@ class RunDir:
 def create_run_dir(path: str) -> RunDir:
     """Make `path` (0700) holding a held lock; fails (FileExistsError) if anything sits at `path`."""
     parent, name = os.path.split(path)
-    staging = os.path.join(parent, f".{name}.{secrets.token_hex(4)}")
+    staging = os.path.join(parent, f".{name}.{random_hex(4)}")
     os.mkdir(staging, 0o700)
     try:
         fd = os.open(os.path.join(staging, LOCK_NAME),

@@ -9,10 +9,15 @@ into place, and reads that refuse a symlink or a file others can write.
 from __future__ import annotations
 
 import os
-import secrets
 import stat
 
 from .errors import LaunchError
+
+
+def random_hex(nbytes: int) -> str:
+    """secrets.token_hex(nbytes), the same os.urandom, without importing secrets: it imports hmac, and so
+    OpenSSL's libcrypto (~3 MB in every process of the job that has it)."""
+    return os.urandom(nbytes).hex()
 
 
 def ensure_private_dir(path: str) -> None:
@@ -29,7 +34,7 @@ def ensure_private_dir(path: str) -> None:
 
 def write_private_file(path: str, content: str | bytes, mode: int = 0o600) -> None:
     """Write atomically: a fresh O_EXCL|O_NOFOLLOW temp file, renamed over `path`."""
-    tmp = f"{path}.{secrets.token_hex(4)}.tmp"
+    tmp = f"{path}.{random_hex(4)}.tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
     try:
         with os.fdopen(fd, "wb") as f:

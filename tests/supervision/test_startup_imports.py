@@ -21,15 +21,20 @@ pytestmark = pytest.mark.timeout(30)
 
 # Needed only once ranks run (sampling, stacks) or for a rare request: imported there, not at start-up.
 LATER = {"psutil", "subprocess", "detlaunch.stacks", "detlaunch.stackgroups"}
+# OpenSSL's libcrypto (~3 MB a process): the detlaunch command's hashlib is its builtins
+# (cli.without_openssl_hashes), and only a job with a link between nodes signs with hmac (joblink.mac).
+OPENSSL = {"secrets", "hmac", "_hashlib"}
 
 
 def test_the_supervisor_starts_without_what_only_a_sample_or_a_dump_needs() -> None:
-    code = ("import sys, json\nimport detlaunch.cli, detlaunch.plan, detlaunch.isolation, detlaunch.supervisor\n"
-            "print(json.dumps(sorted(sys.modules)))")
+    code = ("import sys, json\nimport detlaunch.cli\ndetlaunch.cli.without_openssl_hashes()  # as main() does\n"
+            "import detlaunch.plan, detlaunch.isolation, detlaunch.supervisor\n"
+            "print(json.dumps(sorted(name for name, module in sys.modules.items() if module is not None)))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     imported = set(json.loads(out))
     assert "detlaunch.supervisor" in imported
     assert not imported & LATER, sorted(imported & LATER)
+    assert not imported & OPENSSL, sorted(imported & OPENSSL)
 
 
 def test_sampling_a_tree_needs_no_psutil() -> None:
@@ -65,14 +70,17 @@ def test_a_start_parses_no_toml_and_reads_no_distribution_metadata_it_does_not_n
     the scan of every installed distribution for who publishes an entry point (~15 ms) is not made."""
     script = tmp_path / "train.py"
     script.write_text("print('hi')\n")
-    code = ("import contextlib, io, json, os, sys\nfrom detlaunch import cli, plugins\nscans = []\n"
+    code = ("import contextlib, io, json, os, sys\nfrom detlaunch import cli\ncli.without_openssl_hashes()\n"
+            "from detlaunch import plugins\nscans = []\n"
             "scan = plugins._owners\nplugins._owners = lambda: scans.append(1) or scan()\n"
             "with contextlib.redirect_stdout(io.StringIO()):\n"
             "    code = cli.run(['--layer', 'torchrun', '--nproc-per-node', '2', '--dry-run', sys.argv[1]],"
             " dict(os.environ))\n"
-            "print(json.dumps({'code': code, 'scans': len(scans), 'modules': sorted(sys.modules)}))")
+            "modules = sorted(name for name, module in sys.modules.items() if module is not None)\n"
+            "print(json.dumps({'code': code, 'scans': len(scans), 'modules': modules}))")
     env = {k: v for k, v in os.environ.items() if not k.startswith("DETLAUNCH_")}
     out = json.loads(subprocess.run([sys.executable, "-c", code, str(script)], capture_output=True, text=True,
                                     check=True, env=env).stdout)
     assert out["code"] == 0 and out["scans"] == 0
     assert not {"tomllib", "difflib"} & set(out["modules"]), sorted({"tomllib", "difflib"} & set(out["modules"]))
+    assert not OPENSSL & set(out["modules"]), sorted(OPENSSL & set(out["modules"]))
