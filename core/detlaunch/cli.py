@@ -77,8 +77,9 @@ def without_openssl_hashes() -> None:
     """hashlib's own sha256 (and the rest) in this process, not OpenSSL's: loading libcrypto costs each of
     detlaunch's processes ~3 MB (issue 17: <= 30 MB a node), for stevedore's cache key and the job link's
     HMAC, a few hashes a job. hashlib falls back to its builtins where _hashlib cannot be imported (a Python
-    built without OpenSSL); ssl is a module of its own and works as before. Only OpenSSL's extras
-    (pbkdf2_hmac, scrypt, names such as "sha512_224") are not there, and nothing of detlaunch uses them."""
+    built without OpenSSL); ssl is a module of its own and works as before. Only OpenSSL's extras are
+    not there (scrypt, names such as "sha512_224"; pbkdf2_hmac is Python 3.11's slow fallback, gone in
+    3.12), and nothing of detlaunch uses them."""
     if "hashlib" not in sys.modules:
         sys.modules.setdefault("_hashlib", None)  # type: ignore[arg-type]
 

@@ -10,15 +10,17 @@ As root, a PID and a mount namespace are enough; an ordinary user also gets a us
 that maps only their own uid and gid (so every process keeps its real uid). Where the kernel
 allows neither, the job runs as before, and one line says what is not guaranteed.
 
-As root (one process fewer, ~1.5 MB a node):
+As root (one process fewer, ~1.5 MB a node; where it may go back to its own PID namespace, see
+run_isolated):
 
     detlaunch (makes the namespace for its next child only; relays SIGINT/SIGTERM/SIGHUP, exits
       │        with the supervisor's code)
       └── detlaunch (pid 1 of the namespace, its own session: the node supervisor)
             └── launchers, daemons, rank wrappers, ranks, whatever they start
 
-As an ordinary user, a child makes the namespaces (a user namespace changes for good the
-credentials of the process that makes it, and needs a single-threaded one):
+As an ordinary user (or uid 0 of a user namespace of its own), a child makes the namespaces (a
+user namespace changes for good the credentials of the process that makes it, and needs a
+single-threaded one):
 
     detlaunch (relays, exits with the supervisor's code)
       └── detlaunch (makes the namespaces, its own session; relays too)
@@ -84,9 +86,10 @@ def run_isolated(body: Callable[[], int], *, warn: Callable[[str], None],
 
     The caller stays as it was: it can fork again, and it never changes who it is. unshare()
     changes the process that calls it: its next child is the namespace's init, and once that init
-    has exited it could fork no more. As root, this process makes the namespace itself and returns
-    to its own right after the fork (setns); an ordinary user's (a user namespace too, which cannot
-    be undone) are made by a child of this process. Signals that reach this process (a user's
+    has exited it could fork no more. Where this process may go back to its own PID namespace
+    (setns: root, not root inside a user namespace of its own), it makes the namespace itself and
+    goes back once its child has ended; otherwise (an ordinary user, whose user namespace cannot be
+    undone) a child of this process makes the namespaces. Signals that reach this process (a user's
     kill, the terminal's Ctrl-C) are relayed down. When the namespace cannot be made, `warn` says
     so in one line and `body` runs in a child, as before.
     """
@@ -100,15 +103,26 @@ def run_isolated(body: Callable[[], int], *, warn: Callable[[str], None],
              f"rank (setsid) can outlive a SIGKILL of detlaunch; see detlaunch doctor")
         return body()
 
-    if os.getuid() == 0:  # a PID namespace only: this process can go back to its own
-        own = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
+    own = _own_pid_namespace() if os.getuid() == 0 else None
+    if own is not None:  # a PID namespace only, made here: one process fewer between the user and the job
+        ns: int = own
+
+        def without_ns(run: Callable[[], int]) -> Callable[[], int]:
+            def child() -> int:
+                os.close(ns)  # this process's PID namespace: not for the job to hold
+                return _in_own_session(run)
+            return child
+
         try:
-            enter()
-        except Unavailable as e:
-            os.close(own)
-            why = e
-            return _in_child(lambda: _in_own_session(lambda: unisolated(why)))
-        return _in_child(lambda: _in_own_session(init), forked=lambda: _return_to(own))
+            try:
+                enter()
+            except Unavailable as e:
+                why = e
+                return _in_child(without_ns(lambda: unisolated(why)))
+            return _in_child(without_ns(init))
+        finally:  # also when the fork never came: this process's children are in its own namespace again
+            _libc.setns(ns, CLONE_NEWPID)  # allowed: _own_pid_namespace tried it
+            os.close(ns)
 
     def make_namespaces_and_run() -> int:
         try:
@@ -125,16 +139,23 @@ def _in_own_session(run: Callable[[], int]) -> int:
     return run()
 
 
-def _return_to(pid_namespace: int) -> None:
-    """This process's next children in its own PID namespace again (the new one has its init)."""
-    _libc.setns(pid_namespace, CLONE_NEWPID)  # if refused, this process can fork no more: it only waits now
-    os.close(pid_namespace)
+def _own_pid_namespace() -> int | None:
+    """A descriptor of this process's PID namespace if it may go back to it with setns, else None.
+
+    As uid 0 inside a user namespace that does not own the PID namespace (unshare -Ur, a rootless
+    container sharing the host's pids), unshare works but setns back is refused."""
+    try:
+        fd = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    if _libc.setns(fd, CLONE_NEWPID) != 0:  # into the namespace it is in: changes nothing, checks the right
+        os.close(fd)
+        return None
+    return fd
 
 
-def _in_child(run: Callable[[], int], forked: Callable[[], None] = lambda: None) -> int:
-    """Run `run` in a child that dies with this process; relay stop signals to it; its exit code.
-
-    `forked` runs in this process once the child is started."""
+def _in_child(run: Callable[[], int]) -> int:
+    """Run `run` in a child that dies with this process; relay stop signals to it; its exit code."""
     # Held until the child's supervisor catches them: as pid 1 an unhandled signal would be ignored.
     signal.pthread_sigmask(signal.SIG_BLOCK, RELAYED)
     alive_r, alive_w = os.pipe()
@@ -160,7 +181,6 @@ def _in_child(run: Callable[[], int], forked: Callable[[], None] = lambda: None)
                     pass
             os._exit(code)
     os.close(alive_r)
-    forked()
     old = {s: signal.signal(s, lambda signum, _frame: _relay(pid, signum)) for s in RELAYED}
     signal.pthread_sigmask(signal.SIG_UNBLOCK, RELAYED)
     try:

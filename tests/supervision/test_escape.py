@@ -9,6 +9,7 @@ import pwd
 import shutil
 import signal
 import subprocess
+import sys
 import sysconfig
 import tempfile
 from pathlib import Path
@@ -152,6 +153,26 @@ def test_this_machine_can_isolate_jobs_as_root_and_as_an_ordinary_user(tmp_path:
         assert out.stdout.strip() == "None", out
     finally:
         subprocess.run(["userdel", user], check=True)
+
+
+@pytest.mark.timeout(60)
+def test_as_root_of_a_user_namespace_the_caller_can_go_on_too() -> None:
+    """uid 0 inside a user namespace that does not own the PID namespace (unshare -Ur, a rootless container
+    sharing the host's pids) may unshare but not setns back: a child makes the namespace, as for a user."""
+    import shutil
+    import subprocess
+
+    from detlaunch import isolation
+
+    if shutil.which("unshare") is None:
+        pytest.skip("no unshare(1)")
+    code = Path(isolation.__file__).read_text() + (  # stdlib only: runs as it is
+        "\nimport os\nprint(run_isolated(lambda: 40 + os.getpid(), warn=print),"
+        " run_isolated(lambda: 40 + os.getpid(), warn=print))\n"
+        "pid = os.fork()\nif pid == 0:\n    os._exit(3)\nprint('forked', os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))\n")
+    out = subprocess.run(["unshare", "--user", "--map-root-user", sys.executable, "-S", "-c", code],
+                         capture_output=True, text=True, timeout=30)
+    assert (out.returncode, out.stdout) == (0, "41 41\nforked 3\n"), out
 
 
 def test_without_namespaces_the_job_runs_here_and_one_line_says_what_is_not_guaranteed() -> None:
