@@ -169,7 +169,8 @@ def test_as_root_of_a_user_namespace_the_caller_can_go_on_too() -> None:
     code = Path(isolation.__file__).read_text() + (  # stdlib only: runs as it is
         "\nimport os\nprint(run_isolated(lambda: 40 + os.getpid(), warn=print),"
         " run_isolated(lambda: 40 + os.getpid(), warn=print))\n"
-        "pid = os.fork()\nif pid == 0:\n    os._exit(3)\nprint('forked', os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))\n")
+        "pid = os.fork()\nif pid == 0:\n    os._exit(3)\n"
+        "print('forked', os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))\n")
     out = subprocess.run(["unshare", "--user", "--map-root-user", sys.executable, "-S", "-c", code],
                          capture_output=True, text=True, timeout=30)
     assert (out.returncode, out.stdout) == (0, "41 41\nforked 3\n"), out
