@@ -9,6 +9,7 @@ come next, local is ``trylast`` and always answers.
 from __future__ import annotations
 
 import glob
+import hashlib
 from collections.abc import Mapping
 
 from .cluster import ClusterInfo, Host, parse_hostfile, parse_hosts
@@ -41,8 +42,6 @@ def job_id_for(config: Config, fallback: str) -> str:
 
 def derived_job_id(*parts: object) -> str:
     """Every node computes the same id from the same flags, without talking to the others."""
-    import hashlib  # here: OpenSSL's libcrypto (~3 MB) only in a process that needs it
-
     digest = hashlib.sha256("\0".join(map(str, parts)).encode()).hexdigest()[:12]
     return f"dl-{digest}"
 

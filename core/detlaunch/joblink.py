@@ -21,6 +21,7 @@ current secret, never a stale one).
 from __future__ import annotations
 
 import enum
+import hashlib
 import json
 import os
 import socket
@@ -68,8 +69,7 @@ def read_secret(env: Mapping[str, str], shared_dir: str) -> str:
 
 
 def mac(secret: str, *parts: object) -> str:
-    import hashlib  # here: OpenSSL's libcrypto (~3 MB) only in a process of a job with a link
-    import hmac
+    import hmac  # here: only a job with a link between nodes signs
 
     return hmac.new(secret.encode(), "\0".join(map(str, parts)).encode(), hashlib.sha256).hexdigest()
 

@@ -257,7 +257,8 @@ def render_text(plan: LaunchPlan) -> str:
         last = n == len(launched) - 1 and not rank_commands
         branch, pad = ("└── ", "    ") if last else ("├── ", "│   ")
         own, runs_ranks = _split_rank_command(cmd, plan)
-        standby = f"next attempt's started ahead: {plan.standby_of(cmd)}" if plan.standby_of(cmd) else ""
+        ahead = plan.standby_of(cmd)
+        standby = f"next attempt's started ahead: {ahead}" if ahead else ""
         tags = [t for t in ("daemon" if cmd.daemon else "", f"stop with {signal_name(cmd.stop_signal)}", standby) if t]
         lines.append(f"{branch}{_quote(own)}  [{', '.join(tags)}]")
         for key, value in sorted(cmd.env.items()):
