@@ -128,6 +128,25 @@ def test_the_report_shows_the_explaining_lines_of_the_root_cause() -> None:
     assert format_report(result)[1:3] == ["detlaunch: last stderr lines of rank 1:", f"detlaunch:   | {NO_STDERR}"]
 
 
+def test_each_other_rank_is_marked_by_what_ended_it() -> None:
+    cause = RankStatus(rank=3, node_rank=1, exit_code=3, wall=100.0)
+    ranks = (RankStatus(rank=0, node_rank=0, exit_code=143, signal=15, wall=100.2),  # its launcher's SIGTERM
+             RankStatus(rank=1, node_rank=0, exit_code=143, signal=15, wall=100.3, stopped=True),
+             RankStatus(rank=2, node_rank=1, exit_code=143, signal=15, wall=99.0),  # before: a failure of its own
+             RankStatus(rank=4, node_rank=1, exit_code=137, signal=9, wall=101.0, stopped=True, killed=True),
+             RankStatus(rank=5, node_rank=1, exit_code=1, wall=101.0),
+             cause)
+    failure = Failure(what="rank 3 on node 1 exited with code 3", exit_code=3, rank=cause, tail_of="rank 3", at=100.0)
+    lines = [line for line in format_report(JobResult(exit_code=3, ranks=ranks, failure=failure))
+             if line.startswith("detlaunch:   rank ")]
+    assert lines == ["detlaunch:   rank 0 (node 0): killed by SIGTERM (after the root cause)",
+                     "detlaunch:   rank 1 (node 0): killed by SIGTERM (stopped by detlaunch)",
+                     "detlaunch:   rank 2 (node 1): killed by SIGTERM",
+                     "detlaunch:   rank 3 (node 1): exit 3 (root cause)",
+                     "detlaunch:   rank 4 (node 1): SIGKILLed by detlaunch (it had not stopped when asked)",
+                     "detlaunch:   rank 5 (node 1): exit 1"]
+
+
 @pytest.mark.timeout(120)
 def test_a_real_rank_that_raises_then_warns_shows_its_traceback(launcher: Launcher, tmp_path: Path) -> None:
     script = tmp_path / "fail.py"

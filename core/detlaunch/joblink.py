@@ -433,8 +433,10 @@ class ChiefLink:
             line.send({"t": "answer", "id": key, "data": data})
 
     def ready_to_finish(self) -> bool:
-        """Every node that joined has said goodbye or was lost (one that never joined: nothing to wait for)."""
-        return set(self.nodes) <= self.finished
+        """Every node that joined has said goodbye or was lost, and no node is halfway through joining
+        (it would find the secret gone: the tick closes a handshake that never ends). A node that never
+        dialed: nothing to wait for."""
+        return set(self.nodes) <= self.finished and not self.pending
 
     def lost_nodes(self) -> list[int]:
         """Nodes whose link is gone: their new detlaunch must join again before another attempt starts."""
@@ -556,6 +558,7 @@ class WorkerLink:
         self.line: PeerConnection | None = None
         self.state = LinkState.DIALING
         self.secret: str | None = None
+        self.unsent: list[dict[str, Any]] = []  # said before the welcome: the chief takes anything else for auth
         self.attempt = 1  # the attempt the chief's welcome said this node joins
         self.hold = False  # and whether it waits for the chief's "go" first
         self.dialer = Dialer(loop, *self.chief, self._on_connected, events.link_failed_to_start,
@@ -583,11 +586,13 @@ class WorkerLink:
             assert self.secret is not None
             expected = mac(self.secret, "chief", self.job_id, self.node, line.nonce)
             if not mac_matches(m.get("mac"), expected):
-                self.events.link_failed_to_start(f"the chief at {self.chief[0]}:{self.chief[1]} failed authentication")
-                line.close()
+                self._give_up(line, f"the chief at {self.chief[0]}:{self.chief[1]} failed authentication")
                 return
             line.trusted()
             self._to(LinkState.JOINED)
+            for message in self.unsent:
+                line.send(message)
+            self.unsent.clear()
             self.attempt, self.hold = int(m.get("attempt") or 1), bool(m.get("hold"))
             self.events.trace(f"joined the chief (attempt {self.attempt}{', waiting for go' if self.hold else ''})")
             self.events.joined()
@@ -616,21 +621,30 @@ class WorkerLink:
 
     def _answer(self, line: PeerConnection, m: dict[str, Any]) -> None:
         if m.get("job") != self.job_id:
-            self.events.link_failed_to_start(
-                f"the detlaunch listening on {self.chief[0]}:{self.chief[1]} runs job "
-                f"{m.get('job')!r}, not {self.job_id!r}: give every node the same --job-id")
-            line.close()
+            self._give_up(line, f"the detlaunch listening on {self.chief[0]}:{self.chief[1]} runs job "
+                                f"{m.get('job')!r}, not {self.job_id!r}: give every node the same --job-id")
             return
         try:
             self.secret = read_secret(self.env, self.shared_dir)
         except OSError as e:
-            self.events.link_failed_to_start(
-                f"cannot read the job secret in {self.shared_dir} ({e.strerror}): the job "
-                f"directory must be shared by all nodes (--job-dir), or set {SECRET_ENV}")
-            line.close()
+            self._give_up(line, f"cannot read the job secret in {self.shared_dir} ({e.strerror}): the job "
+                                f"directory must be shared by all nodes (--job-dir), or set {SECRET_ENV}")
             return
         line.send({"t": "auth", "node": self.node, "nonce": line.nonce, "addr": self.dialer.source,
                    "mac": mac(self.secret, "worker", self.job_id, self.node, m.get("nonce"))})
+
+    def _give_up(self, line: PeerConnection, why: str) -> None:
+        """The handshake failed on this side: drop the line (a node whose part is over may end) and say why."""
+        self.line = None
+        line.close()
+        self.events.link_failed_to_start(why)
+
+    def _send(self, message: dict[str, Any]) -> None:
+        """To the chief once it has welcomed this node; kept until then."""
+        if self.line is not None and self.line.authed:
+            self.line.send(message)
+        elif self.line is not None or self.state is LinkState.DIALING:
+            self.unsent.append(message)
 
     def on_close(self, line: PeerConnection) -> None:
         self.line = None
@@ -658,8 +672,7 @@ class WorkerLink:
         return [] if self.joined else [0]
 
     def rank_exited(self, status: RankStatus) -> None:
-        if self.line is not None:
-            self.line.send({"t": "rank_exit", "status": status.to_json()})
+        self._send({"t": "rank_exit", "status": status.to_json()})
 
     def ask(self, key: int, what: str, args: dict[str, Any]) -> bool:
         """Pass a client's question to the chief; False when there is no chief to ask."""
@@ -669,12 +682,12 @@ class WorkerLink:
         return True
 
     def reply(self, key: int, data: Any) -> None:
-        if self.line is not None:
+        if self.line is not None:  # a request came: the line is trusted
             self.line.send({"t": "reply", "id": key, "data": data})
 
     def failed(self, failure: Failure) -> None:
-        if self.line is not None and self.state is not LinkState.STOPPED:
-            self.line.send({"t": "failed", "failure": failure.to_json()})
+        if self.state is not LinkState.STOPPED:
+            self._send({"t": "failed", "failure": failure.to_json()})
 
     def ready_to_finish(self) -> bool:
         return True
@@ -683,8 +696,7 @@ class WorkerLink:
         """Say goodbye with this node's ranks, then wait for the verdict (or a restart): as long as the
         chief's heartbeats come, however long its own ranks take to stop (--grace-period, a
         checkpoint on SIGTERM); a chief that is gone is found by the heartbeat watch (tick)."""
-        if self.line is not None:
-            self.line.send({"t": "bye", "ranks": [r.to_json() for r in ranks]})
+        self._send({"t": "bye", "ranks": [r.to_json() for r in ranks]})
 
     def _next_attempt(self) -> None:
         """The chief answered the goodbye with a restart: the link serves the next attempt."""

@@ -179,11 +179,22 @@ def format_report(result: JobResult) -> list[str]:
     elif result.interrupted_by:
         lines.append(f"detlaunch: job interrupted by {signal_name(result.interrupted_by)}")
     for r in sorted(result.ranks, key=lambda r: r.rank):
-        cause = result.failure and result.failure.rank and result.failure.rank.rank == r.rank
-        note = " (root cause)" if cause else (" (stopped by detlaunch)" if r.stopped and not r.killed else "")
-        lines.append(f"detlaunch:   rank {r.rank} (node {r.node_rank}): {r.describe()}{note}")
+        lines.append(f"detlaunch:   rank {r.rank} (node {r.node_rank}): {r.describe()}{rank_note(r, result.failure)}")
     lines.append(f"detlaunch: exit code {result.exit_code}")
     return lines
+
+
+def rank_note(r: RankStatus, failure: Failure | None) -> str:
+    """Why a rank's line is not a cause of its own: detlaunch stopped it, or a signal from elsewhere
+    (its launcher, stopping its other ranks: horovodrun does, as soon as one of them fails) ended it
+    after the root cause had already happened."""
+    if failure and failure.rank and failure.rank.rank == r.rank:
+        return " (root cause)"
+    if r.stopped and not r.killed:
+        return " (stopped by detlaunch)"
+    if failure and r.signal and not r.killed and not r.lost and r.wall >= failure.at > 0:
+        return " (after the root cause)"
+    return ""
 
 
 def format_warnings(result: JobResult) -> list[str]:
