@@ -81,12 +81,9 @@ def test_horovodrun_modules_helpers_import_none_of_horovods_launcher() -> None:
     env = {**os.environ, "DETLAUNCH_HOROVOD_PROBE": "gloo"}
     helper = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, env=env)
     assert (helper.returncode, helper.stdout) == (0, "[]\n"), helper.stderr
-    tracker = ("import psutil; print(any('multiprocessing.resource_tracker' in ' '.join(c.cmdline()) "
-               "for c in psutil.Process().children()))")
-    as_main = subprocess.run([sys.executable, "-c", probe.replace("__mp_main__", "detlaunch_horovod.horovodrun")
-                              + "; " + tracker], capture_output=True, text=True, timeout=60, env=env)
+    as_main = subprocess.run([sys.executable, "-c", probe.replace("__mp_main__", "detlaunch_horovod.horovodrun")],
+                             capture_output=True, text=True, timeout=60, env=env)
     assert "'horovod.runner.launch'" in as_main.stdout, as_main.stderr  # the run and a standby have it at import
-    assert as_main.stdout.endswith("True\n"), as_main.stdout  # and the helpers' resource tracker is up
 
 
 @pytest.mark.timeout(120)

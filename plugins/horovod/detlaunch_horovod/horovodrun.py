@@ -11,9 +11,7 @@ horovodrun's: the same arguments, environment, output and exit code (argparse's 
 horovodrun starts each rank through a helper process of its own (multiprocessing's "spawn": a new
 interpreter that imports the main module again, as ``__mp_main__``). There this module imports
 nothing of horovod's launcher: the helper needs none of it, and each rank starts ~0.3 s sooner
-(the horovodrun command's helpers import it all again). The first helper would also start
-multiprocessing's resource tracker (another interpreter); with a probe asked for (a job's run),
-it is started here, ahead of the run.
+(the horovodrun command's helpers import it all again).
 
 Which controller to probe comes in DETLAUNCH_HOROVOD_PROBE (gloo or mpi; the layer sets it), taken
 out of the environment at import: neither horovodrun's ranks nor its helpers see it.
@@ -34,11 +32,6 @@ def _start() -> None:
     if probe is not None:
         # run_controller(): `verbose = verbosity >= 2`, False for horovodrun's --verbose (store_true): this key
         probe(verbose=False)
-        # horovodrun's first helper starts multiprocessing's resource tracker, one more interpreter
-        # starting beside the helpers and the ranks: started here, it is up before the run.
-        from multiprocessing import resource_tracker
-
-        resource_tracker.ensure_running()
 
 
 if __name__ != "__mp_main__":  # not again in horovodrun's helper processes
