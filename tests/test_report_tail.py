@@ -135,6 +135,7 @@ def test_each_other_rank_is_marked_by_what_ended_it() -> None:
              RankStatus(rank=2, node_rank=1, exit_code=143, signal=15, wall=99.0),  # before: a failure of its own
              RankStatus(rank=4, node_rank=1, exit_code=137, signal=9, wall=101.0, stopped=True, killed=True),
              RankStatus(rank=5, node_rank=1, exit_code=1, wall=101.0),
+             RankStatus(rank=6, node_rank=1, exit_code=139, signal=11, wall=101.0),  # a crash of its own
              cause)
     failure = Failure(what="rank 3 on node 1 exited with code 3", exit_code=3, rank=cause, tail_of="rank 3", at=100.0)
     lines = [line for line in format_report(JobResult(exit_code=3, ranks=ranks, failure=failure))
@@ -144,7 +145,8 @@ def test_each_other_rank_is_marked_by_what_ended_it() -> None:
                      "detlaunch:   rank 2 (node 1): killed by SIGTERM",
                      "detlaunch:   rank 3 (node 1): exit 3 (root cause)",
                      "detlaunch:   rank 4 (node 1): SIGKILLed by detlaunch (it had not stopped when asked)",
-                     "detlaunch:   rank 5 (node 1): exit 1"]
+                     "detlaunch:   rank 5 (node 1): exit 1",
+                     "detlaunch:   rank 6 (node 1): killed by SIGSEGV"]
 
 
 @pytest.mark.timeout(120)

@@ -289,6 +289,7 @@ class ChiefLink:
         # waiting for lost nodes to come back) or starts at once (the first attempt).
         self.attempt = 1
         self.holding = False
+        self.end_in_sight: float | None = None  # when ready_to_finish was first asked, this attempt
         self._listen()
         self.timer: Timer | None = loop.call_later(self.heartbeat, self.tick)
 
@@ -434,9 +435,13 @@ class ChiefLink:
 
     def ready_to_finish(self) -> bool:
         """Every node that joined has said goodbye or was lost, and no node is halfway through joining
-        (it would find the secret gone: the tick closes a handshake that never ends). A node that never
-        dialed: nothing to wait for."""
-        return set(self.nodes) <= self.finished and not self.pending
+        (it would find the secret gone). Only handshakes begun before the attempt's end was first in
+        sight count, and the tick closes one that never ends: connections that come and stay silent
+        cannot hold the verdict back. A node that never dialed: nothing to wait for."""
+        if self.end_in_sight is None:
+            self.end_in_sight = time.monotonic()
+        cutoff = self.end_in_sight
+        return set(self.nodes) <= self.finished and not any(p.opened <= cutoff for p in self.pending)
 
     def lost_nodes(self) -> list[int]:
         """Nodes whose link is gone: their new detlaunch must join again before another attempt starts."""
@@ -452,6 +457,7 @@ class ChiefLink:
         for node in lost:
             del self.nodes[node]
         self.attempt, self.holding = attempt, bool(lost)
+        self.end_in_sight = None
         restart = encode({"t": "restart", "attempt": attempt, "delay": None if lost else delay})
         for line in self.nodes.values():
             line.send_line(restart)
@@ -468,6 +474,7 @@ class ChiefLink:
         for node in lost:
             del self.nodes[node]
             self.finished.discard(node)  # its next detlaunch's goodbye, or loss, counts again
+        self.end_in_sight = None
         if lost and not self.holding:
             self.holding = True
             hold = encode({"t": "restart", "attempt": self.attempt, "delay": None})

@@ -184,15 +184,19 @@ def format_report(result: JobResult) -> list[str]:
     return lines
 
 
+STOPPING_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGKILL})
+
+
 def rank_note(r: RankStatus, failure: Failure | None) -> str:
-    """Why a rank's line is not a cause of its own: detlaunch stopped it, or a signal from elsewhere
-    (its launcher, stopping its other ranks: horovodrun does, as soon as one of them fails) ended it
-    after the root cause had already happened."""
+    """Why a rank's line is not a cause of its own: detlaunch stopped it, or a stopping signal from
+    elsewhere (its launcher, stopping its other ranks: horovodrun does, as soon as one of them fails)
+    ended it after the root cause had already happened. A crash of its own (SIGSEGV, SIGABRT) is not
+    marked, whenever it came."""
     if failure and failure.rank and failure.rank.rank == r.rank:
         return " (root cause)"
     if r.stopped and not r.killed:
         return " (stopped by detlaunch)"
-    if failure and r.signal and not r.killed and not r.lost and r.wall >= failure.at > 0:
+    if failure and r.signal in STOPPING_SIGNALS and not r.killed and not r.lost and r.wall >= failure.at > 0:
         return " (after the root cause)"
     return ""
 

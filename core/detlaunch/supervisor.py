@@ -403,6 +403,8 @@ class NodeSupervisor:
     def joined(self) -> None:
         """Chief: every node has joined the job; worker: this node joined the chief."""
         self.link_up = True
+        if self.phase.over:  # this node's part has ended: a late welcome only carries its goodbye
+            return
         if self.phase is Phase.BACKOFF and isinstance(self.link, ChiefLink):
             self.driver.rejoined()
         elif self.awaiting_join:

@@ -6,6 +6,7 @@ whose part is over end."""
 from __future__ import annotations
 
 import os
+import socket
 from typing import Any
 
 import pytest
@@ -58,3 +59,17 @@ def test_a_failed_handshake_lets_a_worker_whose_part_is_over_end(tmp_path: Any) 
     for link in (worker, chief):
         link.close()
     loop.close()
+
+
+def test_a_connection_that_comes_once_the_end_is_in_sight_does_not_hold_it(tmp_path: Any) -> None:
+    loop, port = EventLoop(), free_port()
+    chief = ChiefLink(loop, from_file(plan(0, port, str(tmp_path))), Events())
+    assert chief.ready_to_finish()  # node 1 never dialed: nothing to wait for
+    silent = socket.create_connection(("127.0.0.1", port))  # says nothing, stays
+    try:
+        run_until(loop, lambda: bool(chief.pending))
+        assert chief.ready_to_finish()
+    finally:
+        silent.close()
+        chief.close()
+        loop.close()
