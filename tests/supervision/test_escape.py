@@ -159,9 +159,6 @@ def test_this_machine_can_isolate_jobs_as_root_and_as_an_ordinary_user(tmp_path:
 def test_as_root_of_a_user_namespace_the_caller_can_go_on_too() -> None:
     """uid 0 inside a user namespace that does not own the PID namespace (unshare -Ur, a rootless container
     sharing the host's pids) may unshare but not setns back: a child makes the namespace, as for a user."""
-    import shutil
-    import subprocess
-
     from detlaunch import isolation
 
     if shutil.which("unshare") is None:
