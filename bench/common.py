@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import psutil
-from detlaunch import procs
+from detlaunch.system import procs
 from detlaunch.testing.runner import processes_with_marker
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -37,7 +37,7 @@ DET_VENV = Path(os.environ.get("DETERMINED_VENV", ROOT / ".venv-determined"))
 PY = str(VENV / "bin" / "python")
 DET_PY = str(DET_VENV / "bin" / "python")
 DETLAUNCH = str(VENV / "bin" / "detlaunch")
-WRAPPER = str(ROOT / "core" / "detlaunch" / "run_rank_wrapper.py")  # the wrapper as the supervisor starts it
+WRAPPER = str(ROOT / "core" / "detlaunch" / "rank" / "run_wrapper.py")  # the wrapper as the supervisor starts it
 MARKER = "DETLAUNCH_BENCH_RUN"  # every job's environment carries it: a safety net for leaks
 
 

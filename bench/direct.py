@@ -47,7 +47,7 @@ def launcher_memory_mb() -> tuple[float, float]:
     for p in live_descendants():
         try:
             argv = p.cmdline()
-            ours = any(a.endswith("/detlaunch") or a.endswith("rank_wrapper.py") or a == "torch.distributed.run"
+            ours = any(a.endswith("/detlaunch") or a.endswith("run_wrapper.py") or a == "torch.distributed.run"
                        for a in argv[:3]) or argv[1:3] == ["-m", "detlaunch"]
             if ours:
                 info = p.memory_full_info()

@@ -37,7 +37,7 @@ from .common import (
     say,
 )
 
-RANKS = str(ROOT / "tests" / "scripts" / "ranks.py")
+RANKS = str(ROOT / "tests" / "support" / "scripts" / "ranks.py")
 FLOOD = textwrap.dedent("""
     import socket, sys, time
     port, held = int(sys.argv[1]), []

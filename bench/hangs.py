@@ -32,9 +32,9 @@ import uuid
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-HANG = str(ROOT / "tests" / "scripts" / "hang.py")
+HANG = str(ROOT / "tests" / "support" / "scripts" / "hang.py")
 HVD_HANG = str(ROOT / "bench" / "scripts" / "hvd_hang.py")
-RANKS = str(ROOT / "tests" / "scripts" / "ranks.py")
+RANKS = str(ROOT / "tests" / "support" / "scripts" / "ranks.py")
 PY = sys.executable
 
 

@@ -33,8 +33,8 @@ WRAPPERS = {
 JOBS = {"detlaunch --layer torchrun": detlaunch_torchrun, "Determined pid_server chain": determined_chain}
 # which ancestor of a rank is which process, by the program it runs
 ROLES = {
-    "rank_wrapper.py": "detlaunch rank wrapper",  # started by hand
-    "run_rank_wrapper.py": "detlaunch rank wrapper",  # as the supervisor starts it
+    "wrapper.py": "detlaunch rank wrapper",  # started by hand
+    "run_wrapper.py": "detlaunch rank wrapper",  # as the supervisor starts it
     "determined.launch.wrap_rank": "Determined wrap_rank",
     "determined.exec.pid_client": "Determined pid_client",
     "determined.exec.pid_server": "Determined pid_server (per node)",
@@ -44,7 +44,7 @@ ROLES = {
 
 
 def role(cmdline: str) -> str | None:
-    """'python -S x/run_rank_wrapper.py ...' -> run_rank_wrapper.py; 'python -m mod ...' -> mod; looked up in ROLES."""
+    """'python -S x/run_wrapper.py ...' -> run_wrapper.py; 'python -m mod ...' -> mod; looked up in ROLES."""
     argv = cmdline.split()
     i = 1
     while i < len(argv) and argv[i].startswith("-"):

@@ -32,7 +32,7 @@ def own_memory() -> tuple[float, float, int]:
         try:
             cmdline = p.cmdline()
             ours = any(a.endswith("/detlaunch") for a in cmdline[:2]) or (
-                len(cmdline) > 2 and cmdline[2].endswith("rank_wrapper.py"))
+                len(cmdline) > 2 and cmdline[2].endswith("run_wrapper.py"))
             if ours:
                 info = p.memory_full_info()
                 rss += info.rss

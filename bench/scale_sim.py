@@ -103,8 +103,8 @@ class SimNode:
 
 class Simulation:
     def __init__(self, first: int, count: int, job_id: str, port: int, heartbeat: float, secret: str):
-        from detlaunch.eventloop import EventLoop, Priority
-        from detlaunch.joblink import WorkerLink
+        from detlaunch.link.joblink import WorkerLink
+        from detlaunch.system.eventloop import EventLoop, Priority
 
         self.loop = EventLoop()
         self.nodes = [SimNode(self, n) for n in range(first, first + count)]
@@ -135,7 +135,7 @@ class Simulation:
         if not line or line.startswith("quit"):
             self.done = True
         elif line.startswith("fail"):
-            from detlaunch.report import Failure
+            from detlaunch.outcome import Failure
 
             node = self.nodes[-1]
             at = time.time()
@@ -167,7 +167,7 @@ def chief_processes(chief: subprocess.Popen[bytes]) -> tuple[list[psutil.Process
     before, took the idle middle process for the supervisor: 0 % CPU and 0 KB a node.)"""
     ours = [psutil.Process(chief.pid)]
     while True:
-        below = [c for c in ours[-1].children() if not any(a.endswith("rank_wrapper.py") for a in c.cmdline())]
+        below = [c for c in ours[-1].children() if not any(a.endswith("run_wrapper.py") for a in c.cmdline())]
         if not below:
             return ours, ours[-1]
         ours.append(below[0])
@@ -271,9 +271,9 @@ def measure(nodes: int, per_process: int, heartbeat: float, idle: float, tmp: Pa
 
 
 def slurm_step_env(names: list[str], node_id: int) -> dict[str, str]:
-    """What `srun --ntasks-per-node=1` sets on node `node_id` of a job on `names` (as tests/discovery has it),
+    """What `srun --ntasks-per-node=1` sets on node `node_id` of a job on `names` (as tests/planning/discovery has it),
     the node list compressed the way SLURM writes it; the machine's own scheduler variables left out."""
-    from detlaunch.providers.hostlist import compress_hostlist
+    from detlaunch.planning.providers.hostlist import compress_hostlist
 
     nodes, n = compress_hostlist(names), len(names)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SLURMD_"))}

@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "core"))
 
 from detlaunch.progress import create_progress_file, read_progress  # noqa: E402
-from detlaunch.stacks import ProcessStack, collect_stacks, find_py_spy  # noqa: E402
+from detlaunch.stacks.pyspy import ProcessStack, collect_stacks, find_py_spy  # noqa: E402
 
 SLEEPER = "import time\ndef wait():\n    print('ready', flush=True)\n    time.sleep(600)\nwait()\n"
 

@@ -3,7 +3,7 @@
     python -m bench.status [--ranks 2 16 64] [--reps 5] [--lines 200000]
 
 1. `detlaunch status JOB` from start to exit (a new Python each time, as a user runs it), while a job
-   of N sleeping ranks (tests/scripts/ranks.py: no torch import) runs. Goal: <= 0.3 s at 16 ranks.
+   of N sleeping ranks (tests/support/scripts/ranks.py: no torch import) runs. Goal: <= 0.3 s at 16 ranks.
 2. The node supervisor's CPU (utime+stime of the PID namespace's init, from /proc) over 20 s while a
    16-rank job sleeps, with its CPU/RSS sampling on (every 2 s). Goal: < 1% of one core.
 3. A 4-rank job printing --lines lines per rank (unbuffered, one write per line) to a console pipe
@@ -38,7 +38,7 @@ import psutil
 from .common import Goal, Panel, Section, Stat, Table, say
 
 ROOT = Path(__file__).resolve().parent.parent
-RANKS = str(ROOT / "tests" / "scripts" / "ranks.py")
+RANKS = str(ROOT / "tests" / "support" / "scripts" / "ranks.py")
 DETLAUNCH = [sys.executable, "-m", "detlaunch"]
 
 
@@ -119,7 +119,7 @@ def console_job(dedupe: bool, lines: int, same: bool, env: dict[str, str]) -> fl
 
 def folding_cost(same: bool, lines: int = 20_000, ranks: int = 4) -> float:
     """Microseconds a line to fold 64 KiB reads of `ranks` ranks' lines (each rank's in ~4 KiB runs)."""
-    from detlaunch.dedupe import ConsoleFolder
+    from detlaunch.observe.dedupe import ConsoleFolder
 
     runs: list[bytes] = []
     for i in range(0, lines, 100):  # ~100 lines (~4 KiB) of one rank, then the next rank's

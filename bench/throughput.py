@@ -121,7 +121,7 @@ def main(env: dict[str, str], reps: int, quick: bool) -> Section:
                "'x bare' = bare time / time (throughput ratio, 1.0 = free)",
                "'detlaunch vs Determined' cannot exceed 1 / 'Determined x bare': a wrapper that cost nothing "
                "would take the bare time",
-               "wrapper: `python -S core/detlaunch/run_rank_wrapper.py --rank 0 -- CMD` standalone; "
+               "wrapper: `python -S core/detlaunch/rank/run_wrapper.py --rank 0 -- CMD` standalone; "
                "Determined: `python -m determined.launch.wrap_rank 0 -- CMD` (determined 0.38.1)"]),
         Table("Log throughput through a whole one-rank torchrun job (script run with `python -u`)",
               ["stream", "bare torchrun", "detlaunch --layer torchrun", "detlaunch x bare torchrun"], job_rows,

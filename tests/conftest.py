@@ -1,4 +1,10 @@
-"""Shared test machinery: run detlaunch for real, and fail any test that leaves a process behind.
+"""Shared test machinery: run detlaunch for real, fail any test that leaves a process behind, and
+mark every test that starts a process `job`, so that `pytest -m "not job"` is the fast loop.
+
+A test is a job test when it uses a fixture that starts processes (`JOB_FIXTURES`: `launcher`, the
+SLURM cluster, a throwaway user...; a test that runs a command itself asks for `real_processes`).
+The marker is applied here, never by hand, and an audit hook holds it true: a test without it that
+starts a process anyway (subprocess, fork, exec, posix_spawn, os.system) fails, naming what it ran.
 
 The suite uses the runner the package ships to plugin authors (detlaunch.testing.runner): every
 detlaunch a test starts carries a unique marker variable in its environment; every process of the
@@ -13,26 +19,51 @@ import os
 import pwd
 import secrets
 import subprocess
-from collections.abc import Iterator, Mapping, Sequence
+import sys
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
-from detlaunch.testing.runner import DETLAUNCH, DetlaunchRunner, Running
+from support.jobs import Launcher
 
-ROOT = Path(__file__).resolve().parent.parent
-EXAMPLES = ROOT / "examples"
-SCRIPTS = Path(__file__).resolve().parent / "scripts"
+# Fixtures that start real processes: a test that uses one (directly or through another fixture) is a job test.
+JOB_FIXTURES = frozenset({"launcher", "detlaunch_runner", "throwaway_user", "real_processes", "slurm", "determined_cli",
+                          "deepspeed_hosts", "ssh_peers"})
+SPAWNING = frozenset({"subprocess.Popen", "os.fork", "os.forkpty", "os.posix_spawn", "os.spawn", "os.system",
+                      "os.exec", "pty.spawn"})
+_spawned: list[str] = []
 
-Job = Running  # one detlaunch started by a test, in a session of its own
+
+def _audit(event: str, args: tuple[Any, ...]) -> None:
+    if event in SPAWNING:
+        what = args[1] if event == "subprocess.Popen" and len(args) > 1 else args[0] if args else ""
+        _spawned.append(f"{event} {what!r}"[:200])
 
 
-class Launcher(DetlaunchRunner):
-    """The shipped runner, with the suite's habits: jobs run from the repository root, and `prefix`
-    runs detlaunch through another command (runuser, ip netns exec)."""
+sys.addaudithook(_audit)
 
-    def start(self, *args: str, env: Mapping[str, str] | None = None, cwd: Path | str | None = None,
-              command: Sequence[str] = DETLAUNCH, prefix: Sequence[str] = ()) -> Running:
-        return super().start(*args, env=env, cwd=cwd or ROOT, command=(*prefix, *command))
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if JOB_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.job)
+
+
+@pytest.fixture(autouse=True)
+def _only_job_tests_start_processes(request: pytest.FixtureRequest) -> Iterator[None]:
+    """The fast loop's promise: a test not marked `job` starts no process (checked after it, teardown included)."""
+    _spawned.clear()
+    yield
+    if _spawned and request.node.get_closest_marker("job") is None:
+        started, _spawned[:] = list(_spawned), []
+        pytest.fail("this test starts processes but is not a job test: use a fixture that starts them, or ask for "
+                    f"`real_processes` (conftest.JOB_FIXTURES); it started: {'; '.join(started[:3])}", pytrace=False)
+
+
+@pytest.fixture
+def real_processes() -> None:
+    """Asked for by a test that starts processes itself (subprocess.run, a helper that does): it is a job test."""
 
 
 @pytest.fixture

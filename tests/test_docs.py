@@ -17,23 +17,24 @@ import re
 from pathlib import Path
 
 import pytest
-from detlaunch import hookspecs
+from detlaunch.planning import hookspecs
 from detlaunch.testing import LayerContract
 from detlaunch.testing.contract import CAPABILITY_NAMES
+from support import paths
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = paths.ROOT
 HOOKS_MD = (ROOT / "docs" / "HOOKS.md").read_text()
 GUIDE_MD = (ROOT / "docs" / "PLUGIN_GUIDE.md").read_text()
 CONTRACT = "core/detlaunch/testing/contract.py::LayerContract::"
 
 # Which tests exercise which hook. A contract test (detlaunch.testing) runs once per layer, through
-# the LayerContract subclasses of tests/test_contract.py.
+# the LayerContract subclasses of tests/testing/test_contract.py.
 HOOK_TESTS: dict[str, list[str]] = {
     "detlaunch_add_options": [
-        "tests/test_plugins.py::test_observers_see_the_job_and_cannot_change_its_exit_code",
+        "tests/planning/test_plugins.py::test_observers_see_the_job_and_cannot_change_its_exit_code",
     ],
     "detlaunch_discover_cluster": [
-        "tests/test_cluster.py::test_static_answers_only_when_asked",
+        "tests/planning/test_cluster.py::test_static_answers_only_when_asked",
     ],
     "detlaunch_rank_wrappers": [
         CONTRACT + "test_hooks_are_well_formed_and_deterministic",
@@ -49,18 +50,18 @@ HOOK_TESTS: dict[str, list[str]] = {
         CONTRACT + "test_hooks_are_well_formed_and_deterministic",
     ],
     "detlaunch_doctor_checks": [
-        "tests/test_doctor.py::test_a_third_party_layer_gets_doctor_through_the_doctor_checks_hook",
+        "tests/planning/test_doctor.py::test_a_third_party_layer_gets_doctor_through_the_doctor_checks_hook",
     ],
     "detlaunch_job_started": [
-        "tests/test_plugins.py::test_observers_see_the_job_and_cannot_change_its_exit_code",
-        "tests/discovery/test_discovery_determined.py::test_any_job_started_failure_is_one_line_naming_its_plugin",
+        "tests/planning/test_plugins.py::test_observers_see_the_job_and_cannot_change_its_exit_code",
+        "tests/planning/discovery/test_discovery_determined.py::test_any_job_started_failure_is_one_line_naming_its_plugin",
     ],
     "detlaunch_event": [
-        "tests/test_plugins.py::test_observers_see_the_job_and_cannot_change_its_exit_code",
-        "tests/test_prometheus_example.py::test_the_metrics_follow_the_events",
+        "tests/planning/test_plugins.py::test_observers_see_the_job_and_cannot_change_its_exit_code",
+        "tests/layers/test_prometheus_example.py::test_the_metrics_follow_the_events",
     ],
     "detlaunch_job_finished": [
-        "tests/test_plugins.py::test_observers_see_the_job_and_cannot_change_its_exit_code",
+        "tests/planning/test_plugins.py::test_observers_see_the_job_and_cannot_change_its_exit_code",
     ],
 }
 
@@ -139,11 +140,11 @@ def test_each_registered_test_exists_and_exercises_its_hook(hook: str, ref: str)
     assert short in source, f"{ref} never mentions {short}: does it really exercise {hook}?"
 
 
-def test_the_contract_tests_run_for_every_layer() -> None:
-    source = (ROOT / "tests" / "test_contract.py").read_text()
+def test_the_contract_tests_run_for_every_layer(real_processes: None) -> None:
+    source = (ROOT / "tests" / "testing" / "test_contract.py").read_text()
     for layer in ("torchrun", "horovod", "deepspeed", "direct", "mpirun"):
         three_lines = rf"^class Test\w+\(LayerContract\):.*\n    layer = \"{layer}\"$"
-        assert re.search(three_lines, source, re.M), f"tests/test_contract.py does not run the suite for {layer}"
+        assert re.search(three_lines, source, re.M), f"tests/testing/test_contract.py does not run the suite: {layer}"
 
 
 def test_the_guide_shows_the_tested_example_files_verbatim() -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import detlaunch
 import pytest
-from conftest import ROOT
+from support.jobs import ROOT
 
 PUBLIC_SUBMODULES = {"detlaunch.ssh", "detlaunch.launcher_flags", "detlaunch.testing"}
 SOURCES = sorted(p for top in ("plugins", "examples") for p in (ROOT / top).rglob("*.py")
@@ -61,9 +61,11 @@ def test_names_that_moved_to_detlaunch_ssh_still_work_with_a_warning() -> None:
         assert detlaunch.Stage is not None  # a name that did not move: no warning
 
 
-def test_the_type_checkers_view_of_the_api_is_the_lazy_loaders() -> None:
+def test_the_type_checkers_view_of_the_api_is_the_lazy_loaders(real_processes: None) -> None:
     """`__init__.py` names each export twice (for the lazy loader and for type checkers): the same."""
     tree = ast.parse((ROOT / "core" / "detlaunch" / "__init__.py").read_text())
-    typed = {a.asname or a.name: node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
-             and node.level == 1 and node.module != "_lazy" for a in node.names}
+    typed = {a.asname or a.name: node.module.removeprefix("detlaunch.") for node in ast.walk(tree)
+             if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("detlaunch.")
+             and node.module != "detlaunch._lazy"
+             for a in node.names}
     assert typed == detlaunch._EXPORTS

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import SCRIPTS, Job, Launcher
-from helpers import free_port
+from support.helpers import free_port
+from support.jobs import SCRIPTS, Job, Launcher
 
 pytestmark = pytest.mark.timeout(300)
 RANKS = str(SCRIPTS / "ranks.py")

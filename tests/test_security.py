@@ -19,8 +19,8 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import SCRIPTS, Job, Launcher
-from helpers import free_port, rank_lines, wait_until
+from support.helpers import free_port, rank_lines, wait_until
+from support.jobs import SCRIPTS, Job, Launcher
 
 pytestmark = pytest.mark.timeout(240)
 RANKS = str(SCRIPTS / "ranks.py")

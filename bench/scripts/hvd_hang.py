@@ -1,4 +1,4 @@
-"""horovod twin of tests/scripts/hang.py's HANG=sleep: rank 1 sleeps 300 s before a collective the others are in."""
+"""horovod twin of tests/support/scripts/hang.py (HANG=sleep): rank 1 sleeps 300 s before a collective."""
 
 import time
 

@@ -13,55 +13,55 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ._lazy import lazy_attributes
+from detlaunch._lazy import lazy_attributes
 
 __version__ = "0.1.0"
 
 _EXPORTS = {
-    "hookimpl": "hookspecs",
-    "ClusterInfo": "cluster",
-    "Config": "config",
-    "Number": "config",
-    "StageContext": "stage",
-    "Stage": "stage",
-    "Command": "stage",
-    "RankWrapper": "stage",
-    "JobResult": "report",
-    "RankStatus": "report",
-    "Failure": "report",
+    "hookimpl": "planning.hookspecs",
+    "ClusterInfo": "planning.cluster",
+    "Config": "planning.config",
+    "Number": "numbers",
+    "StageContext": "planning.stage",
+    "Stage": "planning.stage",
+    "Command": "planning.stage",
+    "RankWrapper": "planning.stage",
+    "JobResult": "outcome",
+    "RankStatus": "outcome",
+    "Failure": "outcome",
     "DetlaunchError": "errors",
     "ConfigError": "errors",
     "ClusterError": "errors",
     "LaunchError": "errors",
-    "check_port_free": "netutil",
-    "Check": "doctor",
-    "Event": "events",
-    "EventKind": "events",
+    "check_port_free": "system.ports",
+    "Check": "planning.doctor",
+    "Event": "observe.events",
+    "EventKind": "observe.events",
     "progress": "progress",
 }
 __all__ = ["__version__", *_EXPORTS]
 
 if TYPE_CHECKING:  # `X as X`: an explicit re-export, for type checkers
-    from .cluster import ClusterInfo as ClusterInfo
-    from .config import Config as Config
-    from .config import Number as Number
-    from .doctor import Check as Check
-    from .errors import ClusterError as ClusterError
-    from .errors import ConfigError as ConfigError
-    from .errors import DetlaunchError as DetlaunchError
-    from .errors import LaunchError as LaunchError
-    from .events import Event as Event
-    from .events import EventKind as EventKind
-    from .hookspecs import hookimpl as hookimpl
-    from .netutil import check_port_free as check_port_free
-    from .progress import progress as progress
-    from .report import Failure as Failure
-    from .report import JobResult as JobResult
-    from .report import RankStatus as RankStatus
-    from .stage import Command as Command
-    from .stage import RankWrapper as RankWrapper
-    from .stage import Stage as Stage
-    from .stage import StageContext as StageContext
+    from detlaunch.errors import ClusterError as ClusterError
+    from detlaunch.errors import ConfigError as ConfigError
+    from detlaunch.errors import DetlaunchError as DetlaunchError
+    from detlaunch.errors import LaunchError as LaunchError
+    from detlaunch.numbers import Number as Number
+    from detlaunch.observe.events import Event as Event
+    from detlaunch.observe.events import EventKind as EventKind
+    from detlaunch.outcome import Failure as Failure
+    from detlaunch.outcome import JobResult as JobResult
+    from detlaunch.outcome import RankStatus as RankStatus
+    from detlaunch.planning.cluster import ClusterInfo as ClusterInfo
+    from detlaunch.planning.config import Config as Config
+    from detlaunch.planning.doctor import Check as Check
+    from detlaunch.planning.hookspecs import hookimpl as hookimpl
+    from detlaunch.planning.stage import Command as Command
+    from detlaunch.planning.stage import RankWrapper as RankWrapper
+    from detlaunch.planning.stage import Stage as Stage
+    from detlaunch.planning.stage import StageContext as StageContext
+    from detlaunch.progress import progress as progress
+    from detlaunch.system.ports import check_port_free as check_port_free
 
 # Exported here before they moved to detlaunch.ssh: still found, with a warning, for one more release.
 _MOVED = {name: "ssh" for name in ("SshLayout", "SshParts", "add_ssh_options", "sshd_parts", "ssh_client_parts")}

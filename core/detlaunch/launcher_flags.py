@@ -28,7 +28,7 @@ import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from .errors import ConfigError
+from detlaunch.errors import ConfigError
 
 # A conversion: (the value as typed, or None for a flag without one; every parsed option) -> the
 # detlaunch options it sets. It raises ConfigError for a value detlaunch cannot honour. The options

@@ -24,11 +24,11 @@ import shlex
 import shutil
 import sys
 
-from .config import NUMBERS, Config
-from .doctor import Check, port_check
-from .errors import ConfigError
-from .safefs import write_private_file
-from .stage import SOCKET_NAME, SSHD_SUPERVISOR_ENV, Command, Stage, StageContext
+from detlaunch.errors import ConfigError
+from detlaunch.planning.config import NUMBERS, Config
+from detlaunch.planning.doctor import Check, port_check
+from detlaunch.planning.stage import SOCKET_NAME, SSHD_SUPERVISOR_ENV, Command, Stage, StageContext
+from detlaunch.system.safefs import write_private_file
 
 __all__ = ["SshLayout", "SshParts", "add_ssh_options", "sshd_parts", "ssh_client_parts", "ssh_port_check",
            "DEFAULT_SSH_PORT", "SSH_PORT_ENV"]

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .._lazy import lazy_attributes
+from detlaunch._lazy import lazy_attributes
 
 _EXPORTS = {
     "LayerContract": "contract",
@@ -34,14 +34,14 @@ _EXPORTS = {
 __all__ = list(_EXPORTS)
 
 if TYPE_CHECKING:  # `X as X`: an explicit re-export, for type checkers
-    from .contract import DEFAULT_HEAVY_MODULES as DEFAULT_HEAVY_MODULES
-    from .contract import SHAPES as SHAPES
-    from .contract import Capabilities as Capabilities
-    from .contract import LayerContract as LayerContract
-    from .runner import Completed as Completed
-    from .runner import DetlaunchRunner as DetlaunchRunner
-    from .runner import Running as Running
-    from .runner import processes_with_marker as processes_with_marker
+    from detlaunch.testing.contract import DEFAULT_HEAVY_MODULES as DEFAULT_HEAVY_MODULES
+    from detlaunch.testing.contract import SHAPES as SHAPES
+    from detlaunch.testing.contract import Capabilities as Capabilities
+    from detlaunch.testing.contract import LayerContract as LayerContract
+    from detlaunch.testing.runner import Completed as Completed
+    from detlaunch.testing.runner import DetlaunchRunner as DetlaunchRunner
+    from detlaunch.testing.runner import Running as Running
+    from detlaunch.testing.runner import processes_with_marker as processes_with_marker
 
 
 __getattr__, __dir__ = lazy_attributes(__name__, globals(), _EXPORTS)

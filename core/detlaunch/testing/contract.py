@@ -63,13 +63,13 @@ from typing import Any, ClassVar
 import psutil
 import pytest
 
-from ..cluster import ClusterInfo
-from ..config import Config, build_parser, parse, resolve_command
-from ..errors import DetlaunchError
-from ..plan import LaunchPlan, build_plan, render_json, render_text
-from ..plugins import LAYERS, PluginEntry, PluginSet
-from ..stage import Command, RankWrapper, Stage
-from .runner import MARKER_VAR, Completed, DetlaunchRunner
+from detlaunch.errors import DetlaunchError
+from detlaunch.planning.cluster import ClusterInfo
+from detlaunch.planning.config import Config, build_parser, parse, resolve_command
+from detlaunch.planning.plan import LaunchPlan, build_plan, render_json, render_text
+from detlaunch.planning.plugin_manager import LAYERS, PluginEntry, PluginSet
+from detlaunch.planning.stage import Command, RankWrapper, Stage
+from detlaunch.testing.runner import MARKER_VAR, Completed, DetlaunchRunner
 
 DEFAULT_HEAVY_MODULES: tuple[str, ...] = ("torch", "tensorflow", "jax", "horovod", "deepspeed", "mpi4py", "numpy")
 CONTRACT_ATTR = "DETLAUNCH_CONTRACT"
@@ -166,7 +166,7 @@ RANK_SCRIPT = textwrap.dedent("""\
 
 IMPORT_PROBE = textwrap.dedent("""\
     import json, os, sys
-    from detlaunch.plugins import PluginSet
+    from detlaunch.planning.plugin_manager import PluginSet
     plugins = PluginSet(os.environ)
     plugins.load_layer(sys.argv[1])
     print(json.dumps({"layer_module": plugins.layer_module.__name__, "modules": sorted(sys.modules)}))
@@ -472,10 +472,7 @@ class LayerContract:
     # -- fixtures --------------------------------------------------------------------------------
 
     @pytest.fixture
-    def contract(self, tmp_path: Path, detlaunch_runner: DetlaunchRunner) -> Case:
-        # The real runs of this test must not depend on an outer job either (pytest under detlaunch).
-        marker = detlaunch_runner.env[MARKER_VAR]
-        detlaunch_runner.env = {**clean_env(detlaunch_runner.env), MARKER_VAR: marker}
+    def contract(self, tmp_path: Path) -> Case:
         env = clean_env(os.environ)
         env.update(TMPDIR=str(tmp_path / "tmp"), XDG_CACHE_HOME=str(tmp_path / "cache"))
         loaded = LoadedLayer.load(self.layer, env)
@@ -484,6 +481,14 @@ class LayerContract:
         script = tmp_path / "contract_rank.py"
         script.write_text(RANK_SCRIPT)
         return Case(self.layer, loaded, caps, tmp_path, script, env)
+
+    @pytest.fixture
+    def runner(self, detlaunch_runner: DetlaunchRunner) -> DetlaunchRunner:
+        """The checks that start real processes take this one (and only they: the others run in milliseconds)."""
+        # The real runs of this test must not depend on an outer job either (pytest under detlaunch).
+        marker = detlaunch_runner.env[MARKER_VAR]
+        detlaunch_runner.env = {**clean_env(detlaunch_runner.env), MARKER_VAR: marker}
+        return detlaunch_runner
 
     def _multi_node_or_skip(self, case: Case) -> None:
         if not case.caps.multi_node:
@@ -510,17 +515,18 @@ class LayerContract:
         assert "detlaunch_chief_stage" in hooks, f"the layer implements no detlaunch_chief_stage (it has: {hooks})"
         contract.loaded.plugins.pm.check_pending()  # no hook implementation without a spec
 
-    def test_listed_by_detlaunch_layers(self, contract: Case, detlaunch_runner: DetlaunchRunner) -> None:
-        run = detlaunch_runner.run("layers", "--format", "json", timeout=60)
+    def test_listed_by_detlaunch_layers(self, contract: Case, runner: DetlaunchRunner) -> None:
+        run = runner.run("layers", "--format", "json", timeout=60)
         assert run.returncode == 0, run.output
         mine = [e for e in json.loads(run.stdout) if e["name"] == self.layer and e["status"] != "shadowed"]
         assert len(mine) == 1, run.output
         assert (mine[0]["status"], mine[0]["dist"], mine[0]["version"]) == (
             "loaded", contract.loaded.entry.dist, contract.loaded.entry.version), mine[0]
-        detlaunch_runner.assert_no_leftovers()
+        runner.assert_no_leftovers()
 
-    def test_import_does_not_load_heavy_frameworks(self, contract: Case) -> None:
-        """A fresh interpreter loads the layer through its entry point; no heavy module may come along."""
+    def test_import_does_not_load_heavy_frameworks(self, contract: Case, runner: DetlaunchRunner) -> None:
+        """A fresh interpreter (a real process: `runner`) loads the layer through its entry point; no heavy
+        module may come along."""
         done = subprocess.run([sys.executable, "-c", IMPORT_PROBE, self.layer], env=contract.env,
                               capture_output=True, text=True, timeout=60, check=False)
         assert done.returncode == 0, done.stderr
@@ -638,16 +644,16 @@ class LayerContract:
             assert any(line.endswith(f"{shlex.join(plan['rank_wrapper'])}  [one per rank]") for line in lines), text
             assert any(line.endswith(f"└── {shlex.join(plan['command'])}") for line in lines), text
 
-    def test_dry_run_renders_one_node(self, contract: Case, detlaunch_runner: DetlaunchRunner) -> None:
-        plan, text = self._dry_run(contract, detlaunch_runner, ["--nproc-per-node", "2"])
+    def test_dry_run_renders_one_node(self, contract: Case, runner: DetlaunchRunner) -> None:
+        plan, text = self._dry_run(contract, runner, ["--nproc-per-node", "2"])
         self._check_rendered(plan, text, "chief", [2])
 
     @pytest.mark.parametrize("node_rank", [0, 1], ids=["chief", "worker"])
-    def test_dry_run_renders_two_nodes(self, contract: Case, detlaunch_runner: DetlaunchRunner,
+    def test_dry_run_renders_two_nodes(self, contract: Case, runner: DetlaunchRunner,
                                        node_rank: int) -> None:
         self._multi_node_or_skip(contract)
         hosts = f"{CHIEF_ADDR}:2,{WORKER_ADDR}:2"
-        plan, text = self._dry_run(contract, detlaunch_runner, ["--hosts", hosts, "--node-rank", str(node_rank)])
+        plan, text = self._dry_run(contract, runner, ["--hosts", hosts, "--node-rank", str(node_rank)])
         self._check_rendered(plan, text, "worker" if node_rank else "chief", [2, 2])
         assert plan["cluster"]["node_rank"] == node_rank
 
@@ -660,26 +666,26 @@ class LayerContract:
         runner.assert_no_leftovers()
         return run
 
-    def test_real_two_rank_job_succeeds(self, contract: Case, detlaunch_runner: DetlaunchRunner) -> None:
+    def test_real_two_rank_job_succeeds(self, contract: Case, runner: DetlaunchRunner) -> None:
         self._real_runs_or_skip(contract)
-        run = self._run_job(contract, detlaunch_runner)
+        run = self._run_job(contract, runner)
         assert run.returncode == 0, run.output
         for rank in (0, 1):
-            expected = f"contract rank={rank} chief={CHIEF_ADDR} marker={detlaunch_runner.marker_value}"
+            expected = f"contract rank={rank} chief={CHIEF_ADDR} marker={runner.marker_value}"
             assert contract_lines(run, rank) == [expected], \
                 f"rank {rank} did not run once, with DET_CHIEF_IP and the job's environment:\n{run.output}"
 
-    def test_real_failing_rank_exit_code_comes_back(self, contract: Case, detlaunch_runner: DetlaunchRunner) -> None:
+    def test_real_failing_rank_exit_code_comes_back(self, contract: Case, runner: DetlaunchRunner) -> None:
         self._real_runs_or_skip(contract)
         sleep = contract.caps.run_timeout * 2  # the other rank would outlive the test unless stopped
-        run = self._run_job(contract, detlaunch_runner, CONTRACT_FAIL_RANK="1", CONTRACT_FAIL_CODE=str(FAIL_CODE),
+        run = self._run_job(contract, runner, CONTRACT_FAIL_RANK="1", CONTRACT_FAIL_CODE=str(FAIL_CODE),
                             CONTRACT_SLEEP=f"{sleep:g}")
         assert run.returncode == FAIL_CODE, f"expected rank 1's own exit code {FAIL_CODE}:\n{run.output}"
         assert re.search(rf"^detlaunch: job failed: rank 1 on node 0 .*exited with code {FAIL_CODE}$",
                          run.stderr, re.M), run.output
 
 
-    def test_real_two_node_job_without_a_launcher(self, contract: Case, detlaunch_runner: DetlaunchRunner) -> None:
+    def test_real_two_node_job_without_a_launcher(self, contract: Case, runner: DetlaunchRunner) -> None:
         """rank_commands: a real 2 x 1 job on 127.0.0.1 and 127.0.0.2 with the job link as the only
         coordination: each rank runs once, then rank 1 (on node 1) fails and both nodes exit with its code."""
         if not contract.caps.rank_commands:
@@ -693,15 +699,15 @@ class LayerContract:
         for run_env, codes in ((env, [0, 0]), (failing, [FAIL_CODE, FAIL_CODE])):
             port = free_port()
             hosts = f"{CHIEF_ADDR}:1,{WORKER_ADDR}:1"
-            nodes = [detlaunch_runner.start(*contract.cli_args("--hosts", hosts, "--node-rank", str(n),
+            nodes = [runner.start(*contract.cli_args("--hosts", hosts, "--node-rank", str(n),
                                                                str(contract.script), port=port), env=run_env)
                      for n in (1, 0)]
             worker, chief = (node.wait(contract.caps.run_timeout) for node in nodes)
-            detlaunch_runner.assert_no_leftovers()
+            runner.assert_no_leftovers()
             assert [chief.returncode, worker.returncode] == codes, chief.output + "\n" + worker.output
             if codes == [0, 0]:
                 for rank, run in ((0, chief), (1, worker)):
-                    expected = f"contract rank={rank} chief={CHIEF_ADDR} marker={detlaunch_runner.marker_value}"
+                    expected = f"contract rank={rank} chief={CHIEF_ADDR} marker={runner.marker_value}"
                     assert contract_lines(run, rank) == [expected], run.output
             else:
                 for run in (chief, worker):

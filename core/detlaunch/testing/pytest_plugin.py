@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from .runner import DetlaunchRunner
+from detlaunch.testing.runner import DetlaunchRunner
 
 DECLARED = "declared by the layer"
 

@@ -179,7 +179,7 @@ class Running:
 
     def supervisor_pid(self) -> int:
         """The pid of this node's supervisor: the first process below detlaunch in another PID
-        namespace when the job runs in one of its own (detlaunch.isolation), else detlaunch itself."""
+        namespace when the job runs in one of its own (detlaunch.system.isolation), else detlaunch itself."""
         try:
             own = os.readlink(f"/proc/{self.proc.pid}/ns/pid")
         except OSError:
@@ -202,7 +202,7 @@ class Running:
         The job's processes live in a PID namespace of their own, so the pid a rank prints
         (os.getpid()) is that namespace's; signals and /proc here need this machine's.
         """
-        from detlaunch.control import host_pids
+        from detlaunch.link.control import host_pids
 
         return host_pids(self.supervisor_pid()).get(pid, pid)
 

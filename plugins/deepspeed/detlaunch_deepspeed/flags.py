@@ -1,6 +1,6 @@
 """deepspeed's own flags on detlaunch's command line: what detlaunch does with each (docs/LAUNCHER_FLAGS.md).
 
-tests/test_launcher_flags.py checks this table against deepspeed's runner parser: a flag a new
+tests/planning/test_launcher_flags.py checks this table against deepspeed's runner parser: a flag a new
 deepspeed adds fails the test until it has a row here.
 """
 

@@ -1,6 +1,6 @@
 """horovodrun's own flags on detlaunch's command line: what detlaunch does with each (docs/LAUNCHER_FLAGS.md).
 
-tests/test_launcher_flags.py checks this table against horovodrun's own parser: a flag a new horovod
+tests/planning/test_launcher_flags.py checks this table against horovodrun's own parser: a flag a new horovod
 adds fails the test until it has a row here.
 """
 

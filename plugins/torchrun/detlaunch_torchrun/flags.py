@@ -1,6 +1,6 @@
 """torchrun's own flags on detlaunch's command line: what detlaunch does with each (docs/LAUNCHER_FLAGS.md).
 
-tests/test_launcher_flags.py checks this table against ``torch.distributed.run.get_args_parser()``:
+tests/planning/test_launcher_flags.py checks this table against ``torch.distributed.run.get_args_parser()``:
 a flag a new torch adds fails the test until it has a row here.
 """
 

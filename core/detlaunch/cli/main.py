@@ -1,0 +1,335 @@
+"""The ``detlaunch`` command: argv -> Config -> ClusterInfo -> LaunchPlan -> Supervisor -> exit code."""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import dataclasses
+import json
+import os
+import re
+import signal
+import sys
+import tempfile
+import traceback
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
+
+from detlaunch.cli.control import CONTROL_COMMANDS, control_command
+from detlaunch.errors import ConfigError, DetlaunchError
+from detlaunch.planning.config import (
+    CORE_SECTION,
+    Config,
+    Parser,
+    apply_defaults,
+    build_parser,
+    check_sections,
+    parse,
+    read_config_file,
+    resolve_command,
+    split_argv,
+)
+
+if TYPE_CHECKING:
+    from detlaunch.planning.plugin_manager import Hooks, PluginSet
+
+SUBCOMMANDS = ("layers", "plugins", "info", "doctor")
+
+
+def _truthy(value: str | None) -> bool:
+    return (value or "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def _pre_parser(with_command: bool) -> Parser:
+    # The core parser knows which options take a value, so `--nnodes 2 --layer x` finds the layer.
+    pre = build_parser(add_help=False)
+    pre.add_argument("-h", "--help", action="store_true")
+    pre.set_defaults(format=None)  # given or not: DETLAUNCH_FORMAT only counts when not
+    for action in pre._actions:  # values are checked by the real parse, where a layer may guard them
+        action.type = None
+    if with_command:
+        pre.add_argument("command", nargs=argparse.REMAINDER)
+    return pre
+
+
+def _pre_parse(argv: Sequence[str], env: Mapping[str, str]) -> argparse.Namespace:
+    """Read what is needed before the layer is loaded: --layer, --config, --debug, --format, --help.
+
+    Only detlaunch's own options count: a ``--layer`` or ``-h`` of the user's command is the command's.
+    """
+    head, command = split_argv(argv)
+    # A launcher's single-dash word (horovodrun's -hostfile, -np) is not detlaunch's -h: unknown here.
+    head = ["-" + a if re.match(r"-[^-]{2,}", a) else a for a in head]
+    ns = None
+    if command is not None:  # launcher args before `--`, unless the command started before it
+        ns, extras = _pre_parser(with_command=False).parse_known_args(head)
+        if extras and not extras[0].startswith("-"):
+            ns = None
+    if ns is None:
+        ns, _ = _pre_parser(with_command=True).parse_known_args(head)
+    ns.config = ns.config or env.get("DETLAUNCH_CONFIG")
+    ns.debug = ns.debug or _truthy(env.get("DETLAUNCH_DEBUG"))
+    ns.format = ns.format or env.get("DETLAUNCH_FORMAT") or "text"
+    return ns
+
+
+def without_openssl_hashes() -> None:
+    """hashlib's own sha256 (and the rest) in this process, not OpenSSL's: loading libcrypto costs each of
+    detlaunch's processes ~3 MB (issue 17: <= 30 MB a node), for stevedore's cache key and the job link's
+    HMAC, a few hashes a job. hashlib falls back to its builtins where _hashlib cannot be imported (a Python
+    built without OpenSSL); ssl is a module of its own and works as before. Only OpenSSL's extras are
+    not there (scrypt, names such as "sha512_224"; pbkdf2_hmac is Python 3.11's slow fallback, gone in
+    3.12), and nothing of detlaunch uses them."""
+    if "hashlib" not in sys.modules:
+        sys.modules.setdefault("_hashlib", None)  # type: ignore[arg-type]
+
+
+def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> int:
+    as_command = argv is None  # the detlaunch command itself, not a caller in this interpreter
+    if as_command:
+        without_openssl_hashes()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    env = dict(os.environ if env is None else env)
+    if argv and argv[0] in CONTROL_COMMANDS:  # questions to a running job: no plugin is loaded for them
+        try:
+            return control_command(argv[0], argv[1:], env)
+        except BrokenPipeError:
+            return _reader_went_away()
+    args = argv[1:] if argv and argv[0] in SUBCOMMANDS else argv
+    pre = None
+    try:
+        pre = _pre_parse(args, env)
+        debug = pre.debug
+    except DetlaunchError:  # reported by run(), in one line
+        debug = "--debug" in split_argv(args)[0] or _truthy(env.get("DETLAUNCH_DEBUG"))
+    try:
+        code = run(argv, env, pre)
+        if as_command:
+            exit_at_once(code)
+        return code
+    except DetlaunchError as e:
+        if debug:
+            traceback.print_exc()
+        print(f"detlaunch: error: {e}", file=sys.stderr)
+        return e.exit_code
+    except SystemExit as e:  # --help, --version
+        return e.code if isinstance(e.code, int) else 0
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        return _reader_went_away()
+
+
+def _reader_went_away() -> int:
+    """`detlaunch --dry-run | head`: whoever read our output stopped; end as a shell tool does, quietly."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())  # the interpreter's last flush must not fail again
+    os.close(devnull)
+    return 128 + signal.SIGPIPE
+
+
+def exit_at_once(code: int) -> None:
+    """Exit now, as the interpreter would once atexit ran, without tearing its objects down one by one
+    (unless a plugin left a thread of its own running: then the interpreter joins it, as always).
+
+    That teardown (a full garbage collection over what the start built, then every module's objects) cost
+    each detlaunch ~50 ms of CPU after its job was over: 32 nodes ending together on 2 cores spent seconds
+    in it after their supervisors were done (bench teardown-nodes).
+    """
+    import threading  # loaded already by then: this costs a dict lookup
+
+    if any(t.is_alive() and not t.daemon for t in threading.enumerate() if t is not threading.main_thread()):
+        return
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed pipe: nothing more can be said
+            pass
+    os._exit(code)
+
+
+def run(argv: list[str], env: dict[str, str], pre: argparse.Namespace | None = None) -> int:
+    """One detlaunch command; `pre`: main's _pre_parse of the same argv, if it has one (it costs ~5 ms)."""
+    from detlaunch.planning.plugin_manager import (
+        PluginSet,  # not at import: `detlaunch status` loads no plugin, and starts faster
+    )
+
+    subcommand = argv.pop(0) if argv and argv[0] in SUBCOMMANDS else None
+    pre = pre or _pre_parse(argv, env)
+    sections = read_config_file(pre.config)
+    plugins = PluginSet(env)
+    layers = plugins.layer_names()
+    if sections:
+        check_sections(sections, layers, pre.config)
+    plugins.load_plugins()
+    if subcommand in ("layers", "plugins"):
+        return list_plugins(plugins, subcommand, as_json=pre.format == "json", env=env, debug=pre.debug)
+    for entry in plugins.entries:  # reported, not fatal: the job does not need this plugin
+        if entry.status == "failed":
+            entry = plugins.owned(entry)
+            print(f"detlaunch: warning: plugin {entry.name!r} ({entry.dist} {entry.version}) failed to load and "
+                  f"is skipped: {entry.error} (DETLAUNCH_DISABLE_PLUGINS={entry.name} silences this)",
+                  file=sys.stderr)
+
+    layer = pre.layer or env.get("DETLAUNCH_LAYER") or sections.get(CORE_SECTION, {}).get("layer")
+    if layer:
+        plugins.load_layer(layer)
+    elif subcommand not in ("info", "doctor") and not pre.help:
+        raise ConfigError(f"no layer chosen: add --layer NAME, before the launcher's own flags "
+                          f"(installed: {', '.join(layers) or 'none'})")
+    plugins.check_hooks()
+    hooks = plugins.hooks
+
+    parser = build_parser(layers)
+    core_dests = {a.dest for a in parser._actions}
+    hooks.add_options(parser)
+    layer_dests = {layer: {a.dest for a in parser._actions} - core_dests} if layer else {}
+    apply_defaults(parser, env, sections, layer_dests, pre.config)
+    ns, launcher_args, command = parse(parser, argv, env)
+    options = vars(ns)
+    options["layer"] = layer
+
+    if subcommand == "info":
+        config = Config(layer=layer or "", command=(), launcher_args=(), options=options, env=env)
+        return print_info(hooks.discover_cluster(config), options.get("format", "text"))
+
+    if subcommand == "doctor":
+        return doctor(hooks, Config(layer=layer or "", command=(), launcher_args=tuple(launcher_args),
+                                    options=options, env=env))
+
+    config = Config(layer=layer or "", command=resolve_command(command, env),
+                    launcher_args=tuple(launcher_args), options=options, env=env)
+    from detlaunch.planning.plan import build_plan, render_json, render_text
+
+    cluster = hooks.discover_cluster(config)
+    if cluster.num_nodes > 1 and not options.get("control_port") and options["master_port"] >= 65535:
+        raise ConfigError(f"--master-port {options['master_port']} leaves no port for the link between nodes "
+                          "(master port + 1): give --control-port PORT or a lower --master-port")
+    plan = build_plan(hooks, config, cluster)
+    if options.get("dry_run"):
+        print(render_json(plan) if options.get("format") == "json" else render_text(plan))
+        return 0
+
+    if cluster.num_nodes > 1 and cluster.is_chief:  # refused now, in one line, not half-way through the start
+        from detlaunch.link.fdlimit import check_open_files, chief_needs
+
+        check_open_files(chief_needs(cluster))
+    if options.get("log_dir"):
+        _prepare_log_dir(options["log_dir"])
+
+    from detlaunch.node.supervisor import NodeSupervisor
+    from detlaunch.observe.report import format_report, format_warnings
+    from detlaunch.system.isolation import run_isolated
+    from detlaunch.system.jobdir import lock_job_dir
+    from detlaunch.system.rundirs import remove_stale_run_dirs
+
+    for tmpdir in {os.path.dirname(plan.run_dir), tempfile.gettempdir()}:
+        remove_stale_run_dirs(tmpdir)  # left by a detlaunch of ours that was SIGKILLed
+    job_lock = None
+    if cluster.num_nodes > 1 or options.get("job_dir"):  # held by this process until it exits
+        job_lock = lock_job_dir(plan.shared_dir, cluster.node_rank, cluster.job_id, bool(options.get("job_dir")))
+
+    def supervise() -> int:
+        supervisor = NodeSupervisor(plan, debug=bool(options.get("debug")), on_event=hooks.event)
+        result = supervisor.run()
+        for problem in hooks.job_finished(plan.context, result):
+            print(f"detlaunch: warning: a job_finished observer failed: {problem}", file=sys.stderr)
+        for line in [*format_warnings(result), *supervisor.attempts_report(), *format_report(result)]:
+            print(line, file=sys.stderr)
+        return result.exit_code
+
+    try:
+        hooks.job_started(plan.context, plan.stage)  # scheduler side effects; a failure is one error line
+        if options.get("no_pid_namespace"):
+            return supervise()
+        return run_isolated(supervise, warn=lambda line: print(f"detlaunch: warning: {line}", file=sys.stderr))
+    finally:
+        if job_lock is not None:
+            job_lock.release()
+
+
+def _prepare_log_dir(path: str) -> None:
+    """Create --log-dir before anything starts: a bad one is one line here, not a crash mid-launch."""
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(f"cannot create --log-dir {path}: {e.strerror}; pick a writable directory") from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise ConfigError(f"--log-dir {path} is not writable; pick a writable directory")
+
+
+def list_plugins(plugins: PluginSet, which: str, as_json: bool, env: Mapping[str, str] | None = None,
+                 debug: bool = False) -> int:
+    """``detlaunch layers`` / ``detlaunch plugins``: what is installed, from where, and whether it loads.
+
+    Each layer is loaded on its own (a fresh plugin manager each), so that one layer's failure,
+    or its unknown hook, is its own line and never hides another's. A disabled layer is not imported.
+    """
+    from detlaunch.planning.plugin_manager import LAYERS, PLUGINS, PluginSet
+
+    groups = (LAYERS,) if which == "layers" else (LAYERS, PLUGINS)
+    disabled_env = {"DETLAUNCH_DISABLE_PLUGINS": ",".join(sorted(plugins.disabled))}
+    tracebacks = dict(plugins.tracebacks)
+    for name in plugins.layer_names():
+        one = PluginSet(disabled_env if env is None else env)
+        try:
+            one.load_layer(name)
+            one.check_hooks()
+        except DetlaunchError as exc:
+            if one.entries and one.entries[-1].status == "loaded":  # loaded, but its hooks are wrong
+                one.entries[-1] = dataclasses.replace(one.entries[-1], status="failed", error=str(exc))
+        tracebacks.update(one.tracebacks)
+        plugins.entries.extend(one.entries)
+    entries = plugins.list_entries(groups)
+    if as_json:
+        print(json.dumps([dataclasses.asdict(e) for e in entries], indent=2))
+        return 0
+    width = max((len(e.name) for e in entries), default=4)
+    for e in entries:
+        kind = "layer " if e.group == LAYERS else "plugin"
+        line = f"{kind} {e.name:<{width}}  {e.dist} {e.version}  ({e.target})  {e.status}"
+        if e.error:
+            line += f": {e.error}"
+        print(line)
+        if debug and e.status == "failed" and tracebacks.get(e.name):
+            print("    " + tracebacks[e.name].rstrip().replace("\n", "\n    "))
+    return 0
+
+
+def doctor(hooks: Hooks, config: Config) -> int:
+    """``detlaunch doctor [--layer NAME]``: core's checks, then every plugin's; 1 if a required one failed."""
+    from detlaunch.planning.doctor import core_checks, exit_code
+
+    checks = [*core_checks(config), *hooks.doctor_checks(config)]
+    for check in checks:
+        print(check.line())
+    if not config.layer:
+        print("(add --layer NAME to check what a layer needs)")
+    return exit_code(checks)
+
+
+def print_info(cluster: object, fmt: str) -> int:
+    """``detlaunch info``: what discovery found on this node, and from which flag or variable."""
+    from detlaunch.planning.cluster import ClusterInfo
+
+    assert isinstance(cluster, ClusterInfo)
+    nodes = [{"rank": i, "addr": a, "slots": s}
+             for i, (a, s) in enumerate(zip(cluster.node_addrs, cluster.slots, strict=True))]
+    if fmt == "json":
+        print(json.dumps({"provider": cluster.provider, "job_id": cluster.job_id, "node_rank": cluster.node_rank,
+                          "chief": cluster.chief_addr, "nodes": nodes, "sources": dict(cluster.sources)}, indent=2))
+        return 0
+    print(f"provider: {cluster.provider}")
+    print(f"job id:   {cluster.job_id}")
+    print(f"this node: rank {cluster.node_rank} of {cluster.num_nodes}, {cluster.local_slots} slot(s)")
+    print(f"chief:    {cluster.chief_addr}")
+    for i, (addr, slots) in enumerate(zip(cluster.node_addrs, cluster.slots, strict=True)):
+        here = "  (this node)" if i == cluster.node_rank and cluster.num_nodes > 1 else ""
+        print(f"  node {i}: {addr or '(address unknown)'}  slots={slots}{here}")
+    for what, source in cluster.sources.items():
+        print(f"  {what} from {source}")
+    return 0
+
+
+__all__ = ["main", "Parser"]

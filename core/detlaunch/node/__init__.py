@@ -1,0 +1,11 @@
+"""One node's part of the job: the supervisor and the parts it drives.
+
+Owns the supervisor, the policy that ties the parts (`supervisor.py`), its state machine
+(`phase.py`), the root cause (`verdict.py`, pure), hangs (`hangs.py`, `progress_watch.py`), what
+happens between attempts (`attempt_driver.py`), the launchers and daemons it started
+(`process_table.py`, `standby.py`), the ranks' wrappers (`rank_registry.py`) and the stage's
+files (`stage_files.py`).
+
+May import: every part below it (`link`, `planning`, `restarts`, `stacks`, `observe`, `system`,
+`rank`) and the top-level modules. Never `cli`.
+"""

@@ -1,0 +1,168 @@
+"""Between two attempts of a job-wide restart, on one node: the backoff, the next start, lost nodes.
+
+attempts.Attempts keeps the count and the history and asks the restart policy; this part runs the
+timers and the order of things between an attempt's end and the next one's start, on the node's
+event loop. What an attempt is made of (its processes, ranks, verdict) stays the supervisor's: the
+driver reaches it only through `AttemptHost`, so it reads in one sitting and the supervisor does not
+carry the restart's branches.
+
+    chief:  attempt over ─ restart_if_decided ─► backoff ─(delay over)─► next_attempt ─► start_attempt
+                                                    │ a node lost meanwhile: forgotten   ▲
+                                                    └─► await_rejoin ──(every node back)─┘ (--start-timeout)
+    worker: the chief's "restart" ─► backoff ─(its delay, or the chief's "go")─► next_attempt
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Protocol
+
+from detlaunch.link.joblink import ChiefLink, WorkerLink
+from detlaunch.node.phase import Phase
+from detlaunch.node.verdict import Event, NodeLost
+from detlaunch.planning.plan import LaunchPlan
+from detlaunch.restarts.attempts import Attempts
+from detlaunch.restarts.policy import AttemptEnd
+from detlaunch.system.eventloop import EventLoop, Timer, cancel_timer
+
+
+class AttemptHost(Protocol):
+    """What the driver needs of the node's supervisor."""
+
+    loop: EventLoop
+    plan: LaunchPlan
+    attempts: Attempts
+
+    @property
+    def phase(self) -> Phase: ...
+
+    @property
+    def link(self) -> ChiefLink | WorkerLink | None: ...
+
+    def say(self, message: str) -> None: ...
+
+    def attempt_end(self) -> AttemptEnd:
+        """How the attempt that just ended ended, as the restart policy reads it."""
+
+    def stopped_why(self) -> str:
+        """Why the job ended while no attempt ran (a signal, a failure during the backoff)."""
+
+    def end_attempt(self) -> None:
+        """The last attempt's processes are gone: drop its timers and verdict, enter BACKOFF."""
+
+    def start_attempt(self, attempt: int) -> None:
+        """Fresh parts for `attempt`, STARTING, and its stage."""
+
+    def fail(self, event: Event) -> None: ...
+
+
+class AttemptDriver:
+    def __init__(self, host: AttemptHost) -> None:
+        self.host = host
+        self.backoff_timer: Timer | None = None
+        self.rejoin_timer: Timer | None = None  # chief: the bound on lost nodes coming back (--start-timeout)
+
+    # -- the chief decides ---------------------------------------------------------------------
+    def restart_if_decided(self) -> bool:
+        """Chief, every node's part of the attempt over: record how it ended and start another if the
+        policy says so (workers follow the chief's "restart"). False: the job ends now."""
+        h = self.host
+        if not h.attempts.policy.enabled or not h.plan.cluster.is_chief:
+            return False
+        if not h.attempts.running:  # stopped during the backoff: that attempt never started
+            h.attempts.stopped_waiting(h.stopped_why())
+            return False
+        decision = h.attempts.ended(h.attempt_end())
+        if not decision.restart:
+            return False
+        h.say(h.attempts.restarting())
+        if isinstance(h.link, ChiefLink):
+            h.link.restart(decision.next_attempt, decision.delay)  # lost nodes are forgotten: they may rejoin
+        self.begin_backoff(decision.next_attempt, decision.delay)
+        return True
+
+    def begin_backoff(self, attempt: int, delay: float | None) -> None:
+        """Every process of the last attempt is gone: wait `delay`, then start `attempt` afresh
+        (None: a worker waiting for the chief's go, which comes once every lost node is back)."""
+        self.host.end_attempt()
+        self.stop_waiting()
+        if delay is not None:
+            self.backoff_timer = self.host.loop.call_later(delay, lambda: self.next_attempt(attempt))
+
+    def next_attempt(self, attempt: int) -> None:
+        h = self.host
+        if h.phase is not Phase.BACKOFF:
+            return
+        if isinstance(h.link, ChiefLink) and h.link.missing_nodes():
+            self._await_rejoin(attempt)
+            return
+        h.start_attempt(attempt)
+
+    def stop_waiting(self) -> None:
+        """A signal or a failure during the backoff: the next attempt never starts."""
+        cancel_timer(self.backoff_timer)
+        self.backoff_timer = None
+
+    # -- a worker follows ------------------------------------------------------------------------
+    def chief_restart(self, attempt: int, delay: float | None) -> None:
+        """Worker: the chief starts attempt `attempt` on every node after `delay` seconds
+        (None: once the lost nodes are back, when the chief says go)."""
+        h = self.host
+        if h.phase is Phase.CLOSING:
+            when = "once every lost node is back" if delay is None else f"in {delay:.1f} s"
+            h.say(f"the chief restarts the job: attempt {attempt} {when}")
+            self.begin_backoff(attempt, delay)
+        elif h.phase is Phase.BACKOFF and delay is None and self.backoff_timer is not None:
+            self.stop_waiting()  # a node was lost during the backoff: wait for the chief's go
+            h.say(f"the chief holds attempt {attempt} until every lost node is back")
+
+    def joined(self, attempt: int, hold: bool) -> bool:
+        """Worker, joined with restarts on: False if this is the first attempt and it starts now;
+        else wait for it (a node that was lost and started again joins a later one, maybe held)."""
+        if attempt == 1 and not hold:
+            return False
+        self.host.say(f"joined the job at attempt {attempt}" + (": waiting for the other nodes" if hold else ""))
+        self.begin_backoff(attempt, None if hold else 0.0)
+        return True
+
+    # -- lost nodes coming back (chief) ------------------------------------------------------------
+    def _await_rejoin(self, attempt: int) -> None:
+        """Attempt `attempt` is due, but lost nodes are not back: wait at most --start-timeout."""
+        h = self.host
+        assert isinstance(h.link, ChiefLink)
+        h.attempts.due = attempt
+        if self.rejoin_timer is None:
+            who = ", ".join(f"{n} ({h.link.addr_of(n)})" for n in h.link.missing_nodes())
+            h.say(f"waiting for node(s) {who} to join again (at most {h.plan.start_timeout:g} s, --start-timeout)")
+            self.rejoin_timer = h.loop.call_later(h.plan.start_timeout, self._rejoin_timeout)
+
+    def lost_between_attempts(self, node: int, addr: str, why: str) -> None:
+        """In the backoff: a node was lost while nothing ran. No attempt failed, so nothing is counted;
+        as after a node lost mid-run, it is forgotten and the next attempt waits for it."""
+        h = self.host
+        assert isinstance(h.link, ChiefLink)
+        h.link.forget_lost()
+        h.say(f"lost node {node} ({addr}) while waiting to restart ({why}): attempt "
+              f"{h.attempts.due or h.attempts.number + 1} waits for it to join again")
+        if h.attempts.due is not None:  # the backoff is over already: the --start-timeout bound runs
+            self._await_rejoin(h.attempts.due)
+
+    def rejoined(self) -> None:
+        """In the backoff: every lost node is back; the attempt starts if its backoff is over."""
+        cancel_timer(self.rejoin_timer)
+        self.rejoin_timer = None
+        due = self.host.attempts.due
+        self.host.say(f"every node is back: attempt {due or self.host.attempts.number + 1} starts"
+                      + ("" if due is not None else " when the backoff is over"))
+        if due is not None:
+            self.next_attempt(due)
+
+    def _rejoin_timeout(self) -> None:
+        """A lost node did not come back within --start-timeout: the job ends (lost node's exit code)."""
+        self.rejoin_timer = None
+        h = self.host
+        if h.phase is not Phase.BACKOFF or not isinstance(h.link, ChiefLink):
+            return
+        for node in h.link.missing_nodes():
+            h.fail(NodeLost(node, h.link.addr_of(node), f"it did not join again within "
+                            f"{h.plan.start_timeout:g} s (--start-timeout)", time.time()))

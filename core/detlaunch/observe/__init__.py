@@ -1,0 +1,9 @@
+"""What anyone can see of a job: events, status, the console and the end-of-job report.
+
+Owns the typed event stream and its log (`events.py`), the one door every event goes through
+(`emitter.py`), what `detlaunch status` shows (`status.py`) and the samples behind it
+(`sampler.py`), the folding console (`dedupe.py`, `console.py`) and the report printed at the end
+(`report.py`). Watching is a side channel: nothing here can stop a job.
+
+May import: `rank`, `system`, and the top-level `errors`, `numbers`, `outcome`.
+"""

@@ -1,0 +1,364 @@
+"""Options: the command line, mirrored by DETLAUNCH_* variables and a config file.
+
+Precedence, highest first: command-line flag, ``DETLAUNCH_<OPTION>`` environment
+variable, the config file (``--config``/DETLAUNCH_CONFIG, TOML: a ``[detlaunch]``
+section for these options, a section named after the layer for its own), then
+the documented default.
+
+The command line reads ``detlaunch [OPTIONS] [LAUNCHER_ARGS... --] COMMAND...``:
+anything detlaunch does not know, given before ``--``, is passed to the
+underlying launcher (torchrun, horovodrun...). Without ``--``, the first
+argument that is not an option starts the command; a ``--`` that comes after the
+command has started belongs to the command. Launcher arguments always start with
+an option (``--rdzv-backend c10d --``).
+
+An empty ``DETLAUNCH_<OPTION>`` variable counts as unset.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import shutil
+import string
+import sys
+from collections.abc import Mapping, Sequence
+from typing import Any, NoReturn
+
+from detlaunch.errors import ConfigError
+from detlaunch.launcher_flags import elsewhere_hint, finish_launcher_flags, layer_table
+from detlaunch.numbers import Number as Number
+from detlaunch.numbers import ports
+from detlaunch.observe.dedupe import DEFAULT_WINDOW
+from detlaunch.rank.protocol import DEFAULT_GRACE, DEFAULT_PREFIX
+from detlaunch.restarts.policy import NUMBERS as RESTART_NUMBERS
+from detlaunch.restarts.policy import add_restart_options
+from detlaunch.system.safefs import read_regular_file
+
+ENV_PREFIX = "DETLAUNCH_"
+CORE_SECTION = "detlaunch"
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """Every parsed option, and the command to run on each rank."""
+
+    layer: str
+    command: tuple[str, ...]
+    launcher_args: tuple[str, ...]
+    options: Mapping[str, Any]
+    env: Mapping[str, str]
+
+    def __getattr__(self, name: str) -> Any:
+        # Options read as attributes: config.nproc_per_node, config.grace_period...
+        try:
+            return self.options[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse that raises ConfigError (one line) instead of printing usage and exiting."""
+
+    def error(self, message: str) -> NoReturn:
+        raise ConfigError(f"{message} (see detlaunch --help)")
+
+
+# Every numeric core option, its default and its range: the one place each is defined.
+NUMBERS: Mapping[str, Number] = {
+    "nproc_per_node": Number(int, 1, 4096),
+    "nnodes": Number(int, 1, 65536),
+    "node_rank": Number(int, 0, 65535),
+    "master_port": ports(29500),
+    "control_port": ports(),
+    "grace_period": Number(float, 0, 3600, DEFAULT_GRACE, "s"),
+    "start_timeout": Number(float, 0.001, 7 * 86400, 300.0, "s"),
+    "heartbeat": Number(float, 0.01, 60, 1.0, "s"),
+    "hang_timeout": Number(float, 0, 7 * 86400, 0.0, "s"),  # 0: off
+    "dump_budget": Number(float, 0, 10, 1.5, "s"),  # 0: stop at once, no stacks
+    "ssh_port": ports(),  # ssh.py's --ssh-port (the ssh layers' option)
+    "dedupe_window": Number(float, 0.001, 60, DEFAULT_WINDOW, "s"),
+    **RESTART_NUMBERS,  # --max-restarts, --restart-backoff...: defined in restart.py, which config imports
+}
+RANK = Number(int, 0, 2**31 - 1)
+
+
+def number(dest: str) -> dict[str, Any]:
+    """argparse keywords for a numeric core option: its checked type, and its default."""
+    n = NUMBERS[dest]
+    return {"type": n} if n.default is None else {"type": n, "default": n.default}
+
+
+def rank_list(text: str) -> tuple[int, ...]:
+    return tuple(int(RANK(r)) for r in text.split(",") if r.strip())
+
+
+PREFIX_FIELDS = ("rank", "node", "host")
+DEDUPE_MIN_RANKS = 4  # "more than a few": fewer ranks than this rarely drown a console
+
+
+def line_prefix(text: str) -> str:
+    """A --prefix template: only {rank}, {node} and {host} (the wrapper fills them in with str.format)."""
+    fields = ", ".join("{" + f + "}" for f in PREFIX_FIELDS)
+    try:
+        named = [name for _, name, _, _ in string.Formatter().parse(text) if name is not None]
+        unknown = [name for name in named if name not in PREFIX_FIELDS]
+        if unknown:  # also {rank.x} and {rank[0]}: a bare field name only
+            raise argparse.ArgumentTypeError(f"{text!r} names an unknown field {unknown[0]!r}; use {fields}")
+        text.format(rank=0, node=0, host="h")
+    except (KeyError, IndexError, AttributeError, TypeError, ValueError) as e:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a valid template ({e}); use {fields}, "
+                                         "and write {{ for a brace") from None
+    return text
+
+
+def build_parser(layer_names: Sequence[str] = (), add_help: bool = True) -> Parser:
+    p = Parser(
+        prog="detlaunch",
+        usage="detlaunch --layer NAME [OPTIONS] [LAUNCHER_ARGS... --] COMMAND [ARGS...]\n"
+        "       detlaunch {layers,plugins,info,doctor} [OPTIONS]",
+        description="Start a distributed training job on this node, supervised: any rank's "
+        "failure stops the whole job with that rank's exit code; every output line carries its "
+        "rank; signals reach every process; nothing is left running.",
+        epilog="Every option --foo-bar is also read from DETLAUNCH_FOO_BAR. "
+        f"Installed layers: {', '.join(layer_names) or 'none'}.",
+        allow_abbrev=False,
+        add_help=add_help,
+    )
+    g = p.add_argument_group("job")
+    g.add_argument("--layer", help="launch layer: " + (", ".join(layer_names) or "see `detlaunch layers`"))
+    g.add_argument("--config", metavar="FILE", help="TOML config file ([detlaunch] and [<layer>] sections)")
+    g.add_argument("--job-id", help="job id shared by every node (default: from the scheduler, "
+                   "else derived from the host list for multi-node jobs, else random)")
+    g.add_argument("--dry-run", action="store_true", help="print this node's plan; start nothing")
+    g.add_argument("--format", choices=("text", "json"), default="text", help="--dry-run and info output")
+    g.add_argument("--debug", action="store_true", help="tracebacks and launcher verbosity")
+
+    g = p.add_argument_group("cluster (torchrun-style flags, or --hosts/--hostfile)")
+    g.add_argument("--nproc-per-node", **number("nproc_per_node"), metavar="N",
+                   help="ranks on this node (default: visible GPUs, else 1)")
+    g.add_argument("--nnodes", **number("nnodes"), metavar="N", help="number of nodes")
+    g.add_argument("--node-rank", **number("node_rank"), metavar="R", help="this node's rank (0 is the chief)")
+    g.add_argument("--master-addr", metavar="ADDR", help="the chief's address")
+    g.add_argument("--master-port", **number("master_port"), metavar="PORT",
+                   help="rendezvous port on the chief (default %(default)s)")
+    g.add_argument("--node-addr", metavar="ADDR", help="this node's own address (default: from the host list)")
+    g.add_argument("--hosts", metavar="H:S,...", help="every node and its slots: 10.0.0.1:8,10.0.0.2:8")
+    g.add_argument("--hostfile", metavar="FILE", help="MPI-style hostfile: 'host slots=N' per line")
+    g.add_argument("--cluster", metavar="PROVIDER", help="force a discovery provider (see detlaunch plugins)")
+
+    g = p.add_argument_group("supervision")
+    g.add_argument("--grace-period", **number("grace_period"), metavar="S",
+                   help="after asking processes to stop, SIGKILL them this many seconds later (default %(default)g)")
+    g.add_argument("--start-timeout", **number("start_timeout"), metavar="S",
+                   help="give up when the ranks (or peers) have not started after this long, or when a lost node has "
+                   "not joined again for the next attempt (default %(default)g)")
+    g.add_argument("--no-pid-namespace", action="store_true",
+                   help="do not run the job in a PID namespace of its own (by default every process of the job "
+                   "is in one, so nothing it starts can outlive detlaunch, even a SIGKILLed one)")
+    g.add_argument("--control-port", **number("control_port"), metavar="PORT",
+                   help="multi-node: the chief's port for the other nodes' supervisors (default: master port + 1)")
+    g.add_argument("--heartbeat", **number("heartbeat"), metavar="S",
+                   help="multi-node: heartbeat interval; a node silent for 5 intervals is lost (default %(default)g)")
+    g.add_argument("--hang-timeout", **number("hang_timeout"), metavar="S",
+                   help="when no rank on any node has shown progress (an output line, or detlaunch.rank.progress()) "
+                   "for S seconds, print every rank's stack and the suspects, and stop the job with exit code "
+                   "124 (default 0: off)")
+    g.add_argument("--dump-budget", **number("dump_budget"), metavar="S",
+                   help="when a rank fails, take the other ranks' stacks within S seconds before stopping them "
+                   "(default %(default)g; 0: stop at once)")
+    g.add_argument("--job-dir", metavar="DIR",
+                   help="job directory shared by all nodes, for per-job ssh keys "
+                   "(default ~/.cache/detlaunch/jobs/JOB_ID)")
+    g.add_argument("--log-dir", metavar="DIR", help="also write each rank's output to DIR/rank-N.log "
+                   "(DIR/attempt-K/rank-N.log with --max-restarts)")
+    g.add_argument("--ranks", type=rank_list, metavar="R,R", help="only these global ranks reach the console, "
+                   "on whichever node they run (not local ranks: 0 is rank 0 of the job); log files get every rank")
+    g.add_argument("--prefix", type=line_prefix, default=DEFAULT_PREFIX, metavar="TEMPLATE",
+                   help="what starts each output line: {rank}, {node} (node rank) and {host} are replaced "
+                   "(default '[rank={rank}] '; e.g. '{rank}@{host}: ')")
+    g.add_argument("--dedupe", action=argparse.BooleanOptionalAction, default=None,
+                   help="fold identical lines that several ranks of a node print within the window into one "
+                   "'[ranks=0-7] line' on the console (log files keep every line). Default: on when the "
+                   f"console is a terminal and a node runs more than {DEDUPE_MIN_RANKS} ranks")
+    g.add_argument("--dedupe-window", **number("dedupe_window"), metavar="S",
+                   help="--dedupe: how long a line may wait for the same line from other ranks (default %(default)g)")
+    g.add_argument("--events", metavar="FILE", help="append the job's events to FILE, one JSON object a line "
+                   "(default: in --log-dir, events.jsonl on node 0, events-node-N.jsonl on node N; see docs/EVENTS.md)")
+    add_restart_options(p)
+    return p
+
+
+def option_env_name(dest: str) -> str:
+    return ENV_PREFIX + dest.upper()
+
+
+def _convert(action: argparse.Action, raw: Any, where: str, fix: str) -> Any:
+    """Check and convert one value from the environment or the config file, as the flag would."""
+    if isinstance(action, (argparse._StoreTrueAction, argparse._StoreFalseAction, argparse.BooleanOptionalAction)):
+        text = str(raw).strip().lower()
+        if text in ("1", "true", "yes", "on"):
+            return True
+        if text in ("0", "false", "no", "off", ""):
+            return False
+        raise ConfigError(f"{where}={raw!r} is not a yes/no value: write 1 or 0; {fix}")
+    if isinstance(raw, bool) or not isinstance(raw, (str, int, float)):
+        raise ConfigError(f"{where}={raw!r}: write a single value (a string or a number); {fix}")
+    value: Any = str(raw)  # a TOML number is checked exactly like the same text on the command line
+    if action.type is not None:
+        try:
+            value = action.type(value)  # type: ignore[operator]
+        except argparse.ArgumentTypeError as e:
+            raise ConfigError(f"{where}={raw!r}: {e}; {fix}") from None
+        except (TypeError, ValueError):
+            kind = getattr(action.type, "__name__", "value")
+            raise ConfigError(f"{where}={raw!r} is not a valid {kind}; {fix}") from None
+    if action.choices is not None and value not in action.choices:
+        raise ConfigError(f"{where}={raw!r}: choose one of {', '.join(map(str, action.choices))}; {fix}")
+    return value
+
+
+def read_config_file(path: str | None) -> dict[str, dict[str, Any]]:
+    if not path:
+        return {}
+    import tomllib  # only when there is a file: most runs have none, and it costs a start ~5 ms
+
+    try:
+        data = tomllib.loads(read_regular_file(path).decode("utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"config file not found: {path}") from None
+    except OSError as e:
+        raise ConfigError(f"cannot read config file {path}: {e.strerror}; give a TOML file") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"config file {path} is not valid TOML: it is not UTF-8 text") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"config file {path} is not valid TOML: {e}") from None
+    for section, values in data.items():
+        if not isinstance(values, dict):
+            raise ConfigError(f"config file {path}: {section!r} must be a [section]")
+    return data
+
+
+def check_sections(sections: Mapping[str, Any], layer_names: Sequence[str], path: str | None) -> None:
+    """Every section of the config file is [detlaunch] or an installed layer's: catch typos."""
+    known = (CORE_SECTION, *layer_names)
+    for section in sections:
+        if section not in known:
+            raise ConfigError(f"config file {path}: unknown section [{section}]; use "
+                              f"{', '.join(f'[{k}]' for k in known)}")
+
+
+def apply_defaults(
+    parser: argparse.ArgumentParser,
+    env: Mapping[str, str],
+    sections: Mapping[str, Mapping[str, Any]],
+    layer_dests: Mapping[str, set[str]],
+    config_path: str | None,
+) -> None:
+    """Set option defaults from the config file, then from DETLAUNCH_* variables (which win)."""
+    actions = {a.dest: a for a in parser._actions if a.option_strings and a.dest != "help"}
+    owner = {dest: section for section, dests in layer_dests.items() for dest in dests}
+    for section, values in sections.items():
+        for key, raw in values.items():
+            dest = key.replace("-", "_")
+            if dest not in actions or owner.get(dest, CORE_SECTION) != section:
+                if section == CORE_SECTION or section in layer_dests:
+                    raise ConfigError(f"config file {config_path}: unknown option {key!r} in [{section}]")
+                continue  # a section for a layer not in use
+            if isinstance(raw, list):
+                raw = ",".join(map(str, raw))
+            parser.set_defaults(**{dest: _convert(actions[dest], raw, f"[{section}] {key}",
+                                                  f"fix it in {config_path}")})
+    for dest, action in actions.items():
+        name = option_env_name(dest)
+        if env.get(name):
+            parser.set_defaults(**{dest: _convert(action, env[name], name, f"fix or unset {name}")})
+
+
+def split_argv(argv: Sequence[str]) -> tuple[list[str], list[str] | None]:
+    """Split at the first ``--``: (options, command), command None when there is no ``--``."""
+    if "--" in argv:
+        i = list(argv).index("--")
+        return list(argv[:i]), list(argv[i + 1 :])
+    return list(argv), None
+
+
+def parse(
+    parser: argparse.ArgumentParser, argv: Sequence[str], env: Mapping[str, str]
+) -> tuple[argparse.Namespace, list[str], list[str]]:
+    """Parse options; return (options, launcher_args, command).
+
+    A layer's launcher flags (launcher_flags.py) are applied once everything is parsed; those that
+    only the launcher knows join the launcher args.
+    """
+    ns, launcher_args, command = _split_options(parser, argv)
+    if getattr(ns, "dedupe", None) and (getattr(ns, "prefix", None) or DEFAULT_PREFIX) != DEFAULT_PREFIX:
+        raise ConfigError(f"--dedupe folds lines that carry the default prefix {DEFAULT_PREFIX.strip()!r} only: "
+                          "give --prefix or --dedupe, not both")
+    return ns, [*finish_launcher_flags(parser, ns), *launcher_args], command
+
+
+def _split_options(
+    parser: argparse.ArgumentParser, argv: Sequence[str]
+) -> tuple[argparse.Namespace, list[str], list[str]]:
+    head, command = split_argv(argv)
+    if command is None:
+        return _parse_without_separator(parser, head)
+    ns, launcher_args = parser.parse_known_args(head)
+    if not launcher_args or launcher_args[0].startswith("-"):
+        return ns, launcher_args, command
+    # The command started before the `--` (train.py --epochs 3 -- extra): that `--` is the command's.
+    ns, _, started = _parse_without_separator(parser, head)
+    return ns, [], [*started, "--", *command]
+
+
+def _parse_without_separator(
+    parser: argparse.ArgumentParser, argv: Sequence[str]
+) -> tuple[argparse.Namespace, list[str], list[str]]:
+    """The first argument that is not an option starts the command; the rest is the command's."""
+    parser.add_argument("command", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+    ns, unknown = parser.parse_known_args(argv)
+    command = ns.command
+    if unknown:
+        raise ConfigError(unknown_option_message(parser, unknown[0], getattr(ns, "layer", None) or "NAME"))
+    del ns.command
+    return ns, [], command
+
+
+def unknown_option_message(parser: argparse.ArgumentParser, arg: str, layer: str = "NAME") -> str:
+    """Name the fix: detlaunch's spelling of a near miss or of another launcher's flag (``-np`` on a
+    layer other than horovod's), else the `--` that hands it to the launcher."""
+    import difflib  # a typo's path only
+
+    name = arg.split("=", 1)[0]
+    known = [s for s in parser._option_string_actions if s.startswith("--")]
+    close = difflib.get_close_matches(name.replace("_", "-"), known, n=1, cutoff=0.8)
+    if close:
+        return f"unknown option {arg}: did you mean {close[0]}?"
+    launcher, table = layer_table(parser)
+    hint = elsewhere_hint(arg, table, launcher)
+    if hint:
+        return f"unknown option {arg}: {hint}"
+    return (f"unknown option {arg}: if it is for the launcher, add -- before the script "
+            f"(detlaunch --layer {layer} {arg} ... -- train.py); detlaunch --layer {layer} --help lists its options")
+
+
+def resolve_command(command: Sequence[str], env: Mapping[str, str]) -> tuple[str, ...]:
+    """The user's command as each rank runs it: ``x.py`` runs under this Python, unbuffered."""
+    if not command:
+        raise ConfigError("no command given: detlaunch --layer NAME [OPTIONS] train.py [ARGS...]")
+    first = command[0]
+    if first.startswith("-"):
+        raise ConfigError(f"{first} is not a command: give detlaunch's and the launcher's flags before `--` "
+                          "and the command after it (detlaunch --layer NAME [FLAGS] -- train.py [ARGS])")
+    if first.endswith(".py"):
+        if not os.path.isfile(first):
+            raise ConfigError(f"script not found: {first} (relative to {os.getcwd()})")
+        return (sys.executable, "-u", *command)
+    if "/" in first:
+        if not os.access(first, os.X_OK) or os.path.isdir(first):
+            raise ConfigError(f"command not found or not executable: {first}")
+    elif shutil.which(first, path=env.get("PATH")) is None:
+        raise ConfigError(f"command not found: {first} (not on PATH)")
+    return tuple(command)

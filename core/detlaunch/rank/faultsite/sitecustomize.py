@@ -1,0 +1,55 @@
+"""detlaunch's stack fallback, run by site in a rank's Python (see detlaunch/rank/faultdump.py).
+
+The rank wrapper put this folder first on PYTHONPATH and named a private file in
+DETLAUNCH_FAULTHANDLER_FILE. Here: register faulthandler for SIGRTMIN+7 into that file (unless the
+signal has a handler already), write a header line saying so, then undo the wrapper's changes
+(this folder off PYTHONPATH and sys.path, the variable gone: the rank's children do not register)
+and import the sitecustomize this one shadows (the user's, or the distribution's), as site would.
+"""
+
+import os
+import sys
+
+
+def _register() -> None:
+    path = os.environ.pop("DETLAUNCH_FAULTHANDLER_FILE", None)
+    if not path:
+        return
+    import _signal
+    import _thread
+    import faulthandler
+
+    signum = 34 + 7  # faultdump.SIGNAL
+    if _signal.getsignal(signum) not in (_signal.SIG_DFL, None):
+        return  # someone's handler: leave it alone (the file stays empty: detlaunch says why)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return
+    faulthandler.register(signum, file=fd, all_threads=True, chain=False)  # fd stays open for faulthandler
+    os.write(fd, f"detlaunch-faulthandler pid={os.getpid()} signal={signum} main={_thread.get_ident():#x}\n".encode())
+
+
+def _undo_path() -> None:
+    here = os.path.dirname(os.path.abspath(__file__))
+    old = os.environ.get("PYTHONPATH")
+    if old == here:
+        del os.environ["PYTHONPATH"]
+    elif old is not None and old.startswith(here + ":"):
+        os.environ["PYTHONPATH"] = old[len(here) + 1:]
+    sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != here]
+
+
+try:
+    _register()
+except Exception as e:  # never break the rank for a fallback
+    sys.stderr.write(f"detlaunch: faulthandler fallback not registered: {e!r}\n")
+_undo_path()
+_this = sys.modules.pop("sitecustomize")
+try:
+    import sitecustomize  # noqa: F401  (the next one on sys.path: the one this file shadows)
+except ImportError as e:
+    if e.name != "sitecustomize":
+        raise
+finally:
+    sys.modules.setdefault("sitecustomize", _this)  # none further on: the import system expects this one

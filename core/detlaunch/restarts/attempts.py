@@ -1,0 +1,79 @@
+"""One job's attempts, as a node's supervisor counts them: which one runs, how each ended, what comes next.
+
+The restart policy (restart.py) decides from the history; this is the bookkeeping around it that the
+supervisor drives, on the chief for the whole job (a worker only follows the attempt number):
+
+    attempt N runs ──(it ended: ended())──► RestartDecision ──restart──► waiting (backoff; lost nodes away)
+         ▲                                     │ no                        │ backoff over: due = N+1
+         │                                     ▼                           │ every node back
+         └──────────────── begin(N+1) ◄────────┴── the job ends ◄── stopped_waiting() (a signal, a failure)
+
+Pure: no I/O, no clock (times come in), no timers: the supervisor owns those.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+
+from detlaunch.outcome import Failure, FailureKind, signal_name
+from detlaunch.restarts.policy import AttemptEnd, FailureClass, RestartDecision, RestartPolicy, Rng, format_attempts
+
+
+@dataclasses.dataclass
+class Attempts:
+    """number: the attempt that runs or comes next (1 for the first). running: False between attempts.
+    due: the chief, the backoff is over but lost nodes are not back: the attempt that then starts."""
+
+    policy: RestartPolicy
+    rng: Rng = dataclasses.field(default_factory=random.Random)
+    number: int = 1
+    running: bool = True
+    history: list[AttemptEnd] = dataclasses.field(default_factory=list)
+    decision: RestartDecision | None = None
+    due: int | None = None
+
+    def ended(self, end: AttemptEnd) -> RestartDecision:
+        """The chief: the attempt that ran ended this way; record it and decide for the whole job."""
+        self.history.append(end)
+        self.decision = self.policy.decide(self.history, self.rng)
+        return self.decision
+
+    def stopped_waiting(self, why: str) -> RestartDecision:
+        """The job was stopped between attempts (`why`): the next one never starts."""
+        self.decision = RestartDecision(False, f"{why} before attempt {self.number + 1} started: not restarting")
+        return self.decision
+
+    def restarting(self) -> str:
+        """The line the chief prints when it restarts the job."""
+        assert self.history and self.decision is not None
+        end = self.history[-1]
+        cause = end.what if end.kind is FailureClass.NODE_LOST else end.cause
+        return f"attempt {end.attempt} failed ({cause}): {self.decision.why}"
+
+    def wait(self) -> None:
+        """The last attempt is over, the next has not started (backoff, or lost nodes away)."""
+        self.running = False
+
+    def begin(self, attempt: int) -> None:
+        self.number, self.running, self.due = attempt, True, None
+
+    def report(self) -> list[str]:
+        """The chief's report of every attempt, printed before the last one's (nothing if none ended)."""
+        return format_attempts(self.history, self.decision) if self.history else []
+
+
+def attempt_end(attempt: int, failure: Failure | None, interrupted_by: int | None, exit_code: int, *,
+                started: bool, policy: RestartPolicy, started_at: float, ended_at: float) -> AttemptEnd:
+    """How an attempt ended, as the policy reads it, from its verdict: the root cause (None: none),
+    the user's signal if any, the exit code; started: a rank of it ever registered, on any node."""
+    if failure is None and interrupted_by is None:
+        return AttemptEnd(attempt, None, 0, started_at=started_at, ended_at=ended_at)
+    rank = failure.rank if failure else None
+    kind = failure.kind if failure else FailureKind.INTERRUPTED
+    what = failure.what if failure else f"interrupted by {signal_name(interrupted_by or 0)}"
+    return AttemptEnd.from_failure(
+        attempt, exit_code, rank.signal if rank else None, failure.tail if failure else (), what,
+        started=started, lost=kind in (FailureKind.NODE_LOST, FailureKind.CHIEF_LOST), hung=kind is FailureKind.HANG,
+        interrupted=interrupted_by is not None or kind is FailureKind.INTERRUPTED,
+        no_restart_exit_code=policy.no_restart_exit_code, started_at=started_at, ended_at=ended_at)

@@ -1,0 +1,201 @@
+"""Nothing escapes: a rank's daemon that double-forks, calls setsid() and ignores SIGTERM is gone when
+the job ends, however it ends -- a rank's failure, Ctrl-C, SIGTERM, or a SIGKILL of every detlaunch --
+on every layer, on one node and two. The leftover check is the `launcher` fixture's (by marker)."""
+
+from __future__ import annotations
+
+import os
+import pwd
+import shutil
+import signal
+import subprocess
+import sys
+import sysconfig
+import tempfile
+from pathlib import Path
+
+import psutil
+import pytest
+from support.helpers import free_port
+from support.jobs import ROOT, Job, Launcher
+
+pytestmark = pytest.mark.timeout(240)
+
+ESCAPES = """
+import os, signal, sys, time
+rank = int(os.environ.get("HOROVOD_RANK") or os.environ["RANK"])
+if os.fork() == 0:  # the daemon: its own session, deaf to SIGTERM, out of every process group
+    os.setsid()
+    if os.fork() == 0:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        os.closerange(0, 3)
+        time.sleep(600)
+    os._exit(0)
+print(f"rank {rank} ready", flush=True)
+if str(rank) == os.environ.get("FAIL_RANK"):
+    with open(os.environ["TRIGGER"], "rb") as fifo:  # fail once the test has seen every rank ready
+        fifo.read(1)
+    sys.exit(3)
+time.sleep(600)
+"""
+
+ENDINGS = ("rank_fails", "sigint", "sigterm", "sigkill")
+
+
+def start(launcher: Launcher, tmp_path: Path, layer: str, nodes: int, env: dict[str, str]) -> list[Job]:
+    script = tmp_path / "escapes.py"
+    script.write_text(ESCAPES)
+    port = str(free_port())
+    if layer in ("torchrun", "direct"):
+        common = ["--layer", layer, "--nnodes", str(nodes), "--nproc-per-node", "2", "--master-addr",
+                  "127.0.0.1", "--master-port", port]
+        per_node = [["--node-rank", str(n), "--node-addr", f"127.0.0.{n + 1}"] for n in range(nodes)]
+    else:
+        hosts = ",".join(f"127.0.0.{n + 1}:2" for n in range(nodes))
+        common = ["--layer", layer, "--hosts", hosts, "--master-port", port,
+                  "--ssh-port", str(free_port("127.0.0.2"))]
+        per_node = [["--node-rank", str(n)] for n in range(nodes)]
+    workers = [launcher.start(*common, *per_node[n], str(script), env=env) for n in range(1, nodes)]
+    return [launcher.start(*common, *per_node[0], str(script), env=env), *workers]
+
+
+@pytest.mark.parametrize("ending", ENDINGS)
+@pytest.mark.parametrize("nodes", [1, 2])
+@pytest.mark.parametrize("layer", ["torchrun", "horovod", "deepspeed", "direct"])
+def test_nothing_outlives_the_job(launcher: Launcher, tmp_path: Path, layer: str, nodes: int, ending: str) -> None:
+    last = 2 * nodes - 1
+    trigger = tmp_path / "trigger"
+    os.mkfifo(trigger)
+    env = {"FAIL_RANK": str(last), "TRIGGER": str(trigger)} if ending == "rank_fails" else {}
+    jobs = start(launcher, tmp_path, layer, nodes, env)
+    for rank in range(2 * nodes):
+        job = jobs[rank // 2]
+        job.wait_for_output(f"[rank={rank}] rank {rank} ready", timeout=180)
+    if ending == "rank_fails":
+        with open(trigger, "wb") as fifo:
+            fifo.write(b"x")
+    elif ending == "sigint":
+        jobs[0].send_signal(signal.SIGINT)
+    elif ending == "sigterm":
+        jobs[0].send_signal(signal.SIGTERM)
+    elif ending == "sigkill":
+        for job in jobs:
+            os.kill(job.proc.pid, signal.SIGKILL)  # nobody is left to clean up: the kernel must
+    codes = [job.wait(timeout=60).returncode for job in jobs]
+    expected = {"rank_fails": 3, "sigint": 130, "sigterm": 143, "sigkill": -9}[ending]
+    assert codes[0] == expected, jobs[0].read()
+    # the fixture: no process of the job, daemons included, is alive on any node
+
+
+def processes_of(uid: int) -> list[int]:
+    """Live (not zombie) processes of `uid`."""
+    found = []
+    for proc in psutil.process_iter(["uids", "status"]):
+        if proc.info["uids"] and proc.info["uids"].real == uid and proc.info["status"] != psutil.STATUS_ZOMBIE:
+            found.append(proc.pid)
+    return found
+
+
+@pytest.mark.timeout(180)
+def test_nothing_outlives_a_sigkill_of_an_ordinary_users_detlaunch(
+        throwaway_user: pwd.struct_passwd, launcher: Launcher) -> None:  # user first: it goes last
+    """One cell of the matrix (torchrun, 1 node, SIGKILL) as a user without privileges: the kernel still ends
+    the escaped daemons, the user's own processes that nothing of detlaunch is left to stop."""
+    uid, gid = throwaway_user.pw_uid, throwaway_user.pw_gid
+    as_user = ("setpriv", f"--reuid={uid}", f"--regid={gid}", "--clear-groups")
+    # Debian's python3 (the venv's interpreter lives under /root, which the user cannot read), with this
+    # checkout's detlaunch and the venv's packages (torch; the layers' entry points) on its path.
+    path = os.pathsep.join([str(ROOT / "core"), *map(str, sorted((ROOT / "plugins").iterdir())),
+                            sysconfig.get_paths()["purelib"]])
+    home = Path(tempfile.mkdtemp(prefix="dl-"))  # the user's own: the test's tmp_path is root's, 0700
+    try:
+        os.chown(home, uid, gid)
+        env = {"PYTHONPATH": path, "TMPDIR": str(home), "XDG_CACHE_HOME": str(home / "cache"), "HOME": str(home)}
+        usable = subprocess.run([*as_user, "/usr/bin/python3", "-c", "import detlaunch, torch"], env={**os.environ,
+                                **env}, cwd=home, capture_output=True, text=True, timeout=60)
+        if usable.returncode != 0:
+            pytest.skip(f"the user cannot run this checkout's detlaunch with torch: {usable.stderr.strip()[-200:]}")
+        script = home / "escapes.py"
+        script.write_text(ESCAPES)
+        job = launcher.start("--layer", "torchrun", "--nproc-per-node", "2", "--master-port", str(free_port()),
+                             str(script), env=env, cwd=home, command=("/usr/bin/python3", "-m", "detlaunch"),
+                             prefix=as_user)
+        for rank in (0, 1):
+            job.wait_for_output(f"[rank={rank}] rank {rank} ready", timeout=120)
+        user_scripts = [p for p in processes_of(uid) if psutil.Process(p).cmdline() == ["/usr/bin/python3", "-u",
+                                                                                          str(script)]]
+        assert len(user_scripts) == 4, user_scripts  # 2 ranks, 2 escaped daemons (forks: the same command line)
+        assert psutil.Process(job.proc.pid).uids().real == uid  # detlaunch itself runs as the user (setpriv execs)
+        os.kill(job.proc.pid, signal.SIGKILL)  # detlaunch itself: nobody is left to clean up but the kernel
+        assert job.wait(timeout=60).returncode == -9
+        assert launcher.leftovers(settle=10) == [] and processes_of(uid) == []
+    finally:
+        for pid in processes_of(uid):  # by PID, so that userdel can remove the user
+            os.kill(pid, signal.SIGKILL)
+        shutil.rmtree(home, ignore_errors=True)
+
+
+def test_this_machine_can_isolate_jobs_as_root_and_as_an_ordinary_user(real_processes: None, tmp_path: Path) -> None:
+    """The kernel mechanism the matrix above relies on, checked for both kinds of user."""
+    import subprocess
+    import uuid
+
+    from detlaunch.system import isolation
+
+    assert isolation.probe() is None
+    user = f"dl{uuid.uuid4().hex[:8]}"
+    subprocess.run(["useradd", "-M", "-s", "/bin/sh", user], check=True)
+    try:
+        code = Path(isolation.__file__).read_text() + "\nprint(probe())\n"  # stdlib only: runs as it is
+        # Debian's python3: the venv's interpreter lives under /root, which the user cannot read.
+        out = subprocess.run(["runuser", "-u", user, "--", "/usr/bin/python3", "-S", "-c", code],
+                             capture_output=True, text=True, timeout=30, cwd="/")
+        assert out.stdout.strip() == "None", out
+    finally:
+        subprocess.run(["userdel", user], check=True)
+
+
+@pytest.mark.timeout(60)
+def test_as_root_of_a_user_namespace_the_caller_can_go_on_too(real_processes: None) -> None:
+    """uid 0 inside a user namespace that does not own the PID namespace (unshare -Ur, a rootless container
+    sharing the host's pids) may unshare but not setns back: a child makes the namespace, as for a user."""
+    from detlaunch.system import isolation
+
+    if shutil.which("unshare") is None:
+        pytest.skip("no unshare(1)")
+    code = Path(isolation.__file__).read_text() + (  # stdlib only: runs as it is
+        "\nimport os\nprint(run_isolated(lambda: 40 + os.getpid(), warn=print),"
+        " run_isolated(lambda: 40 + os.getpid(), warn=print))\n"
+        "pid = os.fork()\nif pid == 0:\n    os._exit(3)\n"
+        "print('forked', os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))\n")
+    out = subprocess.run(["unshare", "--user", "--map-root-user", sys.executable, "-S", "-c", code],
+                         capture_output=True, text=True, timeout=30)
+    assert (out.returncode, out.stdout) == (0, "41 41\nforked 3\n"), out
+
+
+def test_without_namespaces_the_job_runs_here_and_one_line_says_what_is_not_guaranteed(real_processes: None) -> None:
+    from detlaunch.system import isolation
+
+    def refused() -> None:
+        raise isolation.Unavailable(1, "unshare: Operation not permitted")
+
+    said: list[str] = []
+    r, w = os.pipe()  # the warning is said in the child that runs the body: through a pipe
+    code = isolation.run_isolated(lambda: 7, warn=lambda line: os.write(w, line.encode()) and None, enter=refused)
+    os.close(w)
+    said.append(os.read(r, 4096).decode())
+    os.close(r)
+    assert code == 7
+    assert said == ["cannot isolate the job in a PID namespace (unshare: Operation not permitted): a process "
+                    "that escapes its rank (setsid) can outlive a SIGKILL of detlaunch; see detlaunch doctor"]
+
+
+def test_isolated_the_body_is_pid_1_its_code_comes_back_and_the_caller_can_go_on(real_processes: None) -> None:
+    from detlaunch.system import isolation
+
+    assert isolation.run_isolated(lambda: 40 + os.getpid(), warn=print) == 41
+    assert isolation.run_isolated(lambda: 40 + os.getpid(), warn=print) == 41  # twice: the caller is unchanged
+    pid = os.fork()  # and it can still fork (unshare in the caller itself would leave it unable to)
+    if pid == 0:
+        os._exit(0)
+    assert os.waitpid(pid, 0)[1] == 0

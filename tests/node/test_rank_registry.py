@@ -1,0 +1,189 @@
+"""The rank registry over a real Unix socket, driven by a real event loop, in-process (milliseconds)."""
+
+from __future__ import annotations
+
+import os
+import select
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from detlaunch.node.rank_registry import RankEntry, RankRegistry, RankRules
+from detlaunch.outcome import RankStatus
+from detlaunch.rank import protocol as rank_protocol
+from detlaunch.rank.wrapper import SupervisorConnection, UsageError, recv_fds
+from detlaunch.rank.wrapper import __file__ as WRAPPER
+from detlaunch.system.eventloop import EventLoop
+
+pytestmark = pytest.mark.timeout(20)
+
+
+def readable(sock: socket.socket) -> bool:
+    return bool(select.select([sock], [], [], 0)[0])
+
+
+class Node:
+    def __init__(self, path: Path) -> None:
+        self.loop = EventLoop()
+        self.accepting = True
+        self.exits: list[RankStatus] = []
+        self.registered: list[RankEntry] = []
+        self.console = os.pipe()
+        rules = RankRules(job_id="job-1", node_rank=1, first_rank=2, local_slots=2, check_range=True)
+        self.registry = RankRegistry(self.loop, rules, "127.0.0.2", accepting=lambda: self.accepting,
+                                     welcome=lambda: {"log_dir": None, "console_ranks": [2]},
+                                     console_fds=self.console, on_registered=self.registered.append,
+                                     on_exit=self.exits.append, trace=lambda _m: None)
+        self.path = str(path)
+        self.registry.listen(self.path)
+
+    def serve_until(self, what: Any) -> None:
+        for _ in range(200):
+            if what():
+                return
+            self.loop.run_once(timeout=0.05)
+        raise AssertionError("the registry never got there")
+
+    def connect(self, rank: int, job: str = "job-1") -> tuple[SupervisorConnection | None, dict[str, Any]]:
+        """A wrapper's registration, answered by the registry in a thread-free way: serve, then read."""
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.connect(self.path)
+        sock.sendall(rank_protocol.encode({"t": "hello", "job": job, "rank": rank, "pid": os.getpid()}))
+        self.serve_until(lambda: readable(sock))  # the reply (or the close) has come
+        link = SupervisorConnection(sock)
+        data, fds = recv_fds(sock, 4096, 2)
+        link.buffer = data
+        reply = link.receive()
+        for fd in fds:
+            os.close(fd)
+        return link, reply
+
+    def close(self) -> None:
+        self.registry.close()
+        self.loop.close()
+        for fd in self.console:
+            os.close(fd)
+
+
+@pytest.fixture
+def node(tmp_path: Path) -> Iterator[Node]:
+    n = Node(tmp_path / "s.sock")
+    yield n
+    n.close()
+
+
+def test_the_socket_is_the_users_only(node: Node) -> None:
+    assert os.stat(node.path).st_mode & 0o777 == 0o600
+
+
+def test_a_rank_registers_starts_and_reports(node: Node) -> None:
+    link, reply = node.connect(2)
+    assert reply == {"t": "ok", "log_dir": None, "console_ranks": [2]}
+    assert link is not None and [e.rank for e in node.registered] == [2]
+    link.send({"t": "started", "pid": 12345})
+    link.send(rank_protocol.exit_message(3, None, ["Traceback", "ValueError: boom"], 7.5))
+    node.serve_until(lambda: node.exits)
+    assert node.exits == [RankStatus(rank=2, node_rank=1, exit_code=3, tail=("Traceback", "ValueError: boom"),
+                                     wall=7.5, host="127.0.0.2")]
+    assert node.registry.ranks[2].rank_pid == 12345 and node.registry.all_reported()
+
+
+@pytest.mark.parametrize(("rank", "job", "why"), [
+    (2, "job-2", "it belongs to job 'job-2', this node runs job 'job-1'"),
+    (0, "job-1", "rank 0 does not belong to node 1 (its ranks are 2..3)"),
+])
+def test_a_wrong_registration_is_refused_with_the_reason(node: Node, rank: int, job: str, why: str) -> None:
+    _, reply = node.connect(rank, job)
+    assert reply == {"t": "reject", "why": why}
+    assert node.registry.ranks == {}
+
+
+def test_a_second_registration_of_a_rank_is_refused(node: Node) -> None:
+    node.connect(3)
+    _, reply = node.connect(3)
+    assert reply["why"] == "rank 3 is already registered on this node"
+
+
+def test_no_rank_registers_once_the_job_is_stopping(node: Node) -> None:
+    node.accepting = False
+    _, reply = node.connect(2)
+    assert reply["why"] == "the job is stopping"
+
+
+def test_a_wrapper_that_vanishes_counts_as_sigkilled(node: Node) -> None:
+    link, _ = node.connect(2)
+    assert link is not None
+    node.registry.signal_live(0)  # signal 0: marks the rank as asked to stop, delivers nothing
+    link.sock.close()
+    node.serve_until(lambda: node.exits)
+    (status,) = node.exits
+    assert (status.exit_code, status.lost, status.stopped, status.killed) == (137, True, True, False)
+    assert "its wrapper was killed before it could report" in status.describe()
+
+
+def test_a_rank_detlaunch_sigkilled_says_so(node: Node) -> None:
+    link, _ = node.connect(2)
+    assert link is not None
+    node.registry.ranks[2].peer_pid = 2**22 + 1  # no such process: the SIGKILL lands nowhere
+    node.registry.kill_live()
+    link.sock.close()
+    node.serve_until(lambda: node.exits)
+    assert node.exits[0].killed and node.exits[0].describe() == "SIGKILLed by detlaunch (it had not stopped when asked)"
+
+
+def test_garbage_closes_the_connection_without_a_report(node: Node) -> None:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.connect(node.path)
+    sock.sendall(b"not json\n")
+    node.serve_until(lambda: readable(sock))
+    assert sock.recv(1) == b""
+    assert node.exits == [] and node.registry.ranks == {}
+    sock.close()
+
+
+def test_the_wrapper_says_why_it_was_refused(node: Node) -> None:
+    errors: list[BaseException] = []
+
+    def register() -> None:
+        try:
+            SupervisorConnection.connect(node.path, "job-1", 9)
+        except BaseException as e:
+            errors.append(e)
+
+    wrapper = threading.Thread(target=register)
+    wrapper.start()
+    node.serve_until(lambda: not wrapper.is_alive())
+    wrapper.join()
+    assert len(errors) == 1 and isinstance(errors[0], UsageError)
+    assert str(errors[0]) == "the supervisor refused rank 9: rank 9 does not belong to node 1 (its ranks are 2..3)"
+
+
+# What the wrapper's common path imported before it was kept lean: json (with re, enum, functools,
+# collections) cost every rank about 1.2 MB of its ~12 MB (issue 11's goal).
+HEAVY = {"json", "json.decoder", "re", "enum", "functools", "collections", "typing", "dataclasses", "psutil",
+         "detlaunch"}
+
+
+def test_a_wrapper_in_a_job_imports_nothing_heavy(real_processes: None, node: Node) -> None:
+    """The real wrapper (python -S, as the supervisor starts it) registers, runs a rank and reports: every
+    message, the progress file and the faulthandler file, with none of the modules it used to pull in."""
+    env = {**os.environ, "DETLAUNCH_SUPERVISOR": node.path, "PYTHONPROFILEIMPORTTIME": "1"}
+    wrapper = subprocess.Popen([sys.executable, "-S", WRAPPER, "--rank", "2", "--job", "job-1", "--", "true"],
+                               env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        node.serve_until(lambda: node.exits)
+        _, err = wrapper.communicate(timeout=10)
+    finally:
+        if wrapper.poll() is None:
+            wrapper.kill()
+            wrapper.wait()
+    assert wrapper.returncode == 0 and [(s.rank, s.exit_code) for s in node.exits] == [(2, 0)], err
+    assert os.path.exists(os.path.dirname(node.path) + "/progress-2"), "the common path was not taken"
+    imported = {line.rsplit("|", 1)[-1].strip() for line in err.splitlines() if line.startswith("import time:")}
+    assert {"protocol", "progress", "faultdump"} <= imported, sorted(imported)
+    assert not imported & HEAVY, sorted(imported & HEAVY)

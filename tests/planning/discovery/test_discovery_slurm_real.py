@@ -1,0 +1,150 @@
+"""detlaunch under a REAL two-node SLURM cluster (tests/support/slurm_cluster.py): no flag about hosts or ranks.
+
+srun and sbatch start one detlaunch per node; each finds the nodes (n1 = 127.0.0.1,
+n2 = 127.0.0.2), its rank and the job id from SLURM's variables alone. The only flag
+is --master-port: the rendezvous port must be free on this shared machine.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from support.discovery import free_port_pair, short_tmp  # noqa: F401 (a fixture)
+from support.helpers import rank_lines, report_line
+from support.jobs import EXAMPLES, ROOT, SCRIPTS, Launcher
+from support.slurm_cluster import SlurmCluster, missing_tools
+
+pytestmark = pytest.mark.timeout(240)
+_script = Path(sys.executable).with_name("detlaunch")
+DETLAUNCH = [str(_script)] if _script.exists() else [sys.executable, "-m", "detlaunch"]
+ALLREDUCE = str(EXAMPLES / "allreduce.py")
+RANKS = str(SCRIPTS / "ranks.py")
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster() -> Iterator[SlurmCluster]:
+    """munged, slurmctld and two slurmd nodes for the whole session; stopped by PID at the end.
+
+    Its folder is not under pytest's tmp_path: munged wants every parent of its socket
+    searchable by all, and pytest's base folder is private (0700).
+    """
+    missing = missing_tools()
+    if missing:
+        pytest.skip(f"SLURM is not installed here (missing {', '.join(missing)}): scripts/setup.sh installs it")
+    root = Path(tempfile.mkdtemp(prefix="detlaunch-slurm-"))
+    try:
+        cluster = SlurmCluster(root).start()
+        try:
+            yield cluster
+        finally:
+            cluster.stop()
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+def slurm(slurm_cluster: SlurmCluster, launcher: Launcher, short_tmp: str) -> Iterator[SlurmCluster]:  # noqa: F811
+    """The cluster, alive and idle, with this test's environment (leak marker, short TMPDIR) for its jobs."""
+    slurm_cluster.check_running()
+    slurm_cluster.job_env = {**launcher.env, "TMPDIR": short_tmp}
+    yield slurm_cluster
+    left = slurm_cluster.jobs(settle=15)  # a finished job stays "completing" a moment after srun returns
+    if left:
+        slurm_cluster.cancel_all()
+        pytest.fail(f"SLURM jobs were left running: {left}")
+
+
+def torchrun_args(script: str) -> list[str]:
+    return [*DETLAUNCH, "--layer", "torchrun", "--master-port", str(free_port_pair()), script]
+
+
+def test_srun_two_nodes_all_reduce(slurm: SlurmCluster) -> None:
+    r = slurm.run(["srun", "-N2", "--ntasks-per-node=1", "--time=3", *torchrun_args(ALLREDUCE)], cwd=ROOT)
+    assert r.returncode == 0, r.stdout + r.stderr
+    for rank in (0, 1):
+        assert rank_lines(r.stdout, rank) == [f"rank {rank} of 2: all_reduce sum = 1 (chief 127.0.0.1)"]
+    assert "detlaunch: job finished: 2 rank(s) exited 0" in r.stderr
+    assert "detlaunch: job finished: 1 rank(s) on node 1 exited 0" in r.stderr
+
+
+def test_info_shows_what_each_node_found_and_from_where(slurm: SlurmCluster, tmp_path: Path) -> None:
+    out = tmp_path / "info-%t.json"
+    r = slurm.run(["srun", "-N2", "--ntasks-per-node=1", "--time=1", "-o", str(out),
+                   *DETLAUNCH, "info", "--format", "json"], cwd=ROOT)
+    assert r.returncode == 0, r.stdout + r.stderr
+    infos = [json.loads((tmp_path / f"info-{task}.json").read_text()) for task in (0, 1)]
+    job = infos[0]["job_id"]
+    for node, info in enumerate(infos):
+        assert info["provider"] == "slurm" and info["node_rank"] == node and info["chief"] == "127.0.0.1"
+        assert info["job_id"] == job and job.endswith(".0")  # SLURM's job.step, the same on both nodes
+        assert info["nodes"] == [{"rank": 0, "addr": "127.0.0.1", "slots": 1},
+                                 {"rank": 1, "addr": "127.0.0.2", "slots": 1}]
+        assert info["sources"] == {
+            "nodes": "SLURM_STEP_NODELIST=n[1-2]", "node_rank": f"SLURM_NODEID={node}",
+            "slots": "SLURM_NTASKS_PER_NODE=1", "job_id": f"SLURM_JOB_ID={job[:-2]}, SLURM_STEP_ID=0",
+            "addresses": "getaddrinfo: n1=127.0.0.1, n2=127.0.0.2", "chief": "first node of SLURM_STEP_NODELIST (n1)"}
+
+
+def test_sbatch_job(slurm: SlurmCluster, tmp_path: Path) -> None:
+    script = tmp_path / "job.sh"
+    command = " ".join(["srun", *torchrun_args(ALLREDUCE)])
+    script.write_text(f"#!/bin/sh\ncd {ROOT}\nexec {command}\n")
+    out = tmp_path / "job.out"
+    r = slurm.run(["sbatch", "--wait", "-N2", "--ntasks-per-node=1", "--time=3", "-o", str(out), str(script)])
+    text = out.read_text() if out.exists() else "(no output file)"
+    assert r.returncode == 0, r.stdout + r.stderr + text
+    for rank in (0, 1):
+        assert rank_lines(text, rank) == [f"rank {rank} of 2: all_reduce sum = 1 (chief 127.0.0.1)"]
+
+
+def test_a_failing_rank_on_the_second_node(slurm: SlurmCluster) -> None:
+    """srun's exit code is the failing rank's, and detlaunch's report names that rank and node."""
+    env = {"FAIL_RANK": "1", "FAIL_CODE": "3", "SLEEP": "120"}
+    started = time.monotonic()
+    r = slurm.run(["srun", "-N2", "--ntasks-per-node=1", "--time=3", *torchrun_args(RANKS)], env=env, cwd=ROOT,
+                  timeout=150)
+    took = time.monotonic() - started
+    assert r.returncode == 3, r.stdout + r.stderr
+    assert report_line(r.stderr) == "detlaunch: job failed: rank 1 on node 1 (127.0.0.2) exited with code 3"
+    assert "srun: error: n2: task 1: Exited with exit code 3" in r.stderr
+    assert rank_lines(r.stdout, 1)[-1] == "rank 1 failing"
+    # Rank 1 fails at once, so rank 0 may be stopped before it says anything; it is never left to sleep.
+    last = rank_lines(r.stdout, 0)[-1:]
+    assert last in ([], ["rank 0 sleeping"]) or last[0].startswith("rank 0 started"), r.stdout
+    assert took < 100, r.stdout + r.stderr
+
+
+def test_srun_two_nodes_horovod(slurm: SlurmCluster) -> None:
+    """n1 runs horovodrun, n2 the per-job sshd it reaches; both found from SLURM alone."""
+    ssh_port = str(free_port_pair())
+    r = slurm.run(["srun", "-N2", "--ntasks-per-node=1", "--time=4", *DETLAUNCH, "--layer", "horovod",
+                   "--master-port", str(free_port_pair()), "--ssh-port", ssh_port,
+                   str(EXAMPLES / "hvd_allreduce.py")], cwd=ROOT, timeout=200)
+    assert r.returncode == 0, r.stdout + r.stderr
+    for rank in (0, 1):
+        assert rank_lines(r.stdout, rank) == [f"rank {rank} of 2: hvd.allreduce sum = 1 (chief 127.0.0.1)"]
+    assert "detlaunch: job finished: 2 rank(s) exited 0" in r.stderr
+    assert "detlaunch: job finished: 1 rank(s) on node 1 exited 0" in r.stderr
+
+
+def test_the_cluster_is_loopback_only(slurm: SlurmCluster) -> None:
+    listening = slurm.listening_addresses()
+    assert listening and all(addr.startswith("127.") for addr in listening), listening
+
+
+def test_node_names_resolve_inside_the_nodes_only(slurm: SlurmCluster) -> None:
+    """n1/n2 come from the nodes' private /etc/hosts (mount namespaces); this machine's is untouched."""
+    r = slurm.run(["srun", "-N2", "--ntasks-per-node=1", "--time=1", "-l", "getent", "hosts", "n1", "n2"])
+    assert r.returncode == 0, r.stderr
+    lines = sorted(" ".join(line.split()) for line in r.stdout.splitlines())
+    assert lines == ["0: 127.0.0.1 n1", "0: 127.0.0.2 n2", "1: 127.0.0.1 n1", "1: 127.0.0.2 n2"]
+    with pytest.raises(socket.gaierror):
+        socket.getaddrinfo("n2", None)
