@@ -11,6 +11,10 @@ detlaunch a test starts carries a unique marker variable in its environment; eve
 job inherits it (through torchrun, horovodrun's ssh exports, deepspeed's env file). After each
 test, any live process still carrying the test's marker is a leak: the test fails and those
 processes are killed by PID.
+
+A run leaves nothing behind however it ends: SIGTERM (`timeout`, CI's cancel) is taken like Ctrl-C,
+so pytest stops and every fixture's teardown runs; and tests/support/reaper.py, started here, kills
+whatever of the run is still alive once pytest is gone, SIGKILL of pytest included.
 """
 
 from __future__ import annotations
@@ -18,14 +22,26 @@ from __future__ import annotations
 import os
 import pwd
 import secrets
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import pytest
+from support import reaper
 from support.jobs import Launcher
+
+reaper.start()  # first: every process the run starts carries its marker
+
+
+def _stop_like_ctrl_c(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt(f"pytest got {signal.Signals(signum).name}")
+
+
+signal.signal(signal.SIGTERM, _stop_like_ctrl_c)  # pytest then ends the run and tears every fixture down
 
 # Fixtures that start real processes: a test that uses one (directly or through another fixture) is a job test.
 JOB_FIXTURES = frozenset({"launcher", "detlaunch_runner", "throwaway_user", "real_processes", "slurm", "determined_cli",

@@ -24,6 +24,7 @@ from detlaunch.planning.plugin_manager import PluginSet
 from detlaunch.testing.runner import Completed
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from support.helpers import free_port
 from support.jobs import Launcher
 
 pytestmark = pytest.mark.timeout(60)
@@ -316,14 +317,16 @@ def test_the_largest_valid_seconds_in_a_real_run(launcher: Launcher, fails_at_on
     for option in SECONDS:
         if option != "--restart-backoff":
             high = f"{NUMBERS[option[2:].replace('-', '_')].high:g}"
-            done = launcher.run("--layer", "direct", *RESTART_AT_ONCE, option, high, fails_at_once, timeout=60)
+            done = launcher.run("--layer", "direct", "--master-port", str(free_port()), *RESTART_AT_ONCE, option, high,
+                                fails_at_once, timeout=60)
             assert (done.returncode, "Traceback" in done.stderr) == (3, False), done.output
 
 
 @pytest.mark.timeout(60)
 def test_a_days_backoff_waits_and_ctrl_c_ends_it(launcher: Launcher, fails_at_once: str) -> None:
-    job = launcher.start("--layer", "direct", "--max-restarts", "1000000", "--restart-on", "3",
-                         "--restart-backoff", "86400", "--restart-backoff-max", "86400", fails_at_once)
+    job = launcher.start("--layer", "direct", "--master-port", str(free_port()), "--max-restarts", "1000000",
+                         "--restart-on", "3", "--restart-backoff", "86400", "--restart-backoff-max", "86400",
+                         fails_at_once)
     job.wait_for_output("restart 1 of 1000000 in ", timeout=30)
     job.send_signal(signal.SIGINT)
     done = job.wait(30)

@@ -408,7 +408,7 @@ def host_pid(launcher: Launcher, rank: int, script: str = "hang.py") -> int:
             cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
         except OSError:
             continue
-        if marker in env and rank_var in env and script.encode() in cmdline and b"rank_wrapper" not in cmdline:
+        if marker in env and rank_var in env and script.encode() in cmdline and b"run_wrapper.py" not in cmdline:
             found.append(int(entry))
     assert len(found) == 1, found
     return found[0]

@@ -133,7 +133,7 @@ def test_sixteen_ranks_printing_the_same_warning_make_one_console_line_and_compl
         launcher: Launcher, tmp_path: Path) -> None:
     logs = tmp_path / "logs"
     job = launcher.start("--layer", "torchrun", "--nproc-per-node", "16", "--master-port", str(free_port()),
-                         "--dedupe", "--dedupe-window", "5", "--log-dir", str(logs), RANKS, env={"SAME": "3"})
+                         "--dedupe", "--dedupe-window", "60", "--log-dir", str(logs), RANKS, env={"SAME": "3"})
     done = job.wait(200)
     assert done.returncode == 0, done.output
     out = done.stdout

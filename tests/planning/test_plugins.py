@@ -1,9 +1,10 @@
 """Plugins as a user installs them: listing, load isolation, DETLAUNCH_DISABLE_PLUGINS, observers,
 and the third-party mpirun layer (examples/detlaunch-mpirun) running real jobs.
 
-examples/detlaunch-mpirun and examples/detlaunch-broken are pip-installed into the venv (once,
-idempotently); other plugins are distributions made of a dist-info folder on the PYTHONPATH of
-one detlaunch run only (tests/support/plugin_fixtures/), so they never leak into another test.
+examples/detlaunch-mpirun and examples/detlaunch-broken are pip-installed for the run (a folder of its
+own on PYTHONPATH, tests/support/plugin_examples.py: the venv is left alone); other plugins are
+distributions made of a dist-info folder on the PYTHONPATH of one detlaunch run only
+(tests/support/plugin_fixtures/), so they never leak into another test.
 """
 
 from __future__ import annotations

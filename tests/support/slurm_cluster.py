@@ -6,7 +6,9 @@ foreground as children of the test process, each in its own process group, with 
 listen on loopback only (``CommunicationParameters=NoCtldInAddrAny,NoInAddrAny``) and on
 ports picked free at start, so two clusters can run side by side. Stopping kills each daemon
 by its PID (then its process group), reaps it, and fails loudly if anything of the cluster is
-still alive: no daemon is ever found or killed by name.
+still alive: no daemon is ever found or killed by name. A run cut short (SIGKILL of pytest included)
+does not leave it running either: the daemons and their job steps carry the run's marker, and the
+run's reaper (tests/support/reaper.py) kills them once pytest is gone.
 
 Node names: a job sees its nodes as SLURM names (``SLURM_JOB_NODELIST=n[1-2]``) and detlaunch
 resolves them with ``getaddrinfo``. n1/n2 resolve nowhere on this machine, and editing the
@@ -26,12 +28,16 @@ import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
+import pytest
 from detlaunch.testing.runner import processes_with_marker
+
+from support import reaper
 
 NODES = {"n1": "127.0.0.1", "n2": "127.0.0.2"}
 MARKER_ENV = "DETLAUNCH_SLURM_CLUSTER"
@@ -335,6 +341,29 @@ PartitionName=main Nodes={",".join(NODES)} Default=YES MaxTime=INFINITE State=UP
                 if f[3] == "0A" and f[9] in inodes:  # LISTEN
                     found.add(_hex_addr(f[1].split(":")[0], v6))
         return found
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster() -> Iterator[SlurmCluster]:
+    """munged, slurmctld and two slurmd nodes for the whole session; stopped by PID at the end (and, if
+    the run is cut short, by the run's reaper: the daemons and job steps carry its marker).
+
+    Its folder is not under pytest's tmp_path: munged wants every parent of its socket
+    searchable by all, and pytest's base folder is private (0700).
+    """
+    missing = missing_tools()
+    if missing:
+        pytest.skip(f"SLURM is not installed here (missing {', '.join(missing)}): scripts/setup.sh installs it")
+    root = Path(tempfile.mkdtemp(prefix="detlaunch-slurm-"))
+    reaper.remove_at_exit(root)
+    try:
+        cluster = SlurmCluster(root).start()
+        try:
+            yield cluster
+        finally:
+            cluster.stop()
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def _children(pid: int) -> list[int]:

@@ -8,10 +8,8 @@ is --master-port: the rendezvous port must be free on this shared machine.
 from __future__ import annotations
 
 import json
-import shutil
 import socket
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,34 +18,13 @@ import pytest
 from support.discovery import free_port_pair, short_tmp  # noqa: F401 (a fixture)
 from support.helpers import rank_lines, report_line
 from support.jobs import EXAMPLES, ROOT, SCRIPTS, Launcher
-from support.slurm_cluster import SlurmCluster, missing_tools
+from support.slurm_cluster import SlurmCluster, slurm_cluster  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.timeout(240)
 _script = Path(sys.executable).with_name("detlaunch")
 DETLAUNCH = [str(_script)] if _script.exists() else [sys.executable, "-m", "detlaunch"]
 ALLREDUCE = str(EXAMPLES / "allreduce.py")
 RANKS = str(SCRIPTS / "ranks.py")
-
-
-@pytest.fixture(scope="session")
-def slurm_cluster() -> Iterator[SlurmCluster]:
-    """munged, slurmctld and two slurmd nodes for the whole session; stopped by PID at the end.
-
-    Its folder is not under pytest's tmp_path: munged wants every parent of its socket
-    searchable by all, and pytest's base folder is private (0700).
-    """
-    missing = missing_tools()
-    if missing:
-        pytest.skip(f"SLURM is not installed here (missing {', '.join(missing)}): scripts/setup.sh installs it")
-    root = Path(tempfile.mkdtemp(prefix="detlaunch-slurm-"))
-    try:
-        cluster = SlurmCluster(root).start()
-        try:
-            yield cluster
-        finally:
-            cluster.stop()
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture

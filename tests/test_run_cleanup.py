@@ -1,0 +1,95 @@
+"""A test run cut short leaves nothing running: a pytest of this suite (its conftest) is started with
+a test that brings up the SLURM test cluster and runs a job step on both nodes, then that pytest
+alone is stopped the ways a run ends early: SIGTERM (`timeout`, a CI cancel: fixtures tear down) and
+SIGKILL (nothing of pytest runs: tests/support/reaper.py does the work)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from support.helpers import wait_until
+from support.paths import ROOT
+from support.reaper import marked
+from support.slurm_cluster import missing_tools, processes_in_namespaces
+
+pytestmark = pytest.mark.timeout(180)
+
+INNER = textwrap.dedent('''
+    import json, os, subprocess, time
+    from pathlib import Path
+
+    from support.reaper import RUN_VAR
+    from support.slurm_cluster import _tool, processes_in_namespaces, slurm_cluster  # noqa: F401 (a fixture)
+
+    def test_holds_the_cluster_and_a_job(slurm_cluster, real_processes):
+        step = subprocess.Popen([_tool("srun"), "-N2", "--ntasks-per-node=1", "sleep", "600"], env=slurm_cluster.env,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        while not step_runs(slurm_cluster.node_namespaces):
+            time.sleep(0.1)
+        Path(os.environ["READY_FILE"]).write_text(json.dumps({
+            "marker": f"{RUN_VAR}={os.environ[RUN_VAR]}", "root": str(slurm_cluster.root), "srun": step.pid,
+            "daemons": [d.proc.pid for d in slurm_cluster.daemons],
+            "namespaces": sorted(slurm_cluster.node_namespaces)}))
+        time.sleep(600)
+
+    def step_runs(namespaces):
+        for pid in processes_in_namespaces(namespaces):
+            try:
+                if b"sleep" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                    return True
+            except OSError:
+                pass
+        return False
+''')
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] not in (b"Z", b"X")
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(bool(missing_tools()), reason="SLURM is not installed here (scripts/setup.sh installs it)")
+@pytest.mark.parametrize("how", [signal.SIGTERM, signal.SIGKILL], ids=["SIGTERM", "SIGKILL"])
+def test_a_stopped_pytest_leaves_no_daemon_and_no_job(real_processes: None, tmp_path: Path, how: signal.Signals
+                                                      ) -> None:
+    (tmp_path / "test_inner.py").write_text(INNER)
+    ready = tmp_path / "ready.json"
+    tests = ROOT / "tests"
+    env = {**os.environ, "READY_FILE": str(ready),
+           "PYTHONPATH": os.pathsep.join([str(tests), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    inner = subprocess.Popen([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "conftest", "-q", "-s",
+                              "-o", "markers=job", "--rootdir", str(tmp_path), str(tmp_path / "test_inner.py")],
+                             cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                             start_new_session=True)
+    try:
+        wait_until(lambda: ready.exists() and ready.stat().st_size, 120, "the inner run's cluster and job")
+        held = json.loads(ready.read_text())
+        in_nodes = processes_in_namespaces(set(held["namespaces"]))
+        assert all(alive(p) for p in held["daemons"]) and in_nodes, held
+        inner.send_signal(how)  # pytest alone: what it started is left to the run's own cleanup
+        out = inner.communicate(timeout=60)[0].decode(errors="replace")
+    finally:
+        if inner.poll() is None:
+            os.killpg(inner.pid, signal.SIGKILL)
+            inner.wait()
+    needle = held["marker"].encode()
+
+    def all_gone() -> bool:
+        return not (marked(needle) or processes_in_namespaces(set(held["namespaces"]))
+                    or any(alive(p) for p in [*held["daemons"], *in_nodes, held["srun"]])
+                    or Path(held["root"]).exists())
+
+    wait_until(all_gone, 60, f"the inner run's processes and folders to go:\n{out}")
+    if how == signal.SIGTERM:  # stopped like Ctrl-C: the fixture itself stopped the cluster
+        assert "KeyboardInterrupt" in out and "pytest got SIGTERM" in out, out
+        assert "reaper.py: the test run left" not in out, out
