@@ -35,6 +35,11 @@ from support import reaper
 from support.jobs import Launcher
 
 reaper.start()  # first: every process the run starts carries its marker
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # A pytest-xdist worker has the terminal's size in LINES and COLUMNS, which a serial run has not: the
+    # jobs it starts must see what a serial run's see (tests/support/scripts/ranks.py reads LINES).
+    for name in ("LINES", "COLUMNS"):
+        os.environ.pop(name, None)
 
 
 def _stop_like_ctrl_c(signum: int, frame: FrameType | None) -> None:
