@@ -343,10 +343,12 @@ PartitionName=main Nodes={",".join(NODES)} Default=YES MaxTime=INFINITE State=UP
         return found
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def slurm_cluster() -> Iterator[SlurmCluster]:
-    """munged, slurmctld and two slurmd nodes for the whole session; stopped by PID at the end (and, if
-    the run is cut short, by the run's reaper: the daemons and job steps carry its marker).
+    """munged, slurmctld and two slurmd nodes for the test module that asks for it (starting takes about a
+    second); stopped by PID after the module's last test (and, if the run is cut short, by the run's
+    reaper: the daemons and job steps carry its marker). Not for the whole session: the daemons are this
+    process's children, and a later test may count those (tests/stacks/test_stacks.py does).
 
     Its folder is not under pytest's tmp_path: munged wants every parent of its socket
     searchable by all, and pytest's base folder is private (0700).
