@@ -26,7 +26,7 @@ from detlaunch.restarts.classify import USER_ERRORS, short_name
 
 RETRIED_BY_DEFAULT = frozenset({RestartClass.RANK_FAILED, RestartClass.NODE_LOST, RestartClass.HANG})
 # Where the exit code (and the traceback) is the rank's own; otherwise it is detlaunch's (1 for a lost
-# node or a job that never started), and --restart-on/--no-restart-on exit codes and classes do not apply.
+# node or a job that never started), and --restart-on/--no-restart-on exit codes and exception classes do not apply.
 RANK_CLASSES = frozenset({RestartClass.RANK_FAILED, RestartClass.USER_ERROR, RestartClass.NO_RESTART})
 
 
