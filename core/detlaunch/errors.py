@@ -4,17 +4,19 @@ Every error carries a message meant for the user: one line saying what is
 wrong and what to do. The CLI prints it without a traceback (unless --debug).
 """
 
+import detlaunch.exit_codes as exit_codes
+
 
 class DetlaunchError(Exception):
     """Base of every error detlaunch reports to the user."""
 
-    exit_code = 1
+    exit_code = exit_codes.FAILED
 
 
 class ConfigError(DetlaunchError):
     """Bad input: a flag, an environment variable, a host list, a config file."""
 
-    exit_code = 2
+    exit_code = exit_codes.USAGE
 
 
 class LayerNotFoundError(ConfigError):

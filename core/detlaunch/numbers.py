@@ -1,6 +1,6 @@
-"""A numeric option's checked type (config.NUMBERS), in a module of its own so restart.py can use it too.
+"""A numeric option's checked type (config.NUMBERS), in a module of its own so restarts/options.py can use it too.
 
-config imports restart (for its options), so the one definition of a checked number lives here, below both.
+config imports restarts/options.py (for its options), so the one definition of a checked number lives here, below both.
 """
 
 from __future__ import annotations

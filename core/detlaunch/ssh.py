@@ -24,6 +24,7 @@ import shlex
 import shutil
 import sys
 
+import detlaunch.exit_codes as exit_codes
 from detlaunch.errors import ConfigError
 from detlaunch.planning.config import NUMBERS, Config
 from detlaunch.planning.doctor import Check, port_check
@@ -241,7 +242,7 @@ def main(argv: list[str]) -> int:
         write_known_hosts(argv[1], argv[2:])
         return 0
     print("usage: python -m detlaunch.ssh known-hosts FILE host:port=pubkey ...", file=sys.stderr)
-    return 2
+    return exit_codes.USAGE
 
 
 if __name__ == "__main__":

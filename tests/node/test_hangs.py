@@ -22,6 +22,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import detlaunch.exit_codes as exit_codes
 import pytest
 from detlaunch.errors import ConfigError
 from detlaunch.node import hangs as hangs_module
@@ -29,7 +30,7 @@ from detlaunch.node.hangs import HangPolicy
 from detlaunch.node.progress_watch import NodeProgress, ProgressWatch, last_seen, latest_progress, parse_ages
 from detlaunch.node.verdict import Decision, Hung, RankEnded, StuckAfterTraceback, Verdict, as_failure
 from detlaunch.observe.report import format_report
-from detlaunch.outcome import HANG_EXIT_CODE, JobResult, RankStatus
+from detlaunch.outcome import JobResult, RankStatus
 from detlaunch.progress import OUTPUT_RECORD, OutputMark, create_progress_file, read_progress
 from detlaunch.rank import progress as progress_module
 from detlaunch.rank.protocol import ends_traceback
@@ -135,7 +136,7 @@ def test_the_wrapper_sees_a_whole_traceback(stderr: bytes, ended: bool) -> None:
 def test_a_hang_is_its_own_failure_with_its_own_exit_code_and_names_the_suspect() -> None:
     v = Verdict()
     event = Hung(10.0, 10.2, ("rank 1 (node 0): SIGSTOPped",), ("rank 0 (node 0): work.wait <- all_reduce",), 0, 5.0)
-    assert v.add(event) is Decision.FIRST and v.exit_code == HANG_EXIT_CODE == 124
+    assert v.add(event) is Decision.FIRST and v.exit_code == exit_codes.HANG == 124
     assert v.failure is not None
     assert v.failure.what == ("the job hung: no rank showed progress for 10.2 s (--hang-timeout 10); "
                               "suspect: rank 1 (node 0): SIGSTOPped")

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from detlaunch.errors import LaunchError
 from detlaunch.node.process_table import Child, ProcessTable
+from detlaunch.outcome import ProcessEnd
 from detlaunch.planning.stage import Command
 from detlaunch.system.eventloop import EventLoop
 from support.helpers import small_tmpfs
@@ -47,17 +48,18 @@ def t(tmp_path: Path) -> Iterator[Table]:
 def test_a_child_output_and_exit_code_are_seen(real_processes: None, t: Table, tmp_path: Path) -> None:
     child = t.table.start(Command(("sh", "-c", "echo one; echo two >&2; exit 3"), name="launcher"), os.environ)
     t.run_until(lambda: t.exited and child.output_fd is None)
-    assert t.exited == [child] and child.exit == 3 and not child.running
+    assert t.exited == [child] and child.exit == ProcessEnd(3) and not child.running
     assert b"".join(t.output) == b"one\ntwo\n" and child.tail == b"one\ntwo\n"
     assert (tmp_path / "logs" / "launcher-node1.log").read_bytes() == b"one\ntwo\n"
 
 
-def test_a_signal_death_reads_as_minus_the_signal(real_processes: None, t: Table) -> None:
+def test_a_signal_death_reads_as_128_plus_the_signal(real_processes: None, t: Table) -> None:
     child = t.table.start(Command(("sleep", "30"), stop_signal=signal.SIGINT), os.environ)
     assert [c.pid for c in t.table.live()] == [child.pid]
     t.table.stop(child, with_sessions=False)
     t.run_until(lambda: t.exited)
-    assert child.exit == -signal.SIGINT and t.table.live() == []
+    assert child.exit == ProcessEnd(130, signal.SIGINT) and t.table.live() == []
+    assert child.exit.describe() == "killed by SIGINT"
 
 
 def test_the_command_env_is_added_to_the_job_env(real_processes: None, t: Table) -> None:

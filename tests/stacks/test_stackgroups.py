@@ -7,7 +7,6 @@ import json
 from detlaunch.stacks.groups import (
     describe_stack,
     format_json,
-    format_ranks,
     format_text,
     format_unavailable,
     format_who,
@@ -36,13 +35,8 @@ def sleeping() -> ProcessStack:
                  Frame("<module>", "/job/train.py", 120))
 
 
-def test_rank_sets_read_as_ranges() -> None:
-    assert format_ranks([0, 2, 3, 4, 5, 6, 7]) == "0,2-7"
-    assert format_ranks([7, 1, 0, 3]) == "0,1,3,7"
-    assert format_ranks([0, 1, 2]) == "0-2"
-    assert format_ranks([5]) == "5"
-    assert format_ranks(range(100)) == "0-99"
-    assert format_who([(0, 0), (2, 1), (3, 1)]) == "ranks 0,2,3 (node 0, 1)"
+def test_who_names_the_ranks_and_their_nodes() -> None:
+    assert format_who([(0, 0), (2, 1), (3, 1)]) == "ranks 0,2-3 (node 0, 1)"
     assert format_who([(1, 0)]) == "rank 1 (node 0)"
     assert format_who([(r, r // 8) for r in range(32)]) == "ranks 0-31 (nodes 0-3)"
 
@@ -79,7 +73,7 @@ def test_a_hundred_ranks_read_as_a_few_lines_with_the_odd_one_out_marked() -> No
         "ranks 0,2-97 (node 0, 1): work.wait <- all_reduce <- step (train.py:88)",
         "rank 1 (node 0): time.sleep <- load_batch (data.py:41)  "
         "[suspect: stack differs from the majority's (97 ranks)]",
-        "ranks 98,99 (node 1): no stack: permission denied: py-spy may not ptrace it (...)",
+        "ranks 98-99 (node 1): no stack: permission denied: py-spy may not ptrace it (...)",
     ]
     assert [(s.rank, s.node) for s in report.suspects] == [(1, 0)]
 

@@ -16,6 +16,7 @@ import time
 from collections.abc import Mapping
 from typing import Any, NoReturn
 
+import detlaunch.exit_codes as exit_codes
 from detlaunch.errors import ConfigError
 
 CONTROL_COMMANDS = ("status", "stacks")  # questions to a running job (control.py): no plugin is loaded for them
@@ -60,7 +61,7 @@ def control_command(what: str, argv: list[str], env: Mapping[str, str]) -> int:
         return e.code if isinstance(e.code, int) else 0
     except (control.NotRunning, OSError) as e:
         print(f"detlaunch: {e}", file=sys.stderr)
-        return 1
+        return exit_codes.FAILED
     except ValueError as e:  # an answer that is not what this detlaunch reads (another version's)
         return _unreadable(e)
     tty = sys.stdout.isatty()
@@ -95,7 +96,7 @@ def control_command(what: str, argv: list[str], env: Mapping[str, str]) -> int:
 def _unreadable(e: ValueError) -> int:
     print(f"detlaunch: the job's answer could not be read ({e}): is it run by another detlaunch version?",
           file=sys.stderr)
-    return 1
+    return exit_codes.FAILED
 
 
 def format_stacks(data: Mapping[str, object], as_json: bool, full: bool = False) -> str:

@@ -15,6 +15,7 @@ import traceback
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
+import detlaunch.exit_codes as exit_codes
 from detlaunch.cli.control import CONTROL_COMMANDS, control_command
 from detlaunch.errors import ConfigError, DetlaunchError
 from detlaunch.planning.config import (
@@ -115,7 +116,7 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
     except SystemExit as e:  # --help, --version
         return e.code if isinstance(e.code, int) else 0
     except KeyboardInterrupt:
-        return 130
+        return exit_codes.INTERRUPTED
     except BrokenPipeError:
         return _reader_went_away()
 
@@ -125,7 +126,7 @@ def _reader_went_away() -> int:
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, sys.stdout.fileno())  # the interpreter's last flush must not fail again
     os.close(devnull)
-    return 128 + signal.SIGPIPE
+    return exit_codes.by_signal(signal.SIGPIPE)
 
 
 def exit_at_once(code: int) -> None:

@@ -20,9 +20,9 @@ from typing import Protocol
 from detlaunch.link.joblink import ChiefLink, WorkerLink
 from detlaunch.node.phase import Phase
 from detlaunch.node.verdict import Event, NodeLost
+from detlaunch.outcome import AttemptEnd
 from detlaunch.planning.plan import LaunchPlan
 from detlaunch.restarts.attempts import Attempts
-from detlaunch.restarts.policy import AttemptEnd
 from detlaunch.system.eventloop import EventLoop, Timer, cancel_timer
 
 

@@ -29,6 +29,9 @@ class Phase(enum.Enum):
     A signal (or a lost chief) during BACKOFF ends the job: LOCAL_DONE, never a restart.
     After a lost node, BACKOFF lasts until every node is back too (the chief's go for the workers),
     whether it was lost while an attempt ran or during BACKOFF itself.
+
+    Shown only by --debug's trace: `detlaunch status` shows the job's phase instead (observe/status.py's
+    JobPhase: starting, running, stopping, finished), read from the events every node logs.
     """
 
     STARTING = "starting"

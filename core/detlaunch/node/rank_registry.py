@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import detlaunch.exit_codes as exit_codes
 from detlaunch.outcome import RankStatus
 from detlaunch.rank import protocol as rank_protocol
 from detlaunch.system import procs
@@ -259,7 +260,7 @@ class RankRegistry:
         self._close(entry)
         if entry.rank is not None and entry.status is None:
             entry.status = RankStatus(rank=entry.rank, node_rank=self.rules.node_rank,
-                                      exit_code=128 + signal.SIGKILL, signal=signal.SIGKILL, lost=True,
+                                      exit_code=exit_codes.by_signal(signal.SIGKILL), signal=signal.SIGKILL, lost=True,
                                       wall=time.time(), host=self.host, stopped=entry.stopped,
                                       killed=entry.killed)
             if entry.rank_pid:

@@ -53,18 +53,17 @@ from detlaunch.node.verdict import (
     Verdict,
     as_failure,
     naming_the_node,
-    split_wait_code,
 )
 from detlaunch.observe.console import FoldingConsole
 from detlaunch.observe.emitter import EventEmitter, EventHook
 from detlaunch.observe.events import EventKind
 from detlaunch.observe.sampler import ProcessTreeSampler
-from detlaunch.outcome import Failure, JobResult, RankStatus, describe_exit, signal_name
+from detlaunch.outcome import AttemptEnd, Failure, JobResult, RankStatus, signal_name
 from detlaunch.planning.config import DEDUPE_MIN_RANKS
 from detlaunch.planning.plan import LaunchPlan
 from detlaunch.rank import protocol as rank_protocol
 from detlaunch.rank.protocol import DEFAULT_PREFIX
-from detlaunch.restarts import policy as restart
+from detlaunch.restarts import per_attempt
 from detlaunch.restarts.attempts import Attempts, attempt_end
 from detlaunch.system.eventloop import EventLoop, Timer, cancel_timer
 from detlaunch.system.rundirs import RunDir, create_run_dir
@@ -87,7 +86,7 @@ class NodeSupervisor:
         self.link: ChiefLink | WorkerLink | None = None
         self.link_up = False  # chief: every node joined; worker: joined the chief (rank commands wait for it)
         self.prepared = False
-        # Job-wide restarts (restart.py): the chief keeps the history and decides; every node counts attempts.
+        # Job-wide restarts (restarts/): the chief keeps the history and decides; every node counts attempts.
         self.policy = plan.restarts
         self.attempts = Attempts(self.policy)
         self.driver = AttemptDriver(self)  # the backoff, the next attempt, lost nodes coming back
@@ -123,7 +122,7 @@ class NodeSupervisor:
         self.attempt_started_at = time.monotonic()
         self.attempt_wall = time.time()
         self.verdict = Verdict()
-        log_dir = restart.attempt_log_dir(plan.log_dir, self.attempt, self.policy.enabled) if plan.log_dir else None
+        log_dir = per_attempt.attempt_log_dir(plan.log_dir, self.attempt, self.policy.enabled) if plan.log_dir else None
         self.processes = ProcessTable(self.loop, log_dir=log_dir, node_rank=self.node,
                                       on_output=self._on_child_output, on_exit=self._on_child_exit,
                                       on_log_error=lambda why: self.say(f"warning: {why}; the job goes on"))
@@ -300,10 +299,10 @@ class NodeSupervisor:
 
     def _on_child_exit(self, child: Child) -> None:
         assert child.exit is not None
-        self.trace(f"{child.command.name} (pid {child.pid}) ended: {describe_exit(*split_wait_code(child.exit))}")
+        self.trace(f"{child.command.name} (pid {child.pid}) ended: {child.exit.describe()}")
         if not self.phase.active:
             return
-        if not child.command.daemon and child.exit != 0:
+        if not child.command.daemon and not child.exit.ok:
             self.ranks.drain()  # a rank's report already sent wins over its launcher's exit
         self._fail(ChildExited(child.command.name, child.pid, child.exit, child.command.daemon, self.node,
                                time.time()))
@@ -315,7 +314,7 @@ class NodeSupervisor:
                                    "prefix": self.plan.prefix, "node": self.node, "host": self.ranks.host,
                                    "hold": self.hangs.hold_time()}
         if self.policy.enabled:  # the wrapper sets them in front of the rank, over torchrun's own count
-            welcome["env"] = restart.attempt_env(self.attempt, self.policy.max_restarts)
+            welcome["env"] = per_attempt.attempt_env(self.attempt, self.policy.max_restarts)
         return welcome
 
     def _on_registered(self, entry: RankEntry) -> None:
@@ -654,8 +653,8 @@ class NodeSupervisor:
             self.processes.reap()
         self._enter(Phase.LOCAL_DONE)
 
-    # -- attempts (restart.py decides, the chief for the whole job; attempt_driver.py drives) ---------
-    def attempt_end(self) -> restart.AttemptEnd:
+    # -- attempts (restarts/policy.py decides, the chief for the whole job; attempt_driver.py drives) ---------
+    def attempt_end(self) -> AttemptEnd:
         """How the attempt that just ended ended, as the restart policy reads it."""
         v = self.verdict
         remote = self.link.remote_ranks if isinstance(self.link, ChiefLink) else {}

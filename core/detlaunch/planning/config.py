@@ -32,8 +32,8 @@ from detlaunch.numbers import Number as Number
 from detlaunch.numbers import ports
 from detlaunch.observe.dedupe import DEFAULT_WINDOW
 from detlaunch.rank.protocol import DEFAULT_GRACE, DEFAULT_PREFIX
-from detlaunch.restarts.policy import NUMBERS as RESTART_NUMBERS
-from detlaunch.restarts.policy import add_restart_options
+from detlaunch.restarts.options import NUMBERS as RESTART_NUMBERS
+from detlaunch.restarts.options import add_restart_options
 from detlaunch.system.safefs import read_regular_file
 
 ENV_PREFIX = "DETLAUNCH_"
@@ -79,7 +79,7 @@ NUMBERS: Mapping[str, Number] = {
     "dump_budget": Number(float, 0, 10, 1.5, "s"),  # 0: stop at once, no stacks
     "ssh_port": ports(),  # ssh.py's --ssh-port (the ssh layers' option)
     "dedupe_window": Number(float, 0.001, 60, DEFAULT_WINDOW, "s"),
-    **RESTART_NUMBERS,  # --max-restarts, --restart-backoff...: defined in restart.py, which config imports
+    **RESTART_NUMBERS,  # --max-restarts, --restart-backoff...: defined in restarts/options.py, which config imports
 }
 RANK = Number(int, 0, 2**31 - 1)
 

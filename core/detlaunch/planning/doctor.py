@@ -15,6 +15,7 @@ import shutil
 import tempfile
 from collections.abc import Mapping, Sequence
 
+import detlaunch.exit_codes as exit_codes
 from detlaunch.errors import ConfigError
 from detlaunch.planning.config import NUMBERS, Config
 from detlaunch.system.ports import check_port_free
@@ -173,4 +174,4 @@ def core_checks(config: Config) -> list[Check]:
 
 
 def exit_code(checks: Sequence[Check]) -> int:
-    return 1 if any(not c.ok and c.required for c in checks) else 0
+    return exit_codes.FAILED if any(not c.ok and c.required for c in checks) else exit_codes.OK

@@ -25,7 +25,8 @@ from detlaunch.planning.config import NUMBERS, Config
 from detlaunch.planning.plugin_manager import Hooks
 from detlaunch.planning.stage import SOCKET_NAME, SSHD_SUPERVISOR_ENV, Command, Stage, StageContext
 from detlaunch.rank.protocol import DEFAULT_PREFIX
-from detlaunch.restarts.policy import OPTION_ENV, RestartPolicy, policy_from_options
+from detlaunch.restarts.options import OPTION_ENV, policy_from_options
+from detlaunch.restarts.policy import RestartPolicy
 from detlaunch.system.jobdir import SECRET_ENV
 from detlaunch.system.safefs import random_hex
 
@@ -55,7 +56,7 @@ class LaunchPlan:
     context: StageContext
     control_port: int = 0
     heartbeat: float = NUMBERS["heartbeat"].default  # type: ignore[assignment]
-    restarts: RestartPolicy = RestartPolicy()  # job-wide restarts: the chief's policy (restart.py)
+    restarts: RestartPolicy = RestartPolicy()  # job-wide restarts: the chief's policy (restarts/policy.py)
     events_path: str | None = None  # the event log (--events, else events.jsonl in --log-dir)
     dedupe: bool | None = None  # fold the console's repeated lines (None: when it is a terminal, many ranks)
     dedupe_window: float = DEFAULT_WINDOW

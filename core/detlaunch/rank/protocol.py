@@ -94,7 +94,10 @@ def _codec() -> tuple[Any, Any]:
 
 
 def exit_code_of(code: int) -> int:
-    """os.waitstatus_to_exitcode gives -N for a signal; a shell (and detlaunch) reports 128+N."""
+    """os.waitstatus_to_exitcode gives -N for a signal; a shell (and detlaunch) reports 128+N.
+
+    The one conversion: the wrapper reports {"code": 128+N, "signal": N} with it, and
+    outcome.ProcessEnd (the form every other part keeps) is made with it."""
     return 128 - code if code < 0 else code
 
 
@@ -119,7 +122,7 @@ def exit_message(code: int, signal: int | None, tail: list[str], wall: float) ->
 
 
 def status_to_json(s: Any) -> dict[str, Any]:
-    """A RankStatus (report.py) as the job link carries it."""
+    """A RankStatus (outcome.py) as the job link carries it."""
     return {"rank": s.rank, "node": s.node_rank, "code": s.exit_code, "signal": s.signal,
             "tail": list(s.tail), "lost": s.lost, "host": s.host, "wall": s.wall, "stopped": s.stopped,
             "killed": s.killed, "log_error": s.log_error}

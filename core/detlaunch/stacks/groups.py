@@ -19,6 +19,7 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from detlaunch.observe.rank_sets import format_ranks
 from detlaunch.stacks.pyspy import Frame, ProcessStack, StackResult, Unavailable, to_json
 
 RankKey = tuple[int, int]  # (rank, node rank)
@@ -174,20 +175,6 @@ def _stalled_first(results: Mapping[RankKey, StackResult], last: Mapping[int, fl
     lead = min(others) - earliest
     return {key: f"stopped making progress first ({lead:.1f} s before the next rank)"
             for key, t in known.items() if t - earliest <= tolerance}
-
-
-def format_ranks(ranks: Iterable[int]) -> str:
-    """0,2-7: sorted, runs of consecutive numbers as ranges."""
-    nums = sorted(set(ranks))
-    parts: list[str] = []
-    i = 0
-    while i < len(nums):
-        j = i
-        while j + 1 < len(nums) and nums[j + 1] == nums[j] + 1:
-            j += 1
-        parts.append(str(nums[i]) if i == j else f"{nums[i]}{',' if j == i + 1 else '-'}{nums[j]}")
-        i = j + 1
-    return ",".join(parts)
 
 
 def format_who(ranks: Iterable[RankKey]) -> str:
