@@ -337,3 +337,13 @@ def test_dedupe_with_a_prefix_of_its_own_is_refused(capsys: pytest.CaptureFixtur
         2, "detlaunch: error: --dedupe folds lines that carry the default prefix '[rank={rank}]' only: give "
            "--prefix or --dedupe, not both\n")
     assert run(capsys, "--layer", "torchrun", "--dry-run", "--prefix", "{rank}@{host} ", script)[0] == 0
+
+
+@pytest.mark.parametrize("value", ["\x85", "a\u2028b", "a\rb", "x\x1cy"])
+def test_a_value_holding_a_line_break_of_any_kind_stays_one_error_line(capsys: pytest.CaptureFixture[str],
+                                                                        script: str, value: str) -> None:
+    """Found by the property test above: a NEL ('\\x85') in a value the error names split its line in two."""
+    code = main(["--layer", "torchrun", "--dry-run", "--hostfile", f"/nonexistent/{value}", "--", script],
+                env={"PATH": os.environ["PATH"]})
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.splitlines()) == 1 and err.startswith("detlaunch: error: "), err

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from typing import Any, NoReturn
 
 import detlaunch.exit_codes as exit_codes
-from detlaunch.errors import ConfigError
+from detlaunch.errors import ConfigError, one_line
 
 CONTROL_COMMANDS = ("status", "stacks")  # questions to a running job (control.py): no plugin is loaded for them
 CONTROL_ARGS = {"stacks": {"budget": 2.0}}  # py-spy's budget on every node (the answer comes within it + 2 s)
@@ -55,7 +55,7 @@ def control_command(what: str, argv: list[str], env: Mapping[str, str]) -> int:
         job, path = control.find_job(ns.job)
         data = control.ask(path, what, CONTROL_ARGS.get(what))
     except ConfigError as e:
-        print(f"detlaunch: error: {e}", file=sys.stderr)
+        print(f"detlaunch: error: {one_line(e)}", file=sys.stderr)
         return e.exit_code
     except SystemExit as e:  # --help
         return e.code if isinstance(e.code, int) else 0

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 import detlaunch.exit_codes as exit_codes
 from detlaunch.cli.control import CONTROL_COMMANDS, control_command
-from detlaunch.errors import ConfigError, DetlaunchError
+from detlaunch.errors import ConfigError, DetlaunchError, one_line
 from detlaunch.planning.config import (
     CORE_SECTION,
     Config,
@@ -111,7 +111,7 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
     except DetlaunchError as e:
         if debug:
             traceback.print_exc()
-        print(f"detlaunch: error: {e}", file=sys.stderr)
+        print(f"detlaunch: error: {one_line(e)}", file=sys.stderr)
         return e.exit_code
     except SystemExit as e:  # --help, --version
         return e.code if isinstance(e.code, int) else 0
