@@ -152,7 +152,7 @@ def test_a_node_is_two_detlaunch_processes_and_none_of_them_or_the_wrappers_maps
     top = psutil.Process(job.proc.pid)
     tree = {p.pid: (p.ppid(), p.cmdline()) for p in [top, *top.children(recursive=True)]}
     detlaunch = [pid for pid, (_, argv) in tree.items() if argv[1:3] == ["-m", "detlaunch"]]
-    wrappers = [pid for pid, (_, argv) in tree.items() if any(a.endswith("run_rank_wrapper.py") for a in argv[:3])]
+    wrappers = [pid for pid, (_, argv) in tree.items() if any(a.endswith("run_wrapper.py") for a in argv[:3])]
     maps = {pid: Path(f"/proc/{pid}/maps").read_text() for pid in [*detlaunch, *wrappers]}
     job.send_signal(signal.SIGTERM)
     assert job.wait(60).returncode == 143
