@@ -16,7 +16,8 @@ import pytest
 from detlaunch.node.rank_registry import RankEntry, RankRegistry, RankRules
 from detlaunch.outcome import RankStatus
 from detlaunch.rank import protocol as rank_protocol
-from detlaunch.rank.wrapper import SupervisorConnection, UsageError, recv_fds
+from detlaunch.rank.connection import SupervisorConnection, recv_fds
+from detlaunch.rank.options import UsageError
 from detlaunch.rank.wrapper import __file__ as WRAPPER
 from detlaunch.system.eventloop import EventLoop, Priority
 
