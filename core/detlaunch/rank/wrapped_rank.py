@@ -162,16 +162,23 @@ class WrappedRank:
             if event_fd is not None:
                 self.poller.register(event_fd, select.POLLIN)
                 self.events_only.register(event_fd, select.POLLIN)
-        while self.streams or self.status is None:
+        streams, take = self.streams, self.take  # this loop runs once per read of the rank's output: kept lean
+        while streams or self.status is None:
             if self.killed and self.status is not None:
                 self.give_up_output()
                 return
-            events = self.poller.poll(self.poll_timeout())
-            self.kill_when_due()
+            events = self.poller.poll(None if self.kill_deadline is None else self.poll_timeout())
+            if self.kill_deadline is not None:
+                self.kill_when_due()
             short_read = False
             for fd, _ in events:
-                if fd in self.streams:
-                    short_read = self.read_stream(fd) or short_read
+                if fd in streams:
+                    try:
+                        data = os.read(fd, READ_SIZE)
+                    except BlockingIOError:  # drained already (see drain)
+                        continue
+                    short_read = short_read or 0 < len(data) < PIPE_BUF
+                    take(fd, data)
                 elif fd == self.pidfd:
                     self.rank_ended()
                 elif fd == self.sup_fd:
@@ -190,25 +197,15 @@ class WrappedRank:
         return self.exit_code()[0]
 
     # -- the watch's events -----------------------------------------------------
-    def poll_timeout(self) -> float | None:
-        """Milliseconds until the kill deadline, or None (no deadline: wait for an event)."""
-        if self.kill_deadline is None:
-            return None
+    def poll_timeout(self) -> float:
+        """Milliseconds until the kill deadline (there is one)."""
+        assert self.kill_deadline is not None
         return max(0, (self.kill_deadline - time.monotonic()) * 1000)
 
     def kill_when_due(self) -> None:
         if self.kill_deadline is not None and time.monotonic() >= self.kill_deadline:
             self.signal_rank(signal.SIGKILL)
             self.killed, self.kill_deadline = True, None
-
-    def read_stream(self, fd: int) -> bool:
-        """Take what the pipe holds; True after a short read (the rank writes little at a time)."""
-        try:
-            data = os.read(fd, READ_SIZE)
-        except BlockingIOError:  # drained already (see drain)
-            return False
-        self.take(fd, data)
-        return 0 < len(data) < PIPE_BUF
 
     def take(self, fd: int, data: bytes) -> None:
         """Pass `data` read from `fd` on, prefixed; b"": the stream ended (its last partial line goes too)."""

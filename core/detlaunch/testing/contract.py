@@ -103,7 +103,7 @@ class LayerContract:
     """Subclass this with ``layer = "<name>"``: pytest then runs the whole contract against that layer.
 
     Capability attributes (None: the layer's ``DETLAUNCH_CONTRACT``, else the documented default;
-    see :mod:`detlaunch.testing.contract`): ``multi_node``, ``runs_here``, ``needs``,
+    see :mod:`detlaunch.testing.capabilities`): ``multi_node``, ``runs_here``, ``needs``,
     ``heavy_modules``, ``run_args``, ``run_timeout``, ``rank_commands``. Setting ``__test__ = False`` in a subclass
     makes it an abstract base of your own, which needs no ``layer``.
     """
