@@ -50,8 +50,28 @@ def _check_argv(where: str, argv: Any, problems: list[str]) -> None:
 
 def plan_problems(plan: LaunchPlan, wrappers: Sequence[Any], layer_env: Any) -> list[str]:
     """Everything wrong with one node's plan and the hook results it was built from."""
+    problems = [*wrapper_problems(wrappers), *layer_env_problems(plan, layer_env)]
+    if not isinstance(plan.stage, Stage):
+        problems.append(f"the {plan.role} stage is a {type(plan.stage).__name__}, not a detlaunch.Stage")
+        return problems
+    problems += command_problems(plan)
+    problems += rank_command_problems(plan, wrappers)
+    problems += stage_problems(plan.stage)
+    problems += rank_command_run_problems(plan)
+    if plan.env.get("DET_CHIEF_IP") != plan.cluster.chief_addr:
+        problems.append(f"the plan's environment has DET_CHIEF_IP={plan.env.get('DET_CHIEF_IP')!r}, "
+                        f"not the chief {plan.cluster.chief_addr!r}")
+    try:
+        json.dumps(plan.to_json())
+        render_text(plan)
+    except (TypeError, ValueError) as e:
+        problems.append(f"the plan does not render: {type(e).__name__}: {e}")
+    return problems
+
+
+def wrapper_problems(wrappers: Sequence[Any]) -> list[str]:
+    """detlaunch_rank_wrappers' results: RankWrappers of strings, one naming the rank's variable."""
     problems: list[str] = []
-    ctx, stage = plan.context, plan.stage
     for w in wrappers:
         if not isinstance(w, RankWrapper):
             problems.append(f"detlaunch_rank_wrappers returned a {type(w).__name__}, not a detlaunch.RankWrapper")
@@ -64,16 +84,25 @@ def plan_problems(plan: LaunchPlan, wrappers: Sequence[Any], layer_env: Any) -> 
     if not any(isinstance(w, RankWrapper) and w.rank_env for w in wrappers):
         problems.append("detlaunch_rank_wrappers: the layer names no rank variable (RankWrapper(rank_env=...)); "
                         "the wrapper would guess, and could read an outer job's RANK")
+    return problems
+
+
+def layer_env_problems(plan: LaunchPlan, layer_env: Any) -> list[str]:
+    """The layer's own detlaunch_environment result (None: it has none): str to str, DET_CHIEF_IP untouched."""
+    problems: list[str] = []
     if layer_env is not None:
         _check_env("detlaunch_environment's result", layer_env, problems)
         if isinstance(layer_env, Mapping) and layer_env.get("DET_CHIEF_IP", plan.cluster.chief_addr) != \
                 plan.cluster.chief_addr:
             problems.append(f"detlaunch_environment sets DET_CHIEF_IP={layer_env['DET_CHIEF_IP']!r}, "
                             f"not the chief {plan.cluster.chief_addr!r}")
-    if not isinstance(stage, Stage):
-        problems.append(f"the {plan.role} stage is a {type(stage).__name__}, not a detlaunch.Stage")
-        return problems
-    for i, cmd in enumerate(stage.commands):
+    return problems
+
+
+def command_problems(plan: LaunchPlan) -> list[str]:
+    """Each Command of the stage: argv and env of strings, a real stop signal, DET_CHIEF_IP untouched."""
+    problems: list[str] = []
+    for i, cmd in enumerate(plan.stage.commands):
         where = f"command {i} ({getattr(cmd, 'name', '?')})"
         if not isinstance(cmd, Command):
             problems.append(f"{where} is a {type(cmd).__name__}, not a detlaunch.Command")
@@ -89,7 +118,12 @@ def plan_problems(plan: LaunchPlan, wrappers: Sequence[Any], layer_env: Any) -> 
         if isinstance(cmd.env, Mapping) and cmd.env.get("DET_CHIEF_IP", plan.cluster.chief_addr) != \
                 plan.cluster.chief_addr:
             problems.append(f"{where} overrides DET_CHIEF_IP with {cmd.env['DET_CHIEF_IP']!r}")
-    problems.extend(rank_command_problems(plan, wrappers))
+    return problems
+
+
+def stage_problems(stage: Stage) -> list[str]:
+    """The stage's other fields: files, setup steps, sshd waits, dirs, expected ranks, unset variables."""
+    problems: list[str] = []
     for kind, files in (("files", stage.files), ("executables", stage.executables)):
         for path, content in files.items():
             if not isinstance(path, str) or not path:
@@ -108,26 +142,23 @@ def plan_problems(plan: LaunchPlan, wrappers: Sequence[Any], layer_env: Any) -> 
         problems.append(f"Stage.expected_ranks must be None or a count, got {stage.expected_ranks!r}")
     if "DET_CHIEF_IP" in stage.unset_env:
         problems.append("Stage.unset_env removes DET_CHIEF_IP: the ranks and nested layers need it")
-    # The ranks must run the wrapper: whatever runs them is given ctx.rank_command.
-    launches = plan.cluster.is_chief or any(not c.daemon for c in stage.commands if isinstance(c, Command))
-    if launches:
-        rc = ctx.rank_command
-        carried = any(contains(c.argv, rc) for c in stage.commands if isinstance(c, Command)) or \
-            any(contains(s, rc) for s in (*stage.setup, *stage.prelaunch)) or \
-            any(shlex.join(rc) in text for text in (*stage.files.values(), *stage.executables.values())
-                if isinstance(text, str))
-        if not carried:
-            problems.append("the stage never runs ctx.rank_command (the rank wrapper, then the user's command): "
-                            "put it in the launcher's argv, or in a file the stage writes")
-    if plan.env.get("DET_CHIEF_IP") != plan.cluster.chief_addr:
-        problems.append(f"the plan's environment has DET_CHIEF_IP={plan.env.get('DET_CHIEF_IP')!r}, "
-                        f"not the chief {plan.cluster.chief_addr!r}")
-    try:
-        json.dumps(plan.to_json())
-        render_text(plan)
-    except (TypeError, ValueError) as e:
-        problems.append(f"the plan does not render: {type(e).__name__}: {e}")
     return problems
+
+
+def rank_command_run_problems(plan: LaunchPlan) -> list[str]:
+    """The ranks must run the wrapper: a stage that launches anything runs ctx.rank_command somewhere."""
+    stage, rc = plan.stage, plan.context.rank_command
+    launches = plan.cluster.is_chief or any(not c.daemon for c in stage.commands if isinstance(c, Command))
+    if not launches:
+        return []
+    carried = any(contains(c.argv, rc) for c in stage.commands if isinstance(c, Command)) or \
+        any(contains(s, rc) for s in (*stage.setup, *stage.prelaunch)) or \
+        any(shlex.join(rc) in text for text in (*stage.files.values(), *stage.executables.values())
+            if isinstance(text, str))
+    if carried:
+        return []
+    return ["the stage never runs ctx.rank_command (the rank wrapper, then the user's command): "
+            "put it in the launcher's argv, or in a file the stage writes"]
 
 
 def rank_commands(stage: Stage) -> list[Command]:
