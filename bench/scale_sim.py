@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+from detlaunch.testing import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -203,15 +204,9 @@ def wait_until_listening(port: int, chief: subprocess.Popen[bytes], timeout: flo
     raise RuntimeError("the chief never listened")
 
 
-def free_pair() -> int:
-    from detlaunch.testing.contract import free_port
-
-    return free_port()
-
-
 def measure(nodes: int, per_process: int, heartbeat: float, idle: float, tmp: Path) -> dict[str, Any]:
     secret, job = secrets.token_hex(16), f"sim-{nodes}-{secrets.token_hex(3)}"
-    port = free_pair()
+    port = free_port()
     hosts = ",".join(f"{host(i)}:1" for i in range(nodes + 1))
     rank = tmp / "sleeper.py"
     rank.write_text("import time\nprint('ready', flush=True)\ntime.sleep(600)\n")
@@ -294,7 +289,7 @@ def plan_time(hosts: int, tmp: Path, reps: int = 3) -> dict[str, float]:
     hostfile.write_text("".join(f"{h} slots=8\n" for h in names))
     rank = tmp / "train.py"
     rank.write_text("pass\n")
-    port = str(free_pair())
+    port = str(free_port())
     sources = {"hosts": ["--hosts", ",".join(f"{h}:8" for h in names)], "hostfile": ["--hostfile", str(hostfile)],
                "slurm": ["--nproc-per-node", "8"], "1 host": ["--hosts", "127.0.0.1:8"]}
     cases = [(label, node_rank) for label in sources for node_rank in (0, hosts - 1) if label != "1 host"]

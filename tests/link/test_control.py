@@ -44,7 +44,7 @@ def test_status_on_two_nodes_from_either_node(launcher: Launcher) -> None:
         here = next(n for n in data["nodes"] if n["answered_here"])
         for r in here["ranks"]:  # this shell's pids: the rank's own process
             cmdline = Path(f"/proc/{r['pid']}/cmdline").read_bytes()
-            assert b"ranks.py" in cmdline and b"rank_wrapper" not in cmdline
+            assert b"ranks.py" in cmdline and b"run_wrapper.py" not in cmdline
     text = status(launcher, job_id)
     assert text.returncode == 0 and text.stdout.startswith(f"job {data['job']}: running, 4 rank(s) on 2 node(s)\n")
     rows = [line.split() for line in text.stdout.splitlines()[2:]]

@@ -42,10 +42,7 @@ def plan(node: int, port: int, tmp: str, secret: str = "s3cret") -> Any:
 
 
 def run_until(loop: EventLoop, done: Callable[[], bool], timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not done():
-        assert time.monotonic() < deadline, "timed out"
-        loop.run_once(timeout=0.05)
+    loop.run_until(done, timeout, "the links' state")  # the one loop helper, with its deadline
 
 
 def three_nodes(tmp: str) -> tuple[EventLoop, int, ChiefLink, Events, WorkerLink, WorkerLink, Events]:

@@ -172,8 +172,7 @@ def test_stacks_are_collected_off_the_loop_and_handed_back_to_it(real_processes:
         time.sleep(0.5)  # the test's own process: let it reach nap()
         node_answer(StackCollector(loop), "here", [(0, sleeper.pid), (1, 2**22 + 7)], 5.0, answers.append)
         assert answers == []  # not on the loop's time: the answer comes through the loop
-        while not answers:
-            loop.run_once(timeout=10)
+        loop.run_until(lambda: answers, 20, "the node's stacks answer")
     finally:
         sleeper.kill()
         sleeper.wait()
@@ -215,8 +214,7 @@ def test_the_chief_asks_for_progress_at_the_deadline_and_rearms_while_a_rank_mov
         loop.run_once(timeout=1)
     assert asked == ["progress"] * 3 and failed == []
     answers["progress"] = {"nodes": [{"node": 0, "ages": [[0, 5.0]]}, {"node": 1, "ages": [[1, 5.0]]}]}
-    while not failed:
-        loop.run_once(timeout=1)
+    loop.run_until(lambda: failed, 5, "the hang report")
     assert asked[-2:] == ["progress", "stacks"]
     (hung,) = failed
     assert isinstance(hung, Hung) and hung.suspects == ("rank 1 (node 1): SIGSTOPped",)
@@ -246,8 +244,8 @@ def test_dump_before_kill_the_chief_takes_the_stacks_then_stops_a_worker_waits_f
     worker = policy(loop, asked, [], {}, is_chief=False, dump_budget=0.01)
     assert worker.dump_before_stop(failure, lambda: stops.append("worker")) and worker.dumping
     assert asked == ["stacks"]  # a worker asks nobody: the chief takes every node's stacks
-    while worker.dumping:
-        loop.run_once(timeout=3)  # no stop from the chief: it stops on its own after the budget
+    # no stop from the chief: it stops on its own after the budget
+    loop.run_until(lambda: not worker.dumping, 5, "the worker's stop after its dump budget")
     assert stops == ["chief", "worker"]
     off = policy(loop, asked, [], {}, dump_budget=0.0)
     assert not off.dump_before_stop(failure, lambda: None) and off.hold_time() == 0 and chief.hold_time() == 3.5
@@ -353,8 +351,7 @@ def test_a_traceback_the_rank_went_on_from_is_not_a_failure(monkeypatch: pytest.
         mark.touch()  # the traceback's own lines
         hangs.traceback(rank, ["Traceback (most recent call last):", f"ValueError: {rank}"], 7.0)
     marks[0].touch()  # rank 0 printed on after it; rank 1 is silent
-    while not failed:
-        loop.run_once(timeout=1)
+    loop.run_until(lambda: failed, 5, "the report of the silent rank")
     loop.run_once(timeout=0.2)
     assert failed == [StuckAfterTraceback(1, 0, "h", ("Traceback (most recent call last):", "ValueError: 1"),
                                           0.05, 7.0)]
@@ -409,7 +406,7 @@ def host_pid(launcher: Launcher, rank: int, script: str = "hang.py") -> int:
             cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
         except OSError:
             continue
-        if marker in env and rank_var in env and script.encode() in cmdline and b"rank_wrapper" not in cmdline:
+        if marker in env and rank_var in env and script.encode() in cmdline and b"run_wrapper.py" not in cmdline:
             found.append(int(entry))
     assert len(found) == 1, found
     return found[0]

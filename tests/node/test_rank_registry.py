@@ -16,9 +16,10 @@ import pytest
 from detlaunch.node.rank_registry import RankEntry, RankRegistry, RankRules
 from detlaunch.outcome import RankStatus
 from detlaunch.rank import protocol as rank_protocol
-from detlaunch.rank.wrapper import SupervisorConnection, UsageError, recv_fds
+from detlaunch.rank.connection import SupervisorConnection, recv_fds
+from detlaunch.rank.options import UsageError
 from detlaunch.rank.wrapper import __file__ as WRAPPER
-from detlaunch.system.eventloop import EventLoop
+from detlaunch.system.eventloop import EventLoop, Priority
 
 pytestmark = pytest.mark.timeout(20)
 
@@ -42,12 +43,8 @@ class Node:
         self.path = str(path)
         self.registry.listen(self.path)
 
-    def serve_until(self, what: Any) -> None:
-        for _ in range(200):
-            if what():
-                return
-            self.loop.run_once(timeout=0.05)
-        raise AssertionError("the registry never got there")
+    def serve_until(self, what: Any, timeout: float = 10) -> None:
+        self.loop.run_until(what, timeout, "the registry's answer")
 
     def connect(self, rank: int, job: str = "job-1") -> tuple[SupervisorConnection | None, dict[str, Any]]:
         """A wrapper's registration, answered by the registry in a thread-free way: serve, then read."""
@@ -149,16 +146,23 @@ def test_garbage_closes_the_connection_without_a_report(node: Node) -> None:
 def test_the_wrapper_says_why_it_was_refused(node: Node) -> None:
     errors: list[BaseException] = []
 
+    ended_r, ended_w = socket.socketpair()  # the thread's end, as an event of the loop
+
     def register() -> None:
         try:
             SupervisorConnection.connect(node.path, "job-1", 9)
         except BaseException as e:
             errors.append(e)
+        ended_w.send(b"x")
 
+    node.loop.add_reader(ended_r, Priority.PROBE, lambda: ended_r.recv(1))
     wrapper = threading.Thread(target=register)
     wrapper.start()
-    node.serve_until(lambda: not wrapper.is_alive())
+    node.serve_until(lambda: errors)
     wrapper.join()
+    node.loop.remove(ended_r)
+    ended_r.close()
+    ended_w.close()
     assert len(errors) == 1 and isinstance(errors[0], UsageError)
     assert str(errors[0]) == "the supervisor refused rank 9: rank 9 does not belong to node 1 (its ranks are 2..3)"
 
