@@ -591,6 +591,25 @@ def test_dump_before_kill_on_two_nodes_shows_the_survivors_under_the_root_cause(
 
 
 @pytest.mark.timeout(200)
+def test_a_survivor_that_dies_while_its_stack_is_taken_does_not_hold_the_stop(launcher: Launcher,
+                                                                             tmp_path: Path) -> None:
+    """Issue 23: a survivor on its way out (gloo's "Connection reset by peer", then SIGABRT) answered neither
+    py-spy nor faulthandler, and the dump before kill waited its whole budget for it. Its exit ends the wait."""
+    fifo = tmp_path / "peer"
+    os.mkfifo(fifo)
+    run = launcher.start(*torchrun(launcher, job_id(), "--dump-budget", "60"), "/bin/sh", "-c",
+                         f"{sys.executable} {SCRIPTS / 'dies_with_peer.py'}", env={"PEER_FIFO": str(fifo)})
+    run.wait_for_output("[rank=0] rank 0: its peer is gone", timeout=150)
+    peer_gone = time.monotonic()
+    r = run.wait(120)
+    took = time.monotonic() - peer_gone
+    assert r.returncode == 3 and took < 20, (took, r.output)  # before: the budget, 60 s
+    assert report_line(r.stderr) == "detlaunch: job failed: rank 1 on node 0 (127.0.0.1) exited with code 3"
+    assert ("detlaunch:   rank 0 (node 0): no stack: not a Python process (or an interpreter py-spy does not know); "
+            "faulthandler: it exited before its faulthandler answered") in r.stderr.splitlines(), r.stderr
+
+
+@pytest.mark.timeout(200)
 def test_dump_budget_0_stops_at_once_without_stacks(launcher: Launcher, tmp_path: Path) -> None:
     fifo = tmp_path / "trigger"
     os.mkfifo(fifo)
