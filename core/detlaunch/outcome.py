@@ -67,6 +67,21 @@ class ProcessEnd:
         return f"killed by {signal_name(self.signal)}" if self.signal else f"exit {self.code}"
 
 
+def script_end_words(ended: str) -> str:
+    """How a rank's script ended, in words ('' when it had not: rank.progress.script_end's values). Its
+    Python had then started shutting down: the mark faultsite/sitecustomize.py writes says so, for real."""
+    return {"finished": "its script had finished",
+            "raised": "its script had ended with an uncaught exception"}.get(ended, "")
+
+
+def after_its_script(ended: str) -> str:
+    """The words for a signal that came after the rank's script had ended (a library's abort at exit)."""
+    if ended == "finished":
+        return " after its script had finished (its work was done: Python was shutting down)"
+    words = script_end_words(ended)
+    return f" after {words} (Python was shutting down)" if words else ""
+
+
 @dataclasses.dataclass(frozen=True)
 class RankStatus:
     """One rank's end, as its wrapper reported it (or as the supervisor saw it).
@@ -86,6 +101,7 @@ class RankStatus:
     stopped: bool = False  # detlaunch had asked it to stop: its end is a consequence, not a cause
     killed: bool = False  # detlaunch SIGKILLed it (and its wrapper), so no report could come
     log_error: str = ""  # its --log-dir file is incomplete, and why
+    ended: str = ""  # its script had ended before it died ("finished", "raised": rank.progress.OutputMark.script_end)
 
     @property
     def end(self) -> ProcessEnd | None:
@@ -100,7 +116,9 @@ class RankStatus:
             return "SIGKILLed by detlaunch (it had not stopped when asked)"
         if self.lost:
             return "its wrapper was killed before it could report (counted as SIGKILL)"
-        return "still running" if self.end is None else self.end.describe()
+        if self.end is None:
+            return "still running"
+        return self.end.describe() + (after_its_script(self.ended) if self.signal else "")
 
     def to_json(self) -> dict[str, Any]:
         return rank_protocol.status_to_json(self)

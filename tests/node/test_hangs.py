@@ -479,7 +479,8 @@ def test_a_rank_that_raises_then_hangs_in_atexit_fails_the_job_with_its_tracebac
     assert lines[start + 1].endswith("Traceback (most recent call last):") and "RuntimeError: rank 1 broke" in \
         lines[start + 4], r.stderr  # its traceback first
     dump = lines.index("detlaunch: the running ranks' stacks before they were stopped:")
-    assert dump > start and re.search(r"rank 1 \(node 0\): time\.sleep <- linger \(hang\.py:\d+\)",
+    after = r"\[its script had ended with an uncaught exception, Python is shutting down\] "  # it hangs in atexit
+    assert dump > start and re.search(rf"rank 1 \(node 0\): {after}time\.sleep <- linger \(hang\.py:\d+\)",
                                       "\n".join(lines[dump:])), r.stderr  # where it hangs
     assert "rank 1 (node 0): " in r.stderr and "(root cause)" in r.stderr
 
@@ -586,6 +587,25 @@ def test_dump_before_kill_on_two_nodes_shows_the_survivors_under_the_root_cause(
     for rank in (0, 1, 2):
         assert any(f"rank {rank} (node {rank // 2}): killed by SIGTERM {note}" in chief.stderr for note in notes), \
             chief.stderr
+
+
+@pytest.mark.timeout(200)
+def test_a_survivor_that_dies_while_its_stack_is_taken_does_not_hold_the_stop(launcher: Launcher,
+                                                                             tmp_path: Path) -> None:
+    """Issue 23: a survivor on its way out (gloo's "Connection reset by peer", then SIGABRT) answered neither
+    py-spy nor faulthandler, and the dump before kill waited its whole budget for it. Its exit ends the wait."""
+    fifo = tmp_path / "peer"
+    os.mkfifo(fifo)
+    run = launcher.start(*torchrun(launcher, job_id(), "--dump-budget", "10"), "/bin/sh", "-c",
+                         f"{sys.executable} {SCRIPTS / 'dies_with_peer.py'}", env={"PEER_FIFO": str(fifo)})
+    run.wait_for_output("[rank=0] rank 0: its peer is gone", timeout=150)
+    peer_gone = time.monotonic()
+    r = run.wait(120)
+    took = time.monotonic() - peer_gone
+    assert r.returncode == 3 and took < 8, (took, r.output)  # before: the whole budget, 10 s, and then the stop
+    assert report_line(r.stderr) == "detlaunch: job failed: rank 1 on node 0 (127.0.0.1) exited with code 3"
+    assert ("detlaunch:   rank 0 (node 0): no stack: not a Python process (or an interpreter py-spy does not know); "
+            "faulthandler: it exited before its faulthandler answered") in r.stderr.splitlines(), r.stderr
 
 
 @pytest.mark.timeout(200)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 from detlaunch.stacks.groups import (
@@ -57,6 +58,25 @@ def test_a_stack_reads_as_the_blocking_call_the_innermost_library_frame_and_the_
     assert describe_stack(stack(Frame("spin", "/job/t.py", 3, "x += 1"))) == "spin (t.py:3)"
     assert describe_stack(stack()) == "(no Python frames)"
     assert describe_stack(dataclass_stopped(sleeping())) == "[SIGSTOPped] time.sleep <- load_batch (data.py:41)"
+
+
+def test_a_rank_whose_script_had_ended_says_so_instead_of_no_python_frames() -> None:
+    """Issue 23: ranks "blocked in loss.backward()" showed "(no Python frames)". They were not blocked: gloo
+    had failed their collective, the exception had ended their script (its traceback ends in loss.backward),
+    and Python was shutting down; py-spy then sees one unnamed thread without frames. The rank's end mark
+    (its progress file, stacks/query.py) says so, and the line says it plainly; they group apart."""
+    in_shutdown = ProcessStack(1, (ThreadStack("0x7f0", 0x7F0, True, ()),), ended="raised")  # as py-spy shows it
+    assert describe_stack(in_shutdown) == ("(no Python frames: its script had ended with an uncaught exception, "
+                                           "Python is shutting down)")
+    in_atexit = dataclasses.replace(sleeping(), ended="finished")
+    assert describe_stack(in_atexit) == ("[its script had finished, Python is shutting down] time.sleep <- "
+                                         "load_batch (data.py:41)")
+    report = group_stacks({(0, 0): in_shutdown, (1, 0): in_all_reduce(), (2, 0): in_shutdown})
+    assert format_text(report) == [
+        "ranks 0,2 (node 0): (no Python frames: its script had ended with an uncaught exception, Python is "
+        "shutting down)",
+        "rank 1 (node 0): work.wait <- all_reduce <- step (train.py:88)  [suspect: stack differs from the "
+        "majority's (2 ranks)]"]
 
 
 def dataclass_stopped(s: ProcessStack) -> ProcessStack:

@@ -316,6 +316,9 @@ class WrappedRank:
         self.reported = True
         code, signum = self.exit_code()
         message = rank_protocol.exit_message(code, signum, rank_protocol.last_lines(self.tail), self.ended_at)
+        ended = self.output_mark.script_end() if self.output_mark is not None else ""
+        if ended:  # its script had ended before it died: Python was shutting down
+            message["ended"] = ended
         if self.log is not None and self.log.error:
             message["log_error"] = self.log.error
         try:
