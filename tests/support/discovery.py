@@ -52,7 +52,7 @@ def discover(*argv: str, env: Mapping[str, str]) -> ClusterInfo:
 
 
 def free_port_pair(host: str = "127.0.0.1") -> int:
-    """A port P with P+1 free too: torchrun's rendezvous and detlaunch's control port (P+1 by default)."""
+    """A port P with P+1 free too: torchrun's rendezvous and detlaunch's link port (P+1 by default)."""
     for _ in range(100):
         with socket.socket() as a:
             a.bind((host, 0))

@@ -22,7 +22,7 @@ def free_port(host: str = "127.0.0.1") -> int:
     ephemeral range.
 
     A test hands the port to a job that binds it a second or more later, and layers derive
-    others from it (the control port is the master port + 1; a per-job sshd listens on the same
+    others from it (the link port is the master port + 1; a per-job sshd listens on the same
     --ssh-port on every node, the chief's on 127.0.0.1). A port from bind(("", 0)) is an ephemeral
     one: in that time any outgoing connection on the machine (gloo, ssh, another test's job) may
     be given it, or its odd successor (Linux hands odd ephemeral ports to connect(), even ones to
