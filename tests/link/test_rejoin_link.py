@@ -235,3 +235,30 @@ def test_a_worker_links_state_follows_the_chief_stop_restart_end_and_is_traced(t
     worker.close()
     assert worker.state is LinkState.CLOSED
     chief.close()
+
+
+def test_questions_reach_their_owner_both_ways_and_a_lost_peer_is_said_to_it(tmp_path: Any) -> None:
+    """The link hands questions to control.py's side itself (the recorder stands for it): a worker's
+    client's question and the chief's answer, the chief's request and the worker's reply; and a lost
+    node or chief first to the questions' owner (nothing more will come from it), then to the supervisor."""
+    loop, port, chief, chief_events, w1, w2, e2 = three_nodes(str(tmp_path))
+    assert w2.ask(5, "status", {"x": 1})
+    run_until(loop, lambda: ("remote_ask", 2, 5, "status", {"x": 1}) in chief_events.seen)
+    chief.answer(2, 5, {"nodes": []})
+    chief.request(2, 9, "stacks", {"budget": 1.0})
+    run_until(loop, lambda: ("answered", 5, {"nodes": []}) in e2.seen)
+    run_until(loop, lambda: ("chief_request", 9, "stacks", {"budget": 1.0}) in e2.seen)
+    w2.reply(9, {"ranks": [1]})
+    run_until(loop, lambda: ("part", 9, 2, {"ranks": [1]}) in chief_events.seen)
+
+    assert w1.connection is not None
+    w1.connection.sock.close()
+    run_until(loop, lambda: "node_lost" in chief_events.names())
+    names = chief_events.names()
+    assert names.index("node_gone") == names.index("node_lost") - 1 and ("node_gone", 1) in chief_events.seen
+    chief.close()
+    run_until(loop, lambda: "chief_lost" in e2.names())
+    assert e2.names()[-2:] == ["chief_gone", "chief_lost"]
+    for link in (w1, w2):
+        link.close()
+    loop.close()
