@@ -59,7 +59,8 @@ def _text(v: Any) -> str:
     return v
 
 
-def _number(v: Any) -> int:
+def _integer(v: Any) -> int:
+    """Strictly a JSON integer (not true or false): a node number the chief compares."""
     if isinstance(v, bool) or not isinstance(v, int):
         raise TypeError(f"not an integer: {v!r}"[:80])
     return v
@@ -125,7 +126,7 @@ class Challenge(Kind):
 @_kind("auth", WORKER)
 @dataclasses.dataclass(frozen=True)
 class Auth(Kind):
-    node: int = _field(_number)
+    node: int = _field(_integer)
     nonce: str = _field(_text)
     addr: str = _field(lambda v: str(v or ""))  # "": the chief takes the connection's source address
     mac: str = _field(_text)
