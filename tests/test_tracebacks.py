@@ -11,7 +11,7 @@ from collections.abc import Callable
 import pytest
 from detlaunch.observe.report import CUT, explaining_lines, format_report
 from detlaunch.outcome import Failure, FailureKind, JobResult, RankStatus, RestartClass
-from detlaunch.restarts.attempts import attempt_end
+from detlaunch.restarts.attempts import attempt_end_from_verdict
 from detlaunch.restarts.policy import RestartPolicy
 from detlaunch.tracebacks import last_traceback
 
@@ -103,7 +103,8 @@ def test_the_report_and_the_restart_policy_read_the_same_exception(name: str) ->
                       tail_of="rank 1", kind=FailureKind.RANK)
     report = format_report(JobResult(1, (rank,), failure))
     shown = [line.removeprefix("detlaunch:   | ") for line in report if line.startswith("detlaunch:   | ")]
-    end = attempt_end(1, failure, None, 1, started=True, policy=RestartPolicy(), started_at=0.0, ended_at=1.0)
+    end = attempt_end_from_verdict(1, failure, None, 1, started=True, policy=RestartPolicy(),
+                                   started_at=0.0, ended_at=1.0)
     assert end.cause == exception and end.exception == exception.split(":")[0]
     assert any(line.endswith(exception) for line in shown), shown
     assert WARNING not in shown
@@ -113,7 +114,8 @@ def test_a_user_error_is_read_through_torchs_prefix() -> None:
     tail = torch_prefixed(tail_of(import_missing), rank=3)
     rank = RankStatus(rank=3, node_rank=0, exit_code=1, tail=tuple(tail))
     failure = Failure("rank 3 exited with code 1", 1, rank=rank, tail=rank.tail, kind=FailureKind.RANK)
-    end = attempt_end(1, failure, None, 1, started=True, policy=RestartPolicy(), started_at=0.0, ended_at=1.0)
+    end = attempt_end_from_verdict(1, failure, None, 1, started=True, policy=RestartPolicy(),
+                                   started_at=0.0, ended_at=1.0)
     assert end.restart_class is RestartClass.USER_ERROR and end.exception == "ModuleNotFoundError"
     assert explaining_lines(tail)[0] == "[rank3]: Traceback (most recent call last):"
 
@@ -123,7 +125,8 @@ def test_an_exception_group_is_classed_by_its_own_exception_not_its_members() ->
     assert tb is not None and tb.exception == "ExceptionGroup: workers could not start (1 sub-exception)"
     rank = RankStatus(rank=0, node_rank=0, exit_code=1, tail=tuple(tail_of(group_of_imports)))
     failure = Failure("rank 0 exited with code 1", 1, rank=rank, tail=rank.tail, kind=FailureKind.RANK)
-    end = attempt_end(1, failure, None, 1, started=True, policy=RestartPolicy(), started_at=0.0, ended_at=1.0)
+    end = attempt_end_from_verdict(1, failure, None, 1, started=True, policy=RestartPolicy(),
+                                   started_at=0.0, ended_at=1.0)
     assert end.restart_class is RestartClass.RANK_FAILED
 
 
@@ -166,5 +169,6 @@ def test_progress_bars_count_as_lines() -> None:
 def test_a_killed_rank_has_no_exception_and_its_signature_says_how_it_ended() -> None:
     rank = RankStatus(rank=1, node_rank=0, exit_code=137, signal=signal.SIGKILL, tail=("step 7",))
     failure = Failure("rank 1 killed by SIGKILL", 137, rank=rank, tail=rank.tail, kind=FailureKind.RANK)
-    end = attempt_end(1, failure, None, 137, started=True, policy=RestartPolicy(), started_at=0.0, ended_at=1.0)
+    end = attempt_end_from_verdict(1, failure, None, 137, started=True, policy=RestartPolicy(),
+                                   started_at=0.0, ended_at=1.0)
     assert (end.signature, end.exception, end.restart_class) == ("killed by SIGKILL", "", RestartClass.RANK_FAILED)

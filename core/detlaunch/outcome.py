@@ -177,6 +177,7 @@ class JobResult:
     node_rank: int = 0
     warnings: tuple[str, ...] = ()  # problems that did not stop the job (a log file that could not be written)
     stacks: tuple[str, ...] = ()  # the other ranks' stacks, grouped, taken before they were stopped
+    attempts: tuple[str, ...] = ()  # restarts on, the chief: the report of every attempt (before the last one's)
 
     @property
     def ok(self) -> bool:

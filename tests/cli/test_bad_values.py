@@ -49,7 +49,8 @@ def script(tmp_path: Path) -> str:
     (["--heartbeat", "0"], "argument --heartbeat: '0' is out of range; valid: 0.01..60 s"),
     (["--master-port", "0"], "argument --master-port: '0' is out of range; valid: 1..65535"),
     (["--master-port", "70000"], "argument --master-port: '70000' is out of range; valid: 1..65535"),
-    (["--control-port", "-5"], "argument --control-port: '-5' is out of range; valid: 1..65535"),
+    (["--link-port", "-5"], "argument --link-port: '-5' is out of range; valid: 1..65535"),
+    (["--control-port", "-5"], "argument --control-port: '-5' is out of range; valid: 1..65535"),  # its old name
     (["--nproc-per-node", "0"], "argument --nproc-per-node: '0' is out of range; valid: 1..4096"),
     (["--nnodes", "two"], "argument --nnodes: 'two' is not an integer; valid: 1..65536"),
     (["--ranks", "0,-1"], "argument --ranks: '-1' is out of range; valid: 0..2147483647"),
@@ -100,8 +101,9 @@ def test_the_highest_master_port_leaves_none_for_the_link(capsys: pytest.Capture
     two = ["--layer", "torchrun", "--dry-run", "--nnodes", "2", "--master-addr", "127.0.0.1", "--master-port", "65535"]
     assert run(capsys, *two, script) == (
         2, "detlaunch: error: --master-port 65535 leaves no port for the link between nodes (master port + 1): "
-           "give --control-port PORT or a lower --master-port\n")
-    assert run(capsys, *two, "--control-port", "65534", script)[0] == 0
+           "give --link-port PORT or a lower --master-port\n")
+    assert run(capsys, *two, "--link-port", "65534", script)[0] == 0
+    assert run(capsys, *two, "--control-port", "65534", script)[0] == 0  # --link-port's old name
     assert run(capsys, "--layer", "torchrun", "--dry-run", "--master-port", "65535", script)[0] == 0  # one node
 
 

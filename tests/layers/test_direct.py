@@ -49,7 +49,7 @@ def shape_args(layer: str, nodes: int, node: int, port: int) -> list[str]:
 def run_job(launcher: Launcher, layer: str, nodes: int, script: str, env: dict[str, str] | None = None,
             ) -> list[tuple[int, str, str]]:
     """Run a job of `nodes` x 2 ranks; each node's (exit code, stdout, stderr)."""
-    port = free_port()  # the master port, and the next one (the control port) too
+    port = free_port()  # the master port, and the next one (the link port) too
     jobs = [launcher.start(*shape_args(layer, nodes, n, port), script, env=env) for n in reversed(range(nodes))]
     done = [job.wait(180) for job in reversed(jobs)]
     return [(d.returncode, d.stdout, d.stderr) for d in done]

@@ -31,7 +31,7 @@ def free_ports() -> tuple[int, int]:
 
 def inner_args(node_rank: int, port: int, control: int) -> list[str]:
     return ["--layer", "torchrun", "--nnodes", "2", "--node-rank", str(node_rank), "--nproc-per-node", "1",
-            "--master-port", str(port), "--control-port", str(control)]
+            "--master-port", str(port), "--link-port", str(control)]
 
 
 @pytest.mark.parametrize("node_rank", [0, 1], ids=["inner-chief", "inner-worker"])
@@ -61,7 +61,7 @@ def nested_job(runner: DetlaunchRunner, outer: str = "mpirun", env: dict[str, st
     port, control = free_ports()
     outer_args = ["--master-port", str(free_port())] if outer == "torchrun" else []
     run = runner.run("--layer", outer, *outer_args, "--hosts", f"{CHIEF}:2", str(NESTED / "node.py"),
-                     "--nproc-per-node", "1", "--master-port", str(port), "--control-port", str(control),
+                     "--nproc-per-node", "1", "--master-port", str(port), "--link-port", str(control),
                      "--", str(NESTED / "inner.py"), env=env, timeout=150)
     runner.assert_no_leftovers()
     return run, port

@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 
 from detlaunch.outcome import AttemptEnd, Failure, FailureKind, RankStatus, RestartClass
-from detlaunch.restarts.attempts import Attempts, attempt_end
+from detlaunch.restarts.attempts import Attempts, attempt_end_from_verdict
 from detlaunch.restarts.policy import RestartPolicy
 
 POLICY = RestartPolicy(max_restarts=1, backoff_initial=0.0, backoff_cap=0.0)
@@ -21,8 +21,8 @@ def lost() -> Failure:
 
 
 def end(attempt: int, failure: Failure | None, code: int, interrupted_by: int | None = None) -> AttemptEnd:
-    return attempt_end(attempt, failure, interrupted_by, code, started=True, policy=POLICY, started_at=10.0,
-                       ended_at=12.5)
+    return attempt_end_from_verdict(attempt, failure, interrupted_by, code, started=True, policy=POLICY,
+                                    started_at=10.0, ended_at=12.5)
 
 
 def test_a_finished_attempt_ends_the_job() -> None:

@@ -146,9 +146,9 @@ def run(argv: list[str], env: dict[str, str], pre: argparse.Namespace | None = N
     from detlaunch.planning.plan import build_plan, render_json, render_text
 
     cluster = hooks.discover_cluster(config)
-    if cluster.num_nodes > 1 and not options.get("control_port") and options["master_port"] >= 65535:
+    if cluster.num_nodes > 1 and not options.get("link_port") and options["master_port"] >= 65535:
         raise ConfigError(f"--master-port {options['master_port']} leaves no port for the link between nodes "
-                          "(master port + 1): give --control-port PORT or a lower --master-port")
+                          "(master port + 1): give --link-port PORT or a lower --master-port")
     plan = build_plan(hooks, config, cluster)
     if options.get("dry_run"):
         print(render_json(plan) if options.get("format") == "json" else render_text(plan))
@@ -174,11 +174,10 @@ def run(argv: list[str], env: dict[str, str], pre: argparse.Namespace | None = N
         job_lock = lock_job_dir(plan.shared_dir, cluster.node_rank, cluster.job_id, bool(options.get("job_dir")))
 
     def supervise() -> int:
-        supervisor = NodeSupervisor(plan, debug=bool(options.get("debug")), on_event=hooks.event)
-        result = supervisor.run()
+        result = NodeSupervisor(plan, debug=bool(options.get("debug")), on_event=hooks.event).run()
         for problem in hooks.job_finished(plan.context, result):
             print(f"detlaunch: warning: a job_finished observer failed: {problem}", file=sys.stderr)
-        for line in [*format_warnings(result), *supervisor.attempts_report(), *format_report(result)]:
+        for line in [*format_warnings(result), *result.attempts, *format_report(result)]:
             print(line, file=sys.stderr)
         return result.exit_code
 

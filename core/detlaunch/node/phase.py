@@ -6,7 +6,7 @@ import enum
 
 
 class Phase(enum.Enum):
-    """Where this node's part of the job is. Every change goes through NodeSupervisor._enter.
+    """Where this node's part of the job is. Every change goes through NodeSupervisor.enter.
 
         STARTING ──(every peer's sshd answered: launchers start)──► RUNNING
             │                                                          │

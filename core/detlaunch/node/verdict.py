@@ -1,6 +1,6 @@
 """The verdict: which failure is the job's root cause, and the exit code every node exits with.
 
-Pure: no I/O, no clock of its own. The supervisor feeds it typed events (a rank's end, a child's
+Pure: no I/O, no clock of its own. The supervisor feeds it typed events (`VerdictEvent`: a rank's end, a child's
 exit, a lost node, an interrupt, a start failure, the chief's decision) and acts on each
 :class:`Decision`. The rules, in order:
 
@@ -119,8 +119,9 @@ class StuckAfterTraceback:
     at: float  # when it printed the traceback
 
 
-Event = (RankEnded | ChildExited | NodeLost | ChiefLost | Interrupted | StartFailed | RemoteFailure | ChiefVerdict
-         | Hung | StuckAfterTraceback)
+# What the verdict is fed (not observe/events.Event, the record of what happened that observers get).
+VerdictEvent = (RankEnded | ChildExited | NodeLost | ChiefLost | Interrupted | StartFailed | RemoteFailure
+                | ChiefVerdict | Hung | StuckAfterTraceback)
 
 
 class Decision(enum.Enum):
@@ -131,7 +132,7 @@ class Decision(enum.Enum):
     IGNORED = "ignored"  # not a failure, or not the cause
 
 
-def as_failure(event: Event) -> Failure | None:
+def as_failure(event: VerdictEvent) -> Failure | None:
     """The failure an event stands for, as this node's report shows it.
 
     A rank's clean end, or one detlaunch asked for, is none.
@@ -195,11 +196,11 @@ class Verdict:
 
     def __init__(self) -> None:
         self.failure: Failure | None = None
-        self.cause: Event | None = None  # the event behind `failure`
+        self.cause: VerdictEvent | None = None  # the event behind `failure`
         self.interrupted_by: int | None = None
         self.decided_by_chief = False
 
-    def add(self, event: Event) -> Decision:
+    def add(self, event: VerdictEvent) -> Decision:
         if isinstance(event, ChiefVerdict):
             first = not self.decided_by_chief
             self.decided_by_chief = True

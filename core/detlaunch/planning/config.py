@@ -71,7 +71,7 @@ NUMBERS: Mapping[str, Number] = {
     "nnodes": Number(int, 1, 65536),
     "node_rank": Number(int, 0, 65535),
     "master_port": ports(29500),
-    "control_port": ports(),
+    "link_port": ports(),
     "grace_period": Number(float, 0, 3600, DEFAULT_GRACE, "s"),
     "start_timeout": Number(float, 0.001, 7 * 86400, 300.0, "s"),
     "heartbeat": Number(float, 0.01, 60, 1.0, "s"),
@@ -157,8 +157,10 @@ def build_parser(layer_names: Sequence[str] = (), add_help: bool = True) -> Pars
     g.add_argument("--no-pid-namespace", action="store_true",
                    help="do not run the job in a PID namespace of its own (by default every process of the job "
                    "is in one, so nothing it starts can outlive detlaunch, even a SIGKILLed one)")
-    g.add_argument("--control-port", **number("control_port"), metavar="PORT",
-                   help="multi-node: the chief's port for the other nodes' supervisors (default: master port + 1)")
+    g.add_argument("--link-port", **number("link_port"), metavar="PORT",
+                   help="multi-node: the chief's port for the job link, the other nodes' supervisors' connections "
+                   "(default: master port + 1; --control-port, its old name, is still accepted)")
+    g.add_argument("--control-port", **number("link_port"), dest="link_port", help=argparse.SUPPRESS)
     g.add_argument("--heartbeat", **number("heartbeat"), metavar="S",
                    help="multi-node: heartbeat interval; a node silent for 5 intervals is lost (default %(default)g)")
     g.add_argument("--hang-timeout", **number("hang_timeout"), metavar="S",
@@ -188,6 +190,11 @@ def build_parser(layer_names: Sequence[str] = (), add_help: bool = True) -> Pars
                    "(default: in --log-dir, events.jsonl on node 0, events-node-N.jsonl on node N; see docs/EVENTS.md)")
     add_restart_options(p)
     return p
+
+
+# Options renamed, by their old names: the old flag, DETLAUNCH_ variable and config key still work (the
+# new name wins where both are given).
+OLD_NAMES = {"control_port": "link_port"}
 
 
 def option_env_name(dest: str) -> str:
@@ -262,6 +269,7 @@ def apply_defaults(
     for section, values in sections.items():
         for key, raw in values.items():
             dest = key.replace("-", "_")
+            dest = OLD_NAMES.get(dest, dest)
             if dest not in actions or owner.get(dest, CORE_SECTION) != section:
                 if section == CORE_SECTION or section in layer_dests:
                     raise ConfigError(f"config file {config_path}: unknown option {key!r} in [{section}]")
@@ -271,9 +279,10 @@ def apply_defaults(
             parser.set_defaults(**{dest: _convert(actions[dest], raw, f"[{section}] {key}",
                                                   f"fix it in {config_path}")})
     for dest, action in actions.items():
-        name = option_env_name(dest)
-        if env.get(name):
-            parser.set_defaults(**{dest: _convert(action, env[name], name, f"fix or unset {name}")})
+        old = [option_env_name(o) for o, new in OLD_NAMES.items() if new == dest]
+        for name in (*old, option_env_name(dest)):  # the last one set wins: the new name
+            if env.get(name):
+                parser.set_defaults(**{dest: _convert(action, env[name], name, f"fix or unset {name}")})
 
 
 def split_argv(argv: Sequence[str]) -> tuple[list[str], list[str] | None]:

@@ -54,7 +54,7 @@ class LaunchPlan:
     log_dir: str | None
     console_ranks: tuple[int, ...] | None  # the ranks whose output reaches the console (None: all)
     context: StageContext
-    control_port: int = 0
+    link_port: int = 0  # the chief's port for the job link
     heartbeat: float = NUMBERS["heartbeat"].default  # type: ignore[assignment]
     restarts: RestartPolicy = RestartPolicy()  # job-wide restarts: the chief's policy (restarts/policy.py)
     events_path: str | None = None  # the event log (--events, else events.jsonl in --log-dir)
@@ -121,7 +121,7 @@ class LaunchPlan:
             },
             "supervisor": {"socket": self.socket_path, "grace_period": self.grace_period,
                            "start_timeout": self.start_timeout, "expected_ranks": self.expected_ranks,
-                           "control": f"{c.chief_addr}:{self.control_port}" if c.num_nodes > 1 else None,
+                           "control": f"{c.chief_addr}:{self.link_port}" if c.num_nodes > 1 else None,
                            "heartbeat": self.heartbeat, "hang_timeout": self.hang_timeout,
                            "dump_budget": self.dump_budget},
             "dirs": list(self.stage.dirs),
@@ -204,7 +204,7 @@ def build_plan(hooks: Hooks, config: Config, cluster: ClusterInfo) -> LaunchPlan
         unset_env=(SSHD_SUPERVISOR_ENV, SECRET_ENV, *OPTION_ENV, *stage.unset_env), wrapper_argv=wrapper,
         grace_period=config.options["grace_period"], start_timeout=config.options["start_timeout"],
         log_dir=config.options.get("log_dir"), console_ranks=config.options.get("ranks") or None, context=ctx,
-        control_port=config.options.get("control_port") or config.options["master_port"] + 1,
+        link_port=config.options.get("link_port") or config.options["master_port"] + 1,
         heartbeat=config.options["heartbeat"], restarts=policy_from_options(config.options),
         events_path=node_events_path(config.options.get("events"), config.options.get("log_dir"), cluster.node_rank),
         dedupe=config.options.get("dedupe"), dedupe_window=config.options.get("dedupe_window") or DEFAULT_WINDOW,
@@ -240,7 +240,7 @@ def render_text(plan: LaunchPlan) -> str:
     ]
     if c.num_nodes > 1:
         verb = "listens for the other nodes on" if c.is_chief else "joins the chief at"
-        lines.append(f"├── {verb} {c.chief_addr}:{plan.control_port} "
+        lines.append(f"├── {verb} {c.chief_addr}:{plan.link_port} "
                      f"(job secret, heartbeat {plan.heartbeat:g} s)")
     for path in plan.stage.dirs:
         lines.append(f"├── makes a fresh private folder {path}")

@@ -65,7 +65,7 @@ class Attempts:
         return format_attempts(self.history, self.decision.why if self.decision else None) if self.history else []
 
 
-def attempt_end(attempt: int, failure: Failure | None, interrupted_by: int | None, exit_code: int, *,
+def attempt_end_from_verdict(attempt: int, failure: Failure | None, interrupted_by: int | None, exit_code: int, *,
                 started: bool, policy: RestartPolicy, started_at: float, ended_at: float) -> AttemptEnd:
     """How an attempt ended, as the policy reads it, from its verdict: the root cause (None: none),
     the user's signal if any, the exit code; started: a rank of it ever registered, on any node."""
