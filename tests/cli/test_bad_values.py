@@ -199,7 +199,7 @@ def test_job_dir_under_a_file(capsys: pytest.CaptureFixture[str], script: str, o
 LAYERS = ["torchrun", "horovod", "deepspeed", "direct"]
 # The options whose type is checked text, not a number; every other typed option must be a config.Number,
 # so that no number escapes the one range check (--restart-backoff 3e6 once reached select: a traceback).
-TEXT_TYPES = {"ranks", "prefix", "restart_on", "no_restart_on", "no_restart_exit_code"}
+TEXT_TYPES = {"ranks", "prefix", "restart_on", "no_restart_on"}
 
 
 def layer_parser(layer: str) -> argparse.ArgumentParser:
@@ -220,7 +220,7 @@ def checked_type(action: argparse.Action) -> object:
 def numeric_options(layer: str) -> dict[str, argparse.Action]:
     """Every option of the layer that takes a number (its long spelling), read from the parser itself."""
     return {next(s for s in a.option_strings if s.startswith("--")): a for a in layer_parser(layer)._actions
-            if isinstance(checked_type(a), Number) or a.dest in ("ranks", "no_restart_exit_code")}
+            if isinstance(checked_type(a), Number) or a.dest == "ranks"}
 
 
 NUMERIC = {layer: sorted(numeric_options(layer)) for layer in LAYERS}

@@ -8,7 +8,7 @@ import signal
 import pytest
 from detlaunch.errors import ConfigError
 from detlaunch.planning.config import Parser
-from detlaunch.restarts.options import add_restart_options, policy_from_options
+from detlaunch.restarts.options import RESTARTS, policy_from_options
 from detlaunch.restarts.policy import RestartPolicy
 
 pytestmark = pytest.mark.timeout(60)
@@ -16,7 +16,7 @@ pytestmark = pytest.mark.timeout(60)
 
 def parse_restart(*argv: str) -> RestartPolicy:
     parser = Parser(prog="detlaunch")
-    add_restart_options(parser)
+    RESTARTS.add_to(parser)
     return policy_from_options(vars(parser.parse_args(argv)))
 
 
@@ -47,7 +47,7 @@ def test_options_from_the_environment_or_a_config_file_come_as_text() -> None:
     (["--restart-on", "rank-faild"], "argument --restart-on: invalid list of exit codes"),
     (["--restart-on", "hangs"], "argument --restart-on: invalid list of exit codes"),
     (["--no-restart-on", "300"], "argument --no-restart-on: invalid list of exit codes"),
-    (["--no-restart-exit-code", "0"], "invalid exit code (1-255, or none) value: '0'"),
+    (["--no-restart-exit-code", "0"], "argument --no-restart-exit-code: '0' is out of range; valid: 1..255, or none"),
     (["--restart-backoff", "20", "--restart-backoff-max", "5"],
      "--restart-backoff 20 is more than --restart-backoff-max 5: raise the maximum or lower the first backoff"),
     (["--restart-on", "3", "--no-restart-on", "3,4"], "3 is in both --restart-on and --no-restart-on: keep it in one"),
@@ -71,7 +71,7 @@ def test_bad_text_values_name_the_flag() -> None:
 
 def test_the_options_are_a_group_of_their_own() -> None:
     parser = argparse.ArgumentParser()
-    add_restart_options(parser)
+    RESTARTS.add_to(parser)
     group = [g for g in parser._action_groups if g.title and g.title.startswith("restarts")]
     assert {a.dest for a in group[0]._group_actions} == {
         "max_restarts", "max_node_restarts", "restart_on", "no_restart_on", "no_restart_exit_code",

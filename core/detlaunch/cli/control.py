@@ -34,7 +34,7 @@ def watch_every(text: str) -> int | float:
     """--watch S, checked as every number is (config.Number), imported only when S is given."""
     from detlaunch.planning.config import Number
 
-    return Number(float, 0.1, 3600, None, "s")(text)
+    return Number(float, 0.1, 3600, None, "s").parse(text)
 
 
 def control_command(what: str, argv: list[str], env: Mapping[str, str]) -> int:

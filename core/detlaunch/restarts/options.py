@@ -7,12 +7,13 @@ from __future__ import annotations
 import argparse
 import re
 import signal as signals
-from collections.abc import Callable, Mapping
-from typing import Any, TypeVar
+from collections.abc import Mapping
+from typing import Any
 
 import detlaunch.exit_codes as exit_codes
 from detlaunch.errors import ConfigError
 from detlaunch.numbers import Number
+from detlaunch.options import Option, OptionGroup, numbers_of
 from detlaunch.outcome import RestartClass
 from detlaunch.restarts.policy import Item, RestartPolicy
 
@@ -51,60 +52,28 @@ item_list.__name__ = "list of exit codes (3, SIGKILL), restart classes (" + ", "
     ") or exception classes (ValueError)"
 
 
-T = TypeVar("T")
-
-
-def _checked(name: str, convert: Callable[[str], T], ok: Callable[[T], bool]) -> Callable[[str], T]:
-    """An argparse type: convert, then check; `name` is what the error line calls a valid value."""
-    def parse(text: str) -> T:
-        value = convert(text)
-        if not ok(value):
-            raise ValueError(text)
-        return value
-
-    parse.__name__ = name
-    return parse
-
-
-# The numeric restart options, part of config.NUMBERS (their one definition: default and range). Bounded
-# so that no wait overflows a timer (select refuses ~25 days) and no count is silly: a day, a million.
+# Bounded so that no wait overflows a timer (select refuses ~25 days) and no count is silly: a day, a million.
 _D = RestartPolicy()
-NUMBERS = {
-    "max_restarts": Number(int, 0, 10**6, 0),
-    "max_node_restarts": Number(int, 0, 10**6),
-    "restart_backoff": Number(float, 0, 86400, _D.backoff_initial, "s"),
-    "restart_backoff_max": Number(float, 0, 86400, _D.backoff_cap, "s"),
-}
-_exit_code = _checked("exit code", int, lambda v: 1 <= v <= 255)
-
-
-def optional_exit_code(text: str) -> int | None:
-    return None if text.strip().lower() in ("none", "off", "") else _exit_code(text)
-
-
-optional_exit_code.__name__ = "exit code (1-255, or none)"
-
-
-def add_restart_options(parser: argparse.ArgumentParser) -> None:
-    """The restart options, as a group of the main parser (config.build_parser calls this)."""
-    d, n = RestartPolicy(), NUMBERS
-    g = parser.add_argument_group("restarts (job-wide, decided by the chief; see docs/RESTARTS.md)")
-    g.add_argument("--max-restarts", type=n["max_restarts"], default=n["max_restarts"].default, metavar="N",
-                   help="restart the whole job on every node at most N times after a failure (default 0: off)")
-    g.add_argument("--max-node-restarts", type=n["max_node_restarts"], metavar="N",
-                   help="restarts after a lost node, counted apart (default: as many as --max-restarts); the node's "
-                   "detlaunch, started again, must join within --start-timeout")
-    g.add_argument("--restart-on", type=item_list, default=(), metavar="LIST",
-                   help="also restart on these: exit codes, SIGNAMEs, restart classes (user-error, start-failure...) "
-                   "or exception classes, comma-separated")
-    g.add_argument("--no-restart-on", type=item_list, default=(), metavar="LIST",
-                   help="never restart on these (same forms as --restart-on)")
-    g.add_argument("--no-restart-exit-code", type=optional_exit_code, default=d.no_restart_exit_code, metavar="N",
-                   help=f"a rank exiting with N asks not to be restarted (default {d.no_restart_exit_code}; none: off)")
-    g.add_argument("--restart-backoff", type=n["restart_backoff"], default=d.backoff_initial, metavar="S",
-                   help=f"wait before the first restart, doubled for each next one (default {d.backoff_initial:g})")
-    g.add_argument("--restart-backoff-max", type=n["restart_backoff_max"], default=d.backoff_cap, metavar="S",
-                   help=f"the longest wait between attempts (default {d.backoff_cap:g})")
+RESTARTS = OptionGroup("restarts (job-wide, decided by the chief; see docs/RESTARTS.md)", (
+    Option("--max-restarts", type=Number(int, 0, 10**6, 0), metavar="N",
+           help="restart the whole job on every node at most N times after a failure (default 0: off)"),
+    Option("--max-node-restarts", type=Number(int, 0, 10**6), metavar="N",
+           help="restarts after a lost node, counted apart (default: as many as --max-restarts); the node's "
+           "detlaunch, started again, must join within --start-timeout"),
+    Option("--restart-on", type=item_list, default=(), metavar="LIST",
+           help="also restart on these: exit codes, SIGNAMEs, restart classes (user-error, start-failure...) "
+           "or exception classes, comma-separated"),
+    Option("--no-restart-on", type=item_list, default=(), metavar="LIST",
+           help="never restart on these (same forms as --restart-on)"),
+    Option("--no-restart-exit-code", type=Number(int, 1, 255, _D.no_restart_exit_code, off=("none", "off", "")),
+           metavar="N", help=f"a rank exiting with N asks not to be restarted (default {_D.no_restart_exit_code}; "
+           "none: off)"),
+    Option("--restart-backoff", type=Number(float, 0, 86400, _D.backoff_initial, "s"), metavar="S",
+           help=f"wait before the first restart, doubled for each next one (default {_D.backoff_initial:g})"),
+    Option("--restart-backoff-max", type=Number(float, 0, 86400, _D.backoff_cap, "s"), metavar="S",
+           help=f"the longest wait between attempts (default {_D.backoff_cap:g})"),
+))
+NUMBERS = numbers_of([RESTARTS])
 
 
 def policy_from_options(options: Mapping[str, Any]) -> RestartPolicy:
@@ -131,7 +100,7 @@ def policy_from_options(options: Mapping[str, Any]) -> RestartPolicy:
         restart_on=get("restart_on", item_list, ()),
         no_restart_on=get("no_restart_on", item_list, ()),
         no_restart_exit_code=d.no_restart_exit_code if "no_restart_exit_code" not in options
-        else get("no_restart_exit_code", optional_exit_code, None),
+        else get("no_restart_exit_code", NUMBERS["no_restart_exit_code"], None),
         backoff_initial=get("restart_backoff", NUMBERS["restart_backoff"], d.backoff_initial),
         backoff_cap=get("restart_backoff_max", NUMBERS["restart_backoff_max"], d.backoff_cap),
     )
