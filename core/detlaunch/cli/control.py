@@ -2,8 +2,8 @@
 
 A question to a running job should answer at once, so this path imports only what it needs
 (control.py's client part, status.py's table; json, socket, argparse): not the launcher's
-options, plugins or parts (config.py, plugins.py...), which cost more than the answer itself.
-`python -m detlaunch status` comes here without importing cli.py at all.
+options, plugins or parts (planning/config.py, planning/plugin_manager.py...), which cost more than the answer itself.
+`python -m detlaunch status` comes here without importing cli/main.py at all.
 """
 
 from __future__ import annotations
@@ -141,5 +141,5 @@ def format_status(data: Mapping[str, Any]) -> str:
 
 
 def main() -> int:
-    """`python -m detlaunch status|stacks ...` (__main__.py sends them here before cli.py is imported)."""
+    """`python -m detlaunch status|stacks ...` (__main__.py sends them here before cli/main.py is imported)."""
     return control_command(sys.argv[1], sys.argv[2:], os.environ)

@@ -4,7 +4,7 @@ Three things, each a few timers and questions on the parts that already exist:
 
 - the hang watch (chief only, `--hang-timeout S`, from its first rank's start): a timer at the job's
   last known progress + S;
-  when it fires, the chief asks every node for its ranks' progress (progresswatch.py); if none
+  when it fires, the chief asks every node for its ranks' progress (progress_watch.py); if none
   moved, it asks every node for its ranks' stacks, prints them grouped with the suspects, and
   fails the job with a `Hung` verdict event (exit code 124);
 - a rank that printed a whole Python traceback and is still running TRACEBACK_DELAY seconds

@@ -4,7 +4,7 @@ A wrapper connects (the peer's uid is checked with SO_PEERCRED: the job's user o
 hello with its job id and rank, gets the node's console fds and settings, says when its rank
 started, and reports the rank's exit. A connection that closes without a report means the
 wrapper was killed: the rank counts as SIGKILLed, and its process group is killed too.
-Messages are defined in rank_protocol.py, which the wrapper shares.
+Messages are defined in rank/protocol.py, which the wrapper shares.
 """
 
 from __future__ import annotations

@@ -102,7 +102,7 @@ class Hung:
     timeout: float
     idle: float
     suspects: tuple[str, ...]  # "rank 1 (node 0): SIGSTOPped"
-    stacks: tuple[str, ...]  # every rank's stack, grouped (stackgroups.format_text)
+    stacks: tuple[str, ...]  # every rank's stack, grouped (stacks/groups.format_text)
     node: int
     at: float
 

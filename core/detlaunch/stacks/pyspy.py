@@ -294,7 +294,7 @@ def _ask_faulthandlers(files: Mapping[int, str], failed: Mapping[int, StackResul
 
 
 def _dump_batch(py_spy: str, pids: list[int], deadline: float, budget: float) -> dict[int, StackResult]:
-    # Not at import: the supervisor loads this module once its ranks run (stackquery.py), and subprocess
+    # Not at import: the supervisor loads this module once its ranks run (query.py), and subprocess
     # would cost each node ~1 MB while the job runs; importing it here takes ~2 ms, when stacks are asked for.
     import subprocess
 

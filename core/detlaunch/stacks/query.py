@@ -39,7 +39,7 @@ class StackCollector:
         """Import py-spy's driver (stacks.py, ~10 ms) once a node's ranks run, on a thread, before a
         failure needs it (every node answers a dump before kill): not at start-up, where it would delay
         the launcher, nor on the loop, where it would delay a rank's exit. An import the loop needs
-        meanwhile waits for this one (the import lock). Not the grouping (stackgroups.py): only the
+        meanwhile waits for this one (the import lock). Not the grouping (groups.py): only the
         chief formats the stacks, once; every module imported after the fork costs the supervisor its
         own copy of the pages it touches (~1-2 MB for these two, bench direct)."""
         if not self.loaded:
