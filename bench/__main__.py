@@ -33,6 +33,7 @@ from . import (
     status,
     teardown,
     teardown_nodes,
+    teardown_tutorial,
     throughput,
 )
 from .common import BENCH, DET_PY, ROOT, Section, Table, base_env, become_subreaper, nothing_left, say
@@ -42,6 +43,7 @@ MEASUREMENTS: dict[str, Callable[..., Section]] = {
     "memory": memory.main,
     "teardown": teardown.main,
     "teardown-nodes": teardown_nodes.main,
+    "teardown-tutorial": teardown_tutorial.main,
     "launch": launch.main,
     "scale": scale.main,
     "multinode": multinode.main,

@@ -16,7 +16,6 @@ import json
 import os
 import select
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -27,6 +26,7 @@ from pathlib import Path
 
 import psutil
 from detlaunch.system import procs
+from detlaunch.testing import free_port as free_port  # a port below the ephemeral range (see its docstring)
 from detlaunch.testing.runner import processes_with_marker
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -57,12 +57,6 @@ def become_subreaper() -> None:
 
 
 _wake_r = -1
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def base_env(tmp: Path) -> dict[str, str]:

@@ -4,7 +4,7 @@
 A 2-node torchrun job (127.0.0.1 chief, 127.0.0.2 worker, 1 rank each); once both ranks are up, the
 worker's rank is told to exit 3. Measured: from that moment to both detlaunch processes exited, with
 and without another user (a throwaway one, made and removed here: root only) flooding the chief's
-control port with connections the whole time. The two cases are interleaved.
+link port with connections the whole time. The two cases are interleaved.
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ def once(tmp: Path, user: str | None, env: dict[str, str]) -> float:
     os.mkfifo(fifo)
     master, control = free_port(), free_port()
     common = ["--layer", "torchrun", "--nnodes", "2", "--nproc-per-node", "1", "--master-addr", "127.0.0.1",
-              "--master-port", str(master), "--control-port", str(control)]
+              "--master-port", str(master), "--link-port", str(control)]
     env = {**env, "FAIL_RANK": "1", "FAIL_CODE": "3", "SLEEP": "120", "TRIGGER": str(fifo), "TMPDIR": str(tmp)}
     out = [tmp / f"n{n}.out" for n in (0, 1)]
     jobs = []
@@ -119,7 +119,7 @@ def samples(reps: int, env: dict[str, str], tmp: Path) -> dict[str, list[float]]
 
 def measure(env: dict[str, str], reps: int, quick: bool, tmp: Path) -> Section:
     """`python -m bench --only flood`: the stop latency of a 2-node job, flooded and not (issue 16.8)."""
-    say("flood: 2-node stop latency, with and without a connection flood on the control port")
+    say("flood: 2-node stop latency, with and without a connection flood on the link port")
     try:
         stats = {case: Stat(values) for case, values in samples(reps, env, tmp).items()}
     except NotAvailable as e:
@@ -129,7 +129,7 @@ def measure(env: dict[str, str], reps: int, quick: bool, tmp: Path) -> Section:
     bound = max(calm.hi, 1.25 * calm.median)
     rows = [[case, stat.fmt()] for case, stat in stats.items()]
     notes = ["2 nodes (127.0.0.1, 127.0.0.2) x 1 rank, torchrun layer; from the worker's rank told to exit 3 to "
-             "both detlaunch processes exited; the flood: another user opening connections to the chief's control "
+             "both detlaunch processes exited; the flood: another user opening connections to the chief's link "
              "port from 127.0.0.5 as fast as it can (500 held), from 1 s before the failure; the audit of issue 16 "
              "measured 0.63 s unflooded and 1.53 s flooded"]
     goal = Goal("stop latency, 2 nodes, control port flooded", "within the unflooded spread (max, or +25%)",

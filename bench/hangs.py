@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -31,17 +30,13 @@ import time
 import uuid
 from pathlib import Path
 
+from detlaunch.testing import free_port
+
 ROOT = Path(__file__).resolve().parent.parent
 HANG = str(ROOT / "tests" / "support" / "scripts" / "hang.py")
 HVD_HANG = str(ROOT / "bench" / "scripts" / "hvd_hang.py")
 RANKS = str(ROOT / "tests" / "support" / "scripts" / "ranks.py")
 PY = sys.executable
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Job:

@@ -5,7 +5,7 @@
 
 The chief is a real `detlaunch --layer direct` (node 0 of a --hosts list of N+1 loopback
 addresses, one sleeping rank). The workers are simulated: each simulating process runs up to
---per-process nodes, each a real `joblink.WorkerLink` (the real client code: dial, HMAC
+--per-process nodes, each a real `link.worker.WorkerLink` (the real client code: dial, HMAC
 handshake, heartbeats, reports, bye) on one real `EventLoop`, from its own loopback address.
 So what is measured is the real chief:
 
@@ -23,7 +23,6 @@ Results are printed as a table and written as JSON (--out).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import secrets
@@ -39,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+from detlaunch.testing import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -51,27 +51,9 @@ def host(i: int) -> str:
 # -- a simulating process: many WorkerLinks on one EventLoop ----------------------------------------
 
 
-@dataclasses.dataclass
-class SimCluster:
-    node_rank: int
-    job_id: str
-    chief_addr: str
-    node_addr: str
-
-
-@dataclasses.dataclass
-class SimPlan:
-    """The part of a LaunchPlan a WorkerLink reads."""
-
-    cluster: SimCluster
-    heartbeat: float
-    control_port: int
-    shared_dir: str
-    environ: dict[str, str]
-
-
 class SimNode:
-    """One simulated worker node: what its supervisor would be told (joblink.WorkerEvents)."""
+    """One simulated worker node: what its supervisor would be told (link.worker.WorkerEvents), and what its
+    questions' and attempts' owners would (link.worker.WorkerQuestions, AttemptOrders: never, here)."""
 
     def __init__(self, sim: Simulation, node: int):
         self.sim, self.node = sim, node
@@ -100,10 +82,26 @@ class SimNode:
     def chief_lost(self, why: str) -> None:
         self.sim.say({"error": f"node {self.node}: lost the chief: {why}"})
 
+    def chief_request(self, key: int, what: str, args: dict[str, Any]) -> None:
+        pass
+
+    def answered(self, key: int, data: dict[str, Any]) -> None:
+        pass
+
+    def chief_gone(self) -> None:
+        pass
+
+    def chief_restart(self, attempt: int, delay: float | None) -> None:
+        pass
+
+    def chief_go(self, attempt: int) -> None:
+        pass
+
 
 class Simulation:
     def __init__(self, first: int, count: int, job_id: str, port: int, heartbeat: float, secret: str):
-        from detlaunch.link.joblink import WorkerLink
+        from detlaunch.link.settings import LinkSettings
+        from detlaunch.link.worker import WorkerLink
         from detlaunch.system.eventloop import EventLoop, Priority
 
         self.loop = EventLoop()
@@ -111,9 +109,11 @@ class Simulation:
         self.joined = self.stopped = 0
         env = {"DETLAUNCH_JOB_SECRET": secret}
         for sim_node in self.nodes:
-            plan = SimPlan(SimCluster(sim_node.node, job_id, "127.0.0.1", host(sim_node.node)), heartbeat, port,
-                           tempfile.gettempdir(), env)
-            sim_node.link = WorkerLink(self.loop, plan, sim_node)  # type: ignore[arg-type]
+            settings = LinkSettings(job_id=job_id, node=sim_node.node, num_nodes=0,  # read by the chief only
+                                    chief_addr="127.0.0.1", port=port,
+                                    heartbeat=heartbeat, shared_dir=tempfile.gettempdir(), environ=env,
+                                    node_addr=host(sim_node.node))
+            sim_node.link = WorkerLink(self.loop, settings, sim_node, sim_node, sim_node)
         self.loop.add_reader(sys.stdin, Priority.RANK_REPORT, self.on_command)
         self.done = False
 
@@ -192,7 +192,7 @@ def read_json(pipe: Any, want: str, timeout: float) -> dict[str, Any]:
 
 
 def wait_until_listening(port: int, chief: subprocess.Popen[bytes], timeout: float = 60) -> None:
-    """Until the chief accepts on its control port (a bench helper: it polls, 20 ms steps)."""
+    """Until the chief accepts on its link port (a bench helper: it polls, 20 ms steps)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and chief.poll() is None:
         try:
@@ -203,15 +203,9 @@ def wait_until_listening(port: int, chief: subprocess.Popen[bytes], timeout: flo
     raise RuntimeError("the chief never listened")
 
 
-def free_pair() -> int:
-    from detlaunch.testing.contract import free_port
-
-    return free_port()
-
-
 def measure(nodes: int, per_process: int, heartbeat: float, idle: float, tmp: Path) -> dict[str, Any]:
     secret, job = secrets.token_hex(16), f"sim-{nodes}-{secrets.token_hex(3)}"
-    port = free_pair()
+    port = free_port()
     hosts = ",".join(f"{host(i)}:1" for i in range(nodes + 1))
     rank = tmp / "sleeper.py"
     rank.write_text("import time\nprint('ready', flush=True)\ntime.sleep(600)\n")
@@ -294,7 +288,7 @@ def plan_time(hosts: int, tmp: Path, reps: int = 3) -> dict[str, float]:
     hostfile.write_text("".join(f"{h} slots=8\n" for h in names))
     rank = tmp / "train.py"
     rank.write_text("pass\n")
-    port = str(free_pair())
+    port = str(free_port())
     sources = {"hosts": ["--hosts", ",".join(f"{h}:8" for h in names)], "hostfile": ["--hostfile", str(hostfile)],
                "slurm": ["--nproc-per-node", "8"], "1 host": ["--hosts", "127.0.0.1:8"]}
     cases = [(label, node_rank) for label in sources for node_rank in (0, hosts - 1) if label != "1 host"]

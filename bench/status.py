@@ -35,19 +35,11 @@ from pathlib import Path
 
 import psutil
 
-from .common import Goal, Panel, Section, Stat, Table, say
+from .common import Goal, Panel, Section, Stat, Table, free_port, say
 
 ROOT = Path(__file__).resolve().parent.parent
 RANKS = str(ROOT / "tests" / "support" / "scripts" / "ranks.py")
 DETLAUNCH = [sys.executable, "-m", "detlaunch"]
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def start_job(ranks: int, env: dict[str, str], out: Path) -> tuple[subprocess.Popen[bytes], str]:

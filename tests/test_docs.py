@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from detlaunch.planning import hookspecs
 from detlaunch.testing import LayerContract
-from detlaunch.testing.contract import CAPABILITY_NAMES
+from detlaunch.testing.capabilities import CAPABILITY_NAMES
 from support import paths
 
 ROOT = paths.ROOT

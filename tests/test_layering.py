@@ -21,8 +21,8 @@ PLUGINS = paths.PLUGINS
 # Lowest first. A part is a package (every module under it) or one top-level module.
 PARTS: tuple[tuple[str, ...], ...] = (
     ("detlaunch.rank",),  # the wrapper and all it imports: stdlib only
-    ("detlaunch.errors", "detlaunch.numbers", "detlaunch.exit_codes", "detlaunch._lazy", "detlaunch.progress",
-     "detlaunch.launcher_flags"),
+    ("detlaunch.errors", "detlaunch.numbers", "detlaunch.options", "detlaunch.exit_codes", "detlaunch._lazy",
+     "detlaunch.progress", "detlaunch.launcher_flags"),
     ("detlaunch.tracebacks", "detlaunch.outcome"),
     ("detlaunch.system",),
     ("detlaunch.observe",),

@@ -28,7 +28,7 @@ def start_job(launcher: Launcher, tmp_path: Path, nodes: int, slots: int) -> tup
     last = nodes * slots - 1
     hosts = ",".join(f"127.0.0.{n + 1}:{slots}" for n in range(nodes))
     common = ["--layer", "direct", "--hosts", hosts, "--master-port", str(free_port()),
-              "--control-port", str(free_port()), "--start-timeout", "120"]
+              "--link-port", str(free_port()), "--start-timeout", "120"]
     env = {"SLEEP": "300", "FAIL_RANK": str(last), "FAIL_CODE": "3", "TRIGGER": str(trigger)}
     jobs = {n: launcher.start(*common, "--node-rank", str(n), RANKS, env=env) for n in reversed(range(nodes))}
     return [jobs[n] for n in range(nodes)], trigger

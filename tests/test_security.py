@@ -146,14 +146,14 @@ def test_the_chief_refuses_a_wrong_job_secret_and_the_job_goes_on(launcher: Laun
         except ConnectionRefusedError:
             return None
 
-    intruder = wait_until(connect, 60, "the chief's control port")
+    intruder = wait_until(connect, 60, "the chief's link port")
     challenge = read_line(intruder)
     assert challenge["t"] == "challenge"
     intruder.sendall(json.dumps({"t": "auth", "node": 1, "nonce": "n", "mac": "0" * 64}).encode() + b"\n")
     assert intruder.recv(4096) == b""  # refused: no welcome, connection closed
     intruder.close()
     # A peer that floods the port without ever authenticating is cut off...
-    flooder = wait_until(connect, 10, "the chief's control port")
+    flooder = wait_until(connect, 10, "the chief's link port")
     assert read_line(flooder)["t"] == "challenge"
     with contextlib.suppress(BrokenPipeError, ConnectionResetError):
         flooder.sendall(b"x" * 100_000)
@@ -162,7 +162,7 @@ def test_the_chief_refuses_a_wrong_job_secret_and_the_job_goes_on(launcher: Laun
         assert flooder.recv(4096) == b""
     flooder.close()
     # ...and so is one that never says anything (after the heartbeat deadline, 5 x 1 s)
-    silent = wait_until(connect, 10, "the chief's control port")
+    silent = wait_until(connect, 10, "the chief's link port")
     assert read_line(silent)["t"] == "challenge"
     silent.settimeout(30)
     started = time.monotonic()

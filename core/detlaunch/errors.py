@@ -4,17 +4,28 @@ Every error carries a message meant for the user: one line saying what is
 wrong and what to do. The CLI prints it without a traceback (unless --debug).
 """
 
+import detlaunch.exit_codes as exit_codes
+
+# Every character str.splitlines() breaks a line at: a user's value that holds one (a NEL in a flag, say)
+# is shown escaped, so that an error stays the one line it promises to be.
+_LINE_BREAKS = str.maketrans({c: repr(c)[1:-1] for c in "\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029"})
+
+
+def one_line(text: object) -> str:
+    """`text` as one line: the characters that would break it are written as escapes."""
+    return str(text).translate(_LINE_BREAKS)
+
 
 class DetlaunchError(Exception):
     """Base of every error detlaunch reports to the user."""
 
-    exit_code = 1
+    exit_code = exit_codes.FAILED
 
 
 class ConfigError(DetlaunchError):
     """Bad input: a flag, an environment variable, a host list, a config file."""
 
-    exit_code = 2
+    exit_code = exit_codes.USAGE
 
 
 class LayerNotFoundError(ConfigError):

@@ -1,6 +1,5 @@
-"""A numeric option's checked type (config.NUMBERS), in a module of its own so restart.py can use it too.
-
-config imports restart (for its options), so the one definition of a checked number lives here, below both.
+"""A numeric option's checked type: the `type` of every numeric Option (options.py), below every part
+that declares one (restarts/options.py, planning/config.py), and public for layers (`detlaunch.Number`).
 """
 
 from __future__ import annotations
@@ -24,6 +23,7 @@ class Number:
     high: float
     default: int | float | None = None
     unit: str = ""
+    off: tuple[str, ...] = ()  # words that turn it off: the value is then None ("none" for an exit code)
 
     @property
     def __name__(self) -> str:  # argparse and _convert name the kind of value by it
@@ -33,9 +33,16 @@ class Number:
         """The valid range as the error lines show it: ``1..65535``, ``0..3600 s``."""
         low, high = (f"{int(self.low)}", f"{int(self.high)}") if self.kind is int else (f"{self.low:g}",
                                                                                         f"{self.high:g}")
-        return f"{low}..{high}" + (f" {self.unit}" if self.unit else "")
+        return f"{low}..{high}" + (f" {self.unit}" if self.unit else "") + (f", or {self.off[0]}" if self.off else "")
 
-    def __call__(self, text: str) -> int | float:
+    def __call__(self, text: str) -> int | float | None:
+        """argparse's view: a word of `off` is None, anything else must parse."""
+        if self.off and text.strip().lower() in self.off:
+            return None
+        return self.parse(text)
+
+    def parse(self, text: str) -> int | float:
+        """The value `text` stands for, checked (a word of `off` is not one)."""
         try:
             value = self.kind(text.strip())
         except (TypeError, ValueError):

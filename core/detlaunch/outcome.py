@@ -1,16 +1,26 @@
-"""How a job ended: each rank's end (`RankStatus`), the root cause (`Failure`) and the job's (`JobResult`).
+"""How a job ended: a process's end (`ProcessEnd`), each rank's (`RankStatus`), the root cause
+(`Failure`), the job's (`JobResult`) and, for the restart policy, each attempt's (`AttemptEnd`).
 
 The outcome model every part shares: the verdict builds it, the link carries it as JSON, the
 report and the restart policy read it. Pure data; the report's words are in observe/report.py.
+
+Two vocabularies for a failure, one derived from the other:
+
+    FailureKind  (the verdict's: what failed: a rank, a launcher, a node...)
+        │  restarts/classify.py: + the exit code and the last traceback line
+        ▼
+    RestartClass (the restart policy's: may another attempt help? the words of --restart-on)
 """
 
 from __future__ import annotations
 
 import dataclasses
 import enum
+import os
 import signal
 from typing import Any
 
+import detlaunch.exit_codes as exit_codes
 from detlaunch.rank import protocol as rank_protocol
 
 
@@ -21,17 +31,64 @@ def signal_name(signum: int) -> str:
         return f"signal {signum}"
 
 
-def describe_exit(code: int | None, signum: int | None) -> str:
-    if signum:
-        return f"killed by {signal_name(signum)}"
-    if code is None:
-        return "still running"
-    return f"exit {code}"
+@dataclasses.dataclass(frozen=True)
+class ProcessEnd:
+    """How a process ended, in the one form detlaunch keeps: its exit code as a shell reports it
+    (128+N when signal N killed it), and that signal (None when it exited by itself).
+
+    The other forms are converted where they come in: a wait status (os.waitpid), Python's
+    returncode (-N for a signal), the rank wrapper's {"code", "signal"} (rank/protocol.py), an
+    event's {"code": null, "signal": N}.
+    """
+
+    code: int
+    signal: int | None = None
+
+    @classmethod
+    def killed(cls, signum: int) -> ProcessEnd:
+        return cls(exit_codes.by_signal(signum), signum)
+
+    @classmethod
+    def from_returncode(cls, returncode: int) -> ProcessEnd:
+        """From Python's form (subprocess's returncode, os.waitstatus_to_exitcode): -N for signal N."""
+        return cls(rank_protocol.exit_code_of(returncode), -returncode if returncode < 0 else None)
+
+    @classmethod
+    def from_wait_status(cls, status: int) -> ProcessEnd:
+        """From os.waitpid's status."""
+        return cls.from_returncode(os.waitstatus_to_exitcode(status))
+
+    @property
+    def ok(self) -> bool:
+        return self.code == 0 and not self.signal
+
+    def describe(self) -> str:
+        """``exit 3`` or ``killed by SIGKILL``."""
+        return f"killed by {signal_name(self.signal)}" if self.signal else f"exit {self.code}"
+
+
+def script_end_words(ended: str) -> str:
+    """How a rank's script ended, in words ('' when it had not: rank.progress.script_end's values). Its
+    Python had then started shutting down: the mark faultsite/sitecustomize.py writes says so, for real."""
+    return {"finished": "its script had finished",
+            "raised": "its script had ended with an uncaught exception"}.get(ended, "")
+
+
+def after_its_script(ended: str) -> str:
+    """The words for a signal that came after the rank's script had ended (a library's abort at exit)."""
+    if ended == "finished":
+        return " after its script had finished (its work was done: Python was shutting down)"
+    words = script_end_words(ended)
+    return f" after {words} (Python was shutting down)" if words else ""
 
 
 @dataclasses.dataclass(frozen=True)
 class RankStatus:
-    """One rank's end, as its wrapper reported it (or as the supervisor saw it)."""
+    """One rank's end, as its wrapper reported it (or as the supervisor saw it).
+
+    exit_code and signal are a ProcessEnd's two fields (`end`), kept flat: the public shape
+    plugins read. exit_code None: it has not ended (a rank stuck after its traceback).
+    """
 
     rank: int
     node_rank: int
@@ -44,6 +101,11 @@ class RankStatus:
     stopped: bool = False  # detlaunch had asked it to stop: its end is a consequence, not a cause
     killed: bool = False  # detlaunch SIGKILLed it (and its wrapper), so no report could come
     log_error: str = ""  # its --log-dir file is incomplete, and why
+    ended: str = ""  # its script had ended before it died ("finished", "raised": rank.progress.OutputMark.script_end)
+
+    @property
+    def end(self) -> ProcessEnd | None:
+        return None if self.exit_code is None else ProcessEnd(self.exit_code, self.signal)
 
     @property
     def failed(self) -> bool:
@@ -54,7 +116,9 @@ class RankStatus:
             return "SIGKILLed by detlaunch (it had not stopped when asked)"
         if self.lost:
             return "its wrapper was killed before it could report (counted as SIGKILL)"
-        return describe_exit(self.exit_code, self.signal)
+        if self.end is None:
+            return "still running"
+        return self.end.describe() + (after_its_script(self.ended) if self.signal else "")
 
     def to_json(self) -> dict[str, Any]:
         return rank_protocol.status_to_json(self)
@@ -65,7 +129,8 @@ class RankStatus:
 
 
 class FailureKind(enum.StrEnum):
-    """What failed: the verdict's and the report's vocabulary (restart.FailureClass is the policy's)."""
+    """What failed: the verdict's and the report's vocabulary. The restart policy's RestartClass is
+    derived from it (restarts/classify.py); the values travel on the job link, users never type them."""
 
     RANK = "rank"  # a rank exited non-zero or by a signal
     LAUNCHER = "launcher"  # a launcher exited non-zero with no rank failure reported first
@@ -75,9 +140,6 @@ class FailureKind(enum.StrEnum):
     INTERRUPTED = "interrupted"  # a node's detlaunch got SIGINT/SIGTERM/SIGHUP
     START = "start"  # the job could not start (setup, peers, timeouts)
     HANG = "hang"  # no rank of the job showed progress for --hang-timeout seconds
-
-
-HANG_EXIT_CODE = 124  # detlaunch's own exit code for a hung job (timeout(1)'s: "it ran out of time")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,7 +177,50 @@ class JobResult:
     node_rank: int = 0
     warnings: tuple[str, ...] = ()  # problems that did not stop the job (a log file that could not be written)
     stacks: tuple[str, ...] = ()  # the other ranks' stacks, grouped, taken before they were stopped
+    attempts: tuple[str, ...] = ()  # restarts on, the chief: the report of every attempt (before the last one's)
 
     @property
     def ok(self) -> bool:
         return self.exit_code == 0
+
+
+class RestartClass(enum.Enum):
+    """What ended an attempt, as the restart policy sees it: whether another attempt may help.
+
+    Derived from the root cause's FailureKind, its exit code and its last traceback line by
+    restarts/classify.py. The values are the words users write in --restart-on / --no-restart-on.
+    """
+
+    START_FAILURE = "start-failure"  # the job failed before any rank started
+    USER_ERROR = "user-error"  # exit 2, or a traceback ending in one of classify.USER_ERRORS
+    NO_RESTART = "no-restart"  # a rank exited with the "do not restart me" exit code
+    RANK_FAILED = "rank-failed"  # a rank (or its launcher) exited non-zero or was killed by a signal
+    NODE_LOST = "node-lost"  # a node stopped answering (preempted, crashed, unplugged)
+    HANG = "hang"  # no progress for too long
+    INTERRUPTED = "interrupted"  # the user's signal: never restarted
+
+
+@dataclasses.dataclass(frozen=True)
+class AttemptEnd:
+    """How one attempt of the job ended. restart_class None: it finished (every rank exited 0).
+
+    attempt: 1 for the first. exit_code: the attempt's (its root cause's). signature: its
+    identity for the crash-loop breaker (how it ended and its last traceback line, see
+    classify.signature). what: the root cause's line from the report ("rank 1 on node 0
+    (127.0.0.1) exited with code 3"). exception: the class its last traceback line names, ""
+    if none. Times are wall-clock seconds.
+    """
+
+    attempt: int
+    restart_class: RestartClass | None
+    exit_code: int
+    signature: str = ""
+    what: str = ""
+    exception: str = ""
+    started_at: float = 0.0
+    ended_at: float = 0.0
+
+    @property
+    def cause(self) -> str:
+        """The short form users read: the exception line if there is one, else how it ended."""
+        return self.signature.split(": ", 1)[1] if ": " in self.signature else self.signature

@@ -24,7 +24,9 @@ import shlex
 import shutil
 import sys
 
+import detlaunch.exit_codes as exit_codes
 from detlaunch.errors import ConfigError
+from detlaunch.options import Option, OptionGroup
 from detlaunch.planning.config import NUMBERS, Config
 from detlaunch.planning.doctor import Check, port_check
 from detlaunch.planning.stage import SOCKET_NAME, SSHD_SUPERVISOR_ENV, Command, Stage, StageContext
@@ -37,13 +39,17 @@ DEFAULT_SSH_PORT = 12350
 SSH_PORT_ENV = "DTRAIN_SSH_PORT"
 
 
+SSH_OPTIONS = (
+    Option("--ssh-port", type=NUMBERS["ssh_port"], metavar="PORT",
+           help=f"port of the per-job sshd on each node (default: ${SSH_PORT_ENV}, else {DEFAULT_SSH_PORT})"),
+    Option("--ssh-dir", metavar="DIR",
+           help="directory shared by all nodes for the per-job ssh keys (default: the job dir)"),
+)
+
+
 def add_ssh_options(parser: argparse.ArgumentParser, layer: str) -> None:
     """Add --ssh-port and --ssh-dir to a layer's option group (for layers that use ssh)."""
-    g = parser.add_argument_group(f"{layer}: ssh between nodes")
-    g.add_argument("--ssh-port", type=NUMBERS["ssh_port"], metavar="PORT",
-                   help=f"port of the per-job sshd on each node (default: ${SSH_PORT_ENV}, else {DEFAULT_SSH_PORT})")
-    g.add_argument("--ssh-dir", metavar="DIR",
-                   help="directory shared by all nodes for the per-job ssh keys (default: the job dir)")
+    OptionGroup(f"{layer}: ssh between nodes", SSH_OPTIONS).add_to(parser)
 
 
 def ssh_port_check(config: Config, required: bool) -> list[Check]:
@@ -55,7 +61,7 @@ def ssh_port_check(config: Config, required: bool) -> list[Check]:
     if not given:
         return []
     try:
-        port = int(NUMBERS["ssh_port"](str(given)))
+        port = int(NUMBERS["ssh_port"].parse(str(given)))
     except argparse.ArgumentTypeError as e:
         return [Check("ssh port free", False, f"{SSH_PORT_ENV}={given!r}: {e}", "give --ssh-port PORT", required)]
     where = "" if required else " (only for jobs on several nodes)"
@@ -78,7 +84,7 @@ class SshLayout:
     def for_job(cls, ctx: StageContext) -> SshLayout:
         port = ctx.option("ssh_port") or ctx.env.get(SSH_PORT_ENV) or DEFAULT_SSH_PORT
         try:
-            port = int(NUMBERS["ssh_port"](str(port)))
+            port = int(NUMBERS["ssh_port"].parse(str(port)))
         except argparse.ArgumentTypeError as e:
             raise ConfigError(f"{SSH_PORT_ENV}={port!r}: {e}") from None
         root = ctx.option("ssh_dir") or os.path.join(ctx.shared_dir, "ssh")
@@ -241,7 +247,7 @@ def main(argv: list[str]) -> int:
         write_known_hosts(argv[1], argv[2:])
         return 0
     print("usage: python -m detlaunch.ssh known-hosts FILE host:port=pubkey ...", file=sys.stderr)
-    return 2
+    return exit_codes.USAGE
 
 
 if __name__ == "__main__":

@@ -50,7 +50,8 @@ def script(tmp_path: Path) -> str:
     (["--heartbeat", "0"], "argument --heartbeat: '0' is out of range; valid: 0.01..60 s"),
     (["--master-port", "0"], "argument --master-port: '0' is out of range; valid: 1..65535"),
     (["--master-port", "70000"], "argument --master-port: '70000' is out of range; valid: 1..65535"),
-    (["--control-port", "-5"], "argument --control-port: '-5' is out of range; valid: 1..65535"),
+    (["--link-port", "-5"], "argument --link-port: '-5' is out of range; valid: 1..65535"),
+    (["--control-port", "-5"], "argument --control-port: '-5' is out of range; valid: 1..65535"),  # its old name
     (["--nproc-per-node", "0"], "argument --nproc-per-node: '0' is out of range; valid: 1..4096"),
     (["--nnodes", "two"], "argument --nnodes: 'two' is not an integer; valid: 1..65536"),
     (["--ranks", "0,-1"], "argument --ranks: '-1' is out of range; valid: 0..2147483647"),
@@ -101,8 +102,9 @@ def test_the_highest_master_port_leaves_none_for_the_link(capsys: pytest.Capture
     two = ["--layer", "torchrun", "--dry-run", "--nnodes", "2", "--master-addr", "127.0.0.1", "--master-port", "65535"]
     assert run(capsys, *two, script) == (
         2, "detlaunch: error: --master-port 65535 leaves no port for the link between nodes (master port + 1): "
-           "give --control-port PORT or a lower --master-port\n")
-    assert run(capsys, *two, "--control-port", "65534", script)[0] == 0
+           "give --link-port PORT or a lower --master-port\n")
+    assert run(capsys, *two, "--link-port", "65534", script)[0] == 0
+    assert run(capsys, *two, "--control-port", "65534", script)[0] == 0  # --link-port's old name
     assert run(capsys, "--layer", "torchrun", "--dry-run", "--master-port", "65535", script)[0] == 0  # one node
 
 
@@ -198,7 +200,7 @@ def test_job_dir_under_a_file(capsys: pytest.CaptureFixture[str], script: str, o
 LAYERS = ["torchrun", "horovod", "deepspeed", "direct"]
 # The options whose type is checked text, not a number; every other typed option must be a config.Number,
 # so that no number escapes the one range check (--restart-backoff 3e6 once reached select: a traceback).
-TEXT_TYPES = {"ranks", "prefix", "restart_on", "no_restart_on", "no_restart_exit_code"}
+TEXT_TYPES = {"ranks", "prefix", "restart_on", "no_restart_on"}
 
 
 def layer_parser(layer: str) -> argparse.ArgumentParser:
@@ -219,7 +221,7 @@ def checked_type(action: argparse.Action) -> object:
 def numeric_options(layer: str) -> dict[str, argparse.Action]:
     """Every option of the layer that takes a number (its long spelling), read from the parser itself."""
     return {next(s for s in a.option_strings if s.startswith("--")): a for a in layer_parser(layer)._actions
-            if isinstance(checked_type(a), Number) or a.dest in ("ranks", "no_restart_exit_code")}
+            if isinstance(checked_type(a), Number) or a.dest == "ranks"}
 
 
 NUMERIC = {layer: sorted(numeric_options(layer)) for layer in LAYERS}
@@ -340,3 +342,13 @@ def test_dedupe_with_a_prefix_of_its_own_is_refused(capsys: pytest.CaptureFixtur
         2, "detlaunch: error: --dedupe folds lines that carry the default prefix '[rank={rank}]' only: give "
            "--prefix or --dedupe, not both\n")
     assert run(capsys, "--layer", "torchrun", "--dry-run", "--prefix", "{rank}@{host} ", script)[0] == 0
+
+
+@pytest.mark.parametrize("value", ["\x85", "a\u2028b", "a\rb", "x\x1cy"])
+def test_a_value_holding_a_line_break_of_any_kind_stays_one_error_line(capsys: pytest.CaptureFixture[str],
+                                                                        script: str, value: str) -> None:
+    """Found by the property test above: a NEL ('\\x85') in a value the error names split its line in two."""
+    code = main(["--layer", "torchrun", "--dry-run", "--hostfile", f"/nonexistent/{value}", "--", script],
+                env={"PATH": os.environ["PATH"]})
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.splitlines()) == 1 and err.startswith("detlaunch: error: "), err

@@ -13,7 +13,7 @@ import socket
 from pathlib import Path
 
 import pytest
-from detlaunch.rank.wrapper import PIPE_BUF
+from detlaunch.rank.output import PIPE_BUF
 from support.helpers import free_port
 from support.jobs import ROOT, Launcher
 

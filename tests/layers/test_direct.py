@@ -16,7 +16,6 @@ from pathlib import Path
 
 import psutil
 import pytest
-from detlaunch.testing.contract import free_port as free_ports
 from support.helpers import free_port, rank_lines, report_line
 from support.jobs import EXAMPLES, SCRIPTS, Launcher
 
@@ -50,7 +49,7 @@ def shape_args(layer: str, nodes: int, node: int, port: int) -> list[str]:
 def run_job(launcher: Launcher, layer: str, nodes: int, script: str, env: dict[str, str] | None = None,
             ) -> list[tuple[int, str, str]]:
     """Run a job of `nodes` x 2 ranks; each node's (exit code, stdout, stderr)."""
-    port = free_ports()  # the master port, and the next one (the control port) too
+    port = free_port()  # the master port, and the next one (the link port) too
     jobs = [launcher.start(*shape_args(layer, nodes, n, port), script, env=env) for n in reversed(range(nodes))]
     done = [job.wait(180) for job in reversed(jobs)]
     return [(d.returncode, d.stdout, d.stderr) for d in done]
@@ -226,7 +225,7 @@ def test_launcher_options_are_refused_in_one_line(launcher: Launcher) -> None:
 def test_ranks_start_once_every_node_is_there(launcher: Launcher, tmp_path: Path) -> None:
     """No rendezvous but the job link: a worker started long before the chief starts no rank until it
     joined, so it can neither finish alone nor leave the chief waiting for a node that came and went."""
-    port = free_ports()
+    port = free_port()
     worker = launcher.start(*shape_args("direct", 2, 1, port), "--start-timeout", "60", RANKS)
     time.sleep(3)  # the worker dials and retries meanwhile; its ranks must not run yet
     assert "[rank=" not in worker.read() and worker.proc.poll() is None, worker.read()

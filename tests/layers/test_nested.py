@@ -9,11 +9,11 @@ ranks runs `detlaunch --layer torchrun --nnodes 2 --node-rank R` without --maste
 from __future__ import annotations
 
 import json
-import socket
 
 import pytest
 from detlaunch.testing import Completed, DetlaunchRunner
 from support import paths
+from support.helpers import free_port
 from support.plugin_examples import MPIRUN, ensure_installed
 
 ensure_installed(MPIRUN)
@@ -23,17 +23,15 @@ NESTED = paths.EXAMPLES / "nested"
 CHIEF = "127.0.0.3"
 
 
-def free_ports(host: str = CHIEF) -> tuple[int, int]:
-    """A free port for the inner torchrun's store, and one for the inner job link."""
-    with socket.socket() as a, socket.socket() as b:
-        a.bind((host, 0))
-        b.bind((host, 0))
-        return a.getsockname()[1], b.getsockname()[1]
+def free_ports() -> tuple[int, int]:
+    """A free port for the inner torchrun's store, and one for the inner job link (the next one)."""
+    port = free_port(CHIEF)
+    return port, port + 1
 
 
 def inner_args(node_rank: int, port: int, control: int) -> list[str]:
     return ["--layer", "torchrun", "--nnodes", "2", "--node-rank", str(node_rank), "--nproc-per-node", "1",
-            "--master-port", str(port), "--control-port", str(control)]
+            "--master-port", str(port), "--link-port", str(control)]
 
 
 @pytest.mark.parametrize("node_rank", [0, 1], ids=["inner-chief", "inner-worker"])
@@ -61,9 +59,9 @@ def nested_job(runner: DetlaunchRunner, outer: str = "mpirun", env: dict[str, st
     """Run the nested example under the `outer` layer; return its result and the inner job's master port."""
     runner.env.pop("DET_CHIEF_IP", None)
     port, control = free_ports()
-    outer_args = ["--master-port", str(free_ports("127.0.0.1")[0])] if outer == "torchrun" else []
+    outer_args = ["--master-port", str(free_port())] if outer == "torchrun" else []
     run = runner.run("--layer", outer, *outer_args, "--hosts", f"{CHIEF}:2", str(NESTED / "node.py"),
-                     "--nproc-per-node", "1", "--master-port", str(port), "--control-port", str(control),
+                     "--nproc-per-node", "1", "--master-port", str(port), "--link-port", str(control),
                      "--", str(NESTED / "inner.py"), env=env, timeout=150)
     runner.assert_no_leftovers()
     return run, port

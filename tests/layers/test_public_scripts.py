@@ -44,9 +44,11 @@ TORCH_EXIT_ABORT = "terminate called without an active exception"
 def aborted_by_torch_at_exit(d: Completed) -> bool:
     """torch 2.13 with gloo sometimes aborts a rank at interpreter exit, its work done ("terminate called
     without an active exception", SIGABRT; bare torchrun and deepspeed too, about 1 run in 6 on a loaded
-    machine; pytorch/pytorch#179291 was abandoned): detlaunch's truthful report of exactly that, a rank
-    killed by SIGABRT with that line last. The caller checks that every rank's work was done."""
-    return (d.returncode == 128 + signal.SIGABRT and "SIGABRT" in report_line(d.stderr)
+    machine; pytorch/pytorch#179291 was abandoned). Accepted only as detlaunch reports it: the rank's
+    script had finished (the end mark its Python wrote at shutdown) and torch's line is its last word."""
+    return (d.returncode == 128 + signal.SIGABRT
+            and report_line(d.stderr).endswith(" killed by SIGABRT after its script had finished (its work was "
+                                               "done: Python was shutting down)")
             and f"detlaunch:   | {TORCH_EXIT_ABORT}" in d.stderr)
 
 

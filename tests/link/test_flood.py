@@ -1,4 +1,4 @@
-"""A connection flood on the chief's control port, from another user, does not keep a node out of the
+"""A connection flood on the chief's link port, from another user, does not keep a node out of the
 job nor slow its verdict path: unauthenticated work is bounded per address, in all, and per second."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from detlaunch.link.joblink import Admission
+from detlaunch.link.auth import Admission
 from support.helpers import free_port
 from support.jobs import SCRIPTS, Launcher
 
@@ -76,7 +76,7 @@ def test_a_flood_from_another_user_neither_keeps_a_node_out_nor_hides_the_cause(
     master = free_port()
     control = free_port()
     common = ["--layer", "torchrun", "--nnodes", "2", "--nproc-per-node", "1", "--master-addr", "127.0.0.1",
-              "--master-port", str(master), "--control-port", str(control)]
+              "--master-port", str(master), "--link-port", str(control)]
     env = {"FAIL_RANK": "1", "FAIL_CODE": "3", "SLEEP": "120"}
     chief = launcher.start(*common, "--node-rank", "0", "--node-addr", "127.0.0.1", str(SCRIPTS / "ranks.py"), env=env)
     # the flood is on before the worker arrives, and lasts the whole job

@@ -5,18 +5,21 @@ whose part is over end."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from detlaunch.link.joblink import ChiefLink, WorkerLink
+from detlaunch.link.chief import ChiefLink
+from detlaunch.link.settings import LinkSettings
+from detlaunch.link.worker import WorkerLink
 from detlaunch.outcome import RankStatus
 from detlaunch.system.eventloop import EventLoop
 from detlaunch.system.jobdir import SECRET_FILE
 from support.helpers import free_port
-from test_rejoin_link import Events, plan, run_until
+from test_rejoin_link import Events, chief_link, run_until, settings, worker_link
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -29,18 +32,16 @@ class Links:
         self.loop, self.port, self.tmp = EventLoop(), free_port(), tmp
         self.made: list[ChiefLink | WorkerLink] = []
 
-    def plan(self, node: int) -> Any:
-        p = plan(node, self.port, self.tmp)
-        p.environ = {}
-        return p
+    def settings(self, node: int) -> LinkSettings:
+        return dataclasses.replace(settings(node, self.port, self.tmp), environ={})
 
     def chief(self, events: Events) -> ChiefLink:
-        link = ChiefLink(self.loop, self.plan(0), events)
+        link = chief_link(self.loop, self.settings(0), events)
         self.made.append(link)
         return link
 
     def worker(self, events: Events) -> WorkerLink:
-        link = WorkerLink(self.loop, self.plan(1), events)
+        link = worker_link(self.loop, self.settings(1), events)
         self.made.append(link)
         return link
 
@@ -60,7 +61,7 @@ def links(tmp_path: Any) -> Iterator[Links]:
 def test_a_worker_done_before_its_welcome_says_goodbye_after_it_and_gets_the_verdict(links: Links) -> None:
     chief_events, worker_events = Events(), Events()
     chief = links.chief(chief_events)
-    chief.expected = {1}  # the plan's job has 3 nodes: this one, 2
+    chief.expected = {1}  # the settings' job has 3 nodes: this one, 2
     worker = links.worker(worker_events)
     run_until(links.loop, lambda: bool(chief.pending))  # connected, not welcomed yet
     status = RankStatus(rank=1, node_rank=1, exit_code=0)

@@ -11,9 +11,10 @@ import sys
 import time
 
 import pytest
-from detlaunch.link import joblink
 from detlaunch.link.fdlimit import SPARE, ensure_open_files
-from detlaunch.link.joblink import MAX_UNSENT, PeerConnection
+from detlaunch.link.messages import WORKER, RankExit, encode
+from detlaunch.link.wire import HEARTBEAT, MAX_UNSENT, PeerConnection
+from detlaunch.outcome import RankStatus
 from detlaunch.system.eventloop import EventLoop, Priority
 
 
@@ -40,32 +41,32 @@ def connection(loop: EventLoop) -> tuple[PeerConnection, socket.socket, list[Pee
     mine.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
     theirs.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     closed: list[PeerConnection] = []
-    return PeerConnection(loop, mine, lambda _c, _m: None, closed.append), theirs, closed
+    return PeerConnection(loop, mine, WORKER, lambda _c, _m: None, closed.append), theirs, closed
 
 
 def test_a_peer_that_stops_reading_never_blocks_a_send_and_is_lost_past_the_bound() -> None:
     loop = EventLoop()
-    line, theirs, closed = connection(loop)
-    message = {"t": "stop", "failure": {"what": "x" * 1000}}
+    conn, theirs, closed = connection(loop)
+    message = json.dumps({"t": "stop", "failure": {"what": "x" * 1000}}).encode()
     slowest, sent = 0.0, 0
-    while not line.closed:
+    while not conn.closed:
         t0 = time.monotonic()
-        line.send(message)
+        conn.send_encoded(message)
         slowest = max(slowest, time.monotonic() - t0)
         sent += 1
     assert slowest < 0.05  # the old blocking send waited up to 5 s here
     assert sent > MAX_UNSENT // 1100  # everything up to the bound was taken
-    assert closed == [line] and "bytes of the link unread (stopped, or hung)" in line.why
+    assert closed == [conn] and "bytes of the link unread (stopped, or hung)" in conn.why
     theirs.close()
     loop.close()
 
 
 def test_what_could_not_be_sent_at_once_arrives_whole_and_in_order() -> None:
     loop = EventLoop()
-    line, theirs, closed = connection(loop)
+    conn, theirs, closed = connection(loop)
     for i in range(300):
-        line.send({"t": "n", "i": i, "pad": "y" * 500})
-    assert line.writing and line.unsent  # the kernel took only part: the rest waits for the loop
+        conn.send_encoded(json.dumps({"t": "n", "i": i, "pad": "y" * 500}).encode())
+    assert conn.writing and conn.unsent  # the kernel took only part: the rest waits for the loop
     theirs.setblocking(False)
     received = b""
     deadline = time.monotonic() + 10
@@ -77,20 +78,21 @@ def test_what_could_not_be_sent_at_once_arrives_whole_and_in_order() -> None:
             pass
     assert [json.loads(raw)["i"] for raw in received.splitlines()] == list(range(300))
     loop.run_once(timeout=0.01)
-    assert not line.unsent and not line.writing and closed == []
-    line.close()
+    assert not conn.unsent and not conn.writing and closed == []
+    conn.close()
     theirs.close()
     loop.close()
 
 
 def test_heartbeats_are_sent_and_skipped_without_parsing() -> None:
     loop = EventLoop()
-    got: list[dict[str, object]] = []
+    got: list[object] = []
     a, b = socket.socketpair()
-    PeerConnection(loop, a, lambda _c, m: got.append(m), lambda _c: None)
-    b.sendall(joblink.HEARTBEAT + b"\n" + b'{"t": "rank_exit"}\n' + joblink.HEARTBEAT + b"\n")
+    PeerConnection(loop, a, WORKER, lambda _c, m: got.append(m), lambda _c: None)
+    exit_message = RankExit(status=RankStatus(rank=1, node_rank=1, exit_code=3))
+    b.sendall(HEARTBEAT + b"\n" + encode(exit_message) + b"\n" + HEARTBEAT + b"\n" + b'{"t": "hb", "n": 1}\n')
     loop.run_once(timeout=1)
-    assert got == [{"t": "rank_exit"}]
+    assert got == [exit_message]
     a.close()
     b.close()
     loop.close()

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from detlaunch.link.joblink import ChiefLink, WorkerLink
+from detlaunch.link.chief import ChiefLink
+from detlaunch.link.settings import LinkSettings
+from detlaunch.link.worker import WorkerLink
 from detlaunch.system.eventloop import EventLoop
 from detlaunch.system.jobdir import SECRET_ENV
 from support.helpers import free_port
@@ -33,28 +34,34 @@ class Events:
         return [s[0] for s in self.seen if s[0] != "trace"]
 
 
-def plan(node: int, port: int, tmp: str, secret: str = "s3cret") -> Any:
-    cluster = SimpleNamespace(job_id="job-1", num_nodes=3, local_slots=1, node_rank=node, chief_addr="127.0.0.1",
-                              node_addrs=("127.0.0.1", "127.0.0.2", "127.0.0.3"), node_addr=f"127.0.0.{node + 1}",
-                              is_chief=node == 0)
-    return SimpleNamespace(cluster=cluster, heartbeat=1.0, shared_dir=tmp, environ={SECRET_ENV: secret},
-                           control_port=port)
+def settings(node: int, port: int, tmp: str, secret: str = "s3cret") -> LinkSettings:
+    """Node `node` of a job of three, on loopback, its secret in the environment."""
+    return LinkSettings(job_id="job-1", node=node, num_nodes=3, chief_addr="127.0.0.1", port=port, heartbeat=1.0,
+                        shared_dir=tmp, environ={SECRET_ENV: secret},
+                        node_addrs=("127.0.0.1", "127.0.0.2", "127.0.0.3"), node_addr=f"127.0.0.{node + 1}")
+
+
+def chief_link(loop: EventLoop, s: LinkSettings, events: Events) -> ChiefLink:
+    """The chief's link; `events` records what it tells its supervisor and its questions' owner."""
+    return ChiefLink(loop, s, events, events)
+
+
+def worker_link(loop: EventLoop, s: LinkSettings, events: Events) -> WorkerLink:
+    """A worker's link; `events` records what it tells its supervisor, its questions' owner and its attempts'."""
+    return WorkerLink(loop, s, events, events, events)
 
 
 def run_until(loop: EventLoop, done: Callable[[], bool], timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not done():
-        assert time.monotonic() < deadline, "timed out"
-        loop.run_once(timeout=0.05)
+    loop.run_until(done, timeout, "the links' state")  # the one loop helper, with its deadline
 
 
 def three_nodes(tmp: str) -> tuple[EventLoop, int, ChiefLink, Events, WorkerLink, WorkerLink, Events]:
     """A chief and its two worker nodes, joined."""
     loop, port = EventLoop(), free_port()
     chief_events, e2 = Events(), Events()
-    chief = ChiefLink(loop, plan(0, port, tmp), chief_events)
-    w1 = WorkerLink(loop, plan(1, port, tmp), Events())
-    w2 = WorkerLink(loop, plan(2, port, tmp), e2)
+    chief = chief_link(loop, settings(0, port, tmp), chief_events)
+    w1 = worker_link(loop, settings(1, port, tmp), Events())
+    w2 = worker_link(loop, settings(2, port, tmp), e2)
     run_until(loop, lambda: "joined" in chief_events.names() and w1.joined and w2.joined)
     return loop, port, chief, chief_events, w1, w2, e2
 
@@ -70,14 +77,14 @@ def test_a_lost_node_rejoins_for_the_next_attempt_and_a_connected_one_is_never_d
     assert (w1.attempt, w1.hold) == (1, False)
 
     # Every node is here: the chief does not even answer another detlaunch claiming node 1.
-    impostor = WorkerLink(loop, plan(1, port, str(tmp_path)), Events())
+    impostor = worker_link(loop, settings(1, port, str(tmp_path)), Events())
     run_for(loop, 0.3)
     assert not impostor.joined and chief.nodes[1] is not None and not chief.nodes[1].closed
     impostor.close()
 
     # Node 1's detlaunch dies: the chief loses it, and restarts the job without it.
-    assert w1.line is not None
-    w1.line.sock.close()
+    assert w1.connection is not None
+    w1.connection.sock.close()
     run_until(loop, lambda: "node_lost" in chief_events.names())
     w1.close()
     assert chief.lost_nodes() == [1]
@@ -92,7 +99,7 @@ def test_a_lost_node_rejoins_for_the_next_attempt_and_a_connected_one_is_never_d
     # secret, is refused; node 2 keeps its place.
     node2 = chief.nodes[2]
     impostor_events = Events()
-    impostor = WorkerLink(loop, plan(2, port, str(tmp_path)), impostor_events)
+    impostor = worker_link(loop, settings(2, port, str(tmp_path)), impostor_events)
     run_until(loop, lambda: "link_failed_to_start" in impostor_events.names())
     assert "refused this node" in impostor_events.seen[-1][1]
     assert chief.nodes[2] is node2 and not node2.closed and "chief_lost" not in e2.names()
@@ -100,7 +107,7 @@ def test_a_lost_node_rejoins_for_the_next_attempt_and_a_connected_one_is_never_d
 
     # Its new detlaunch joins with the job's secret: told attempt 2, and to wait for go.
     e1b = Events()
-    w1b = WorkerLink(loop, plan(1, port, str(tmp_path)), e1b)
+    w1b = worker_link(loop, settings(1, port, str(tmp_path)), e1b)
     run_until(loop, lambda: w1b.joined and chief_events.names().count("joined") == 2)
     assert (w1b.attempt, w1b.hold) == (2, True)
     assert chief.missing_nodes() == []
@@ -122,8 +129,8 @@ def test_a_node_lost_during_the_backoff_is_forgotten_and_the_others_hold_for_it(
     chief.restart(2, 30.0)
     run_until(loop, lambda: "chief_restart" in e2.names())
     assert e2.seen[-1] == ("chief_restart", 2, 30.0) and not chief.holding
-    assert w1.line is not None
-    w1.line.sock.close()
+    assert w1.connection is not None
+    w1.connection.sock.close()
     run_until(loop, lambda: "node_lost" in chief_events.names())
     w1.close()
     assert chief.forget_lost() == [1] and chief.missing_nodes() == [1]
@@ -131,11 +138,11 @@ def test_a_node_lost_during_the_backoff_is_forgotten_and_the_others_hold_for_it(
     assert e2.seen[-1] == ("chief_restart", 2, None)  # hold: the attempt starts on go
     assert chief.forget_lost() == []  # nothing more to forget, and no second hold
     e1b = Events()
-    w1b = WorkerLink(loop, plan(1, port, str(tmp_path)), e1b)
+    w1b = worker_link(loop, settings(1, port, str(tmp_path)), e1b)
     run_until(loop, lambda: w1b.joined and chief_events.names().count("joined") == 2)
     assert (w1b.attempt, w1b.hold) == (2, True)
-    assert w1b.line is not None
-    w1b.line.sock.close()  # and its loss is seen again, not swallowed
+    assert w1b.connection is not None
+    w1b.connection.sock.close()  # and its loss is seen again, not swallowed
     run_until(loop, lambda: chief_events.names().count("node_lost") == 2)
     for link in (w1b, w2, chief):
         link.close()
@@ -144,13 +151,13 @@ def test_a_node_lost_during_the_backoff_is_forgotten_and_the_others_hold_for_it(
 
 def test_a_node_with_the_wrong_secret_cannot_take_a_lost_nodes_place(tmp_path: Any) -> None:
     loop, port, chief, chief_events, w1, w2, e2 = three_nodes(str(tmp_path))
-    assert w1.line is not None
-    w1.line.sock.close()
+    assert w1.connection is not None
+    w1.connection.sock.close()
     run_until(loop, lambda: "node_lost" in chief_events.names())
     w1.close()
     chief.restart(2, 0.0)
     bad_events = Events()
-    bad = WorkerLink(loop, plan(1, port, str(tmp_path), secret="guessed"), bad_events)
+    bad = worker_link(loop, settings(1, port, str(tmp_path), secret="guessed"), bad_events)
     run_until(loop, lambda: "link_failed_to_start" in bad_events.names())
     assert chief.missing_nodes() == [1] and chief_events.names().count("joined") == 1
     for link in (bad, w2, chief):
@@ -158,17 +165,19 @@ def test_a_node_with_the_wrong_secret_cannot_take_a_lost_nodes_place(tmp_path: A
     loop.close()
 
 
-@pytest.mark.parametrize("line", [b"[" * 3000, '{"t": "auth", "node": 1, "mac": "\u00e9"}'.encode(),
-                                  b'{"t": "auth", "node": 1, "mac": 7}', b"\xff\xfe"])
+@pytest.mark.parametrize("line", [b"[" * 3000, '{"t": "auth", "node": 1, "nonce": "n", "mac": "\u00e9"}'.encode(),
+                                  b'{"t": "auth", "node": 1, "nonce": "n", "mac": 7}', b"\xff\xfe", b"7",
+                                  b'{"t": "stop", "failure": null}', b'{"t": ["auth"]}'])
 def test_what_anyone_can_send_before_auth_closes_that_connection_and_nothing_else(tmp_path: Any,
                                                                                  line: bytes) -> None:
-    """The control port is reachable before authentication: a deep JSON nesting (RecursionError) or a
-    non-ASCII MAC (compare_digest's TypeError) must not take the chief, and the job, down."""
+    """The link's port is reachable before authentication: a deep JSON nesting (RecursionError), a
+    non-ASCII MAC (compare_digest's TypeError), a mistyped field, what is not a message, or a chief's
+    message must not take the chief, and the job, down."""
     import socket
 
     loop, port = EventLoop(), free_port()
     chief_events = Events()
-    chief = ChiefLink(loop, plan(0, port, str(tmp_path)), chief_events)
+    chief = chief_link(loop, settings(0, port, str(tmp_path)), chief_events)
     attacker = socket.create_connection(("127.0.0.1", port))
     attacker.sendall(line + b"\n")
     attacker.setblocking(False)
@@ -182,8 +191,8 @@ def test_what_anyone_can_send_before_auth_closes_that_connection_and_nothing_els
         return got[-1] == b""
 
     run_until(loop, closed_by_the_chief)  # the chief refused it, and runs on
-    w1 = WorkerLink(loop, plan(1, port, str(tmp_path)), Events())
-    w2 = WorkerLink(loop, plan(2, port, str(tmp_path)), Events())
+    w1 = worker_link(loop, settings(1, port, str(tmp_path)), Events())
+    w2 = worker_link(loop, settings(2, port, str(tmp_path)), Events())
     run_until(loop, lambda: "joined" in chief_events.names() and w1.joined and w2.joined)
     attacker.close()
     for link in (w1, w2, chief):
@@ -193,15 +202,15 @@ def test_what_anyone_can_send_before_auth_closes_that_connection_and_nothing_els
 
 def test_a_worker_links_state_follows_the_chief_stop_restart_end_and_is_traced(tmp_path: Any) -> None:
     """LinkState's drawing, message by message: welcome -> JOINED, stop -> STOPPED (its own failure is
-    then not reported again), restart -> JOINED, end -> ENDED, and the line closing then is no lost chief."""
-    from detlaunch.link.joblink import LinkState
+    then not reported again), restart -> JOINED, end -> ENDED, and the connection closing then is no lost chief."""
+    from detlaunch.link.worker import LinkState
     from detlaunch.outcome import Failure, FailureKind
 
     loop, port = EventLoop(), free_port()
     chief_events, worker_events = Events(), Events()
-    chief = ChiefLink(loop, plan(0, port, str(tmp_path)), chief_events)
+    chief = chief_link(loop, settings(0, port, str(tmp_path)), chief_events)
     chief.expected = {1}
-    worker = WorkerLink(loop, plan(1, port, str(tmp_path)), worker_events)
+    worker = worker_link(loop, settings(1, port, str(tmp_path)), worker_events)
     assert worker.state is LinkState.DIALING and not worker.joined
     run_until(loop, lambda: worker.state is LinkState.JOINED)
 
@@ -223,3 +232,30 @@ def test_a_worker_links_state_follows_the_chief_stop_restart_end_and_is_traced(t
     worker.close()
     assert worker.state is LinkState.CLOSED
     chief.close()
+
+
+def test_questions_reach_their_owner_both_ways_and_a_lost_peer_is_said_to_it(tmp_path: Any) -> None:
+    """The link hands questions to control.py's side itself (the recorder stands for it): a worker's
+    client's question and the chief's answer, the chief's request and the worker's reply; and a lost
+    node or chief first to the questions' owner (nothing more will come from it), then to the supervisor."""
+    loop, port, chief, chief_events, w1, w2, e2 = three_nodes(str(tmp_path))
+    assert w2.ask(5, "status", {"x": 1})
+    run_until(loop, lambda: ("remote_ask", 2, 5, "status", {"x": 1}) in chief_events.seen)
+    chief.answer(2, 5, {"nodes": []})
+    chief.request(2, 9, "stacks", {"budget": 1.0})
+    run_until(loop, lambda: ("answered", 5, {"nodes": []}) in e2.seen)
+    run_until(loop, lambda: ("chief_request", 9, "stacks", {"budget": 1.0}) in e2.seen)
+    w2.reply(9, {"ranks": [1]})
+    run_until(loop, lambda: ("part", 9, 2, {"ranks": [1]}) in chief_events.seen)
+
+    assert w1.connection is not None
+    w1.connection.sock.close()
+    run_until(loop, lambda: "node_lost" in chief_events.names())
+    names = chief_events.names()
+    assert names.index("node_gone") == names.index("node_lost") - 1 and ("node_gone", 1) in chief_events.seen
+    chief.close()
+    run_until(loop, lambda: "chief_lost" in e2.names())
+    assert e2.names()[-2:] == ["chief_gone", "chief_lost"]
+    for link in (w1, w2):
+        link.close()
+    loop.close()

@@ -174,3 +174,16 @@ def test_peer_sshd_not_reachable(launcher: Launcher, layer: str) -> None:
                                       "(is detlaunch running on that node, with the same --ssh-port?)")
     assert report_line(rw.stderr) == report_line(rc.stderr)  # the chief's verdict is every node's
     assert rc.duration < 60
+
+
+def test_a_rank_that_aborts_after_its_work_is_done_is_reported_as_such(launcher: Launcher, tmp_path: Path) -> None:
+    """torch 2.13 with gloo sometimes aborts a rank at exit after its work is done (SIGABRT, "terminate called
+    without an active exception"); here an atexit handler aborts, deterministically. The report says plainly
+    that the rank was killed after its script had finished (its Python was shutting down)."""
+    script = tmp_path / "abort_at_exit.py"
+    script.write_text("import atexit, os\natexit.register(os.abort)\nprint('work done', flush=True)\n")
+    r = launcher.run("--layer", "torchrun", "--nproc-per-node", "1", "--master-port", str(free_port()), str(script))
+    assert r.returncode == 134 and "[rank=0] work done" in r.stdout, r.output
+    after = "after its script had finished (its work was done: Python was shutting down)"
+    assert report_line(r.stderr) == f"detlaunch: job failed: rank 0 on node 0 (127.0.0.1) killed by SIGABRT {after}"
+    assert f"detlaunch:   rank 0 (node 0): killed by SIGABRT {after} (root cause)" in r.stderr.splitlines(), r.stderr

@@ -22,6 +22,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import detlaunch.exit_codes as exit_codes
 import pytest
 from detlaunch.errors import ConfigError
 from detlaunch.node import hangs as hangs_module
@@ -29,7 +30,7 @@ from detlaunch.node.hangs import HangPolicy
 from detlaunch.node.progress_watch import NodeProgress, ProgressWatch, last_seen, latest_progress, parse_ages
 from detlaunch.node.verdict import Decision, Hung, RankEnded, StuckAfterTraceback, Verdict, as_failure
 from detlaunch.observe.report import format_report
-from detlaunch.outcome import HANG_EXIT_CODE, JobResult, RankStatus
+from detlaunch.outcome import JobResult, RankStatus
 from detlaunch.progress import OUTPUT_RECORD, OutputMark, create_progress_file, read_progress
 from detlaunch.rank import progress as progress_module
 from detlaunch.rank.protocol import ends_traceback
@@ -135,7 +136,7 @@ def test_the_wrapper_sees_a_whole_traceback(stderr: bytes, ended: bool) -> None:
 def test_a_hang_is_its_own_failure_with_its_own_exit_code_and_names_the_suspect() -> None:
     v = Verdict()
     event = Hung(10.0, 10.2, ("rank 1 (node 0): SIGSTOPped",), ("rank 0 (node 0): work.wait <- all_reduce",), 0, 5.0)
-    assert v.add(event) is Decision.FIRST and v.exit_code == HANG_EXIT_CODE == 124
+    assert v.add(event) is Decision.FIRST and v.exit_code == exit_codes.HANG == 124
     assert v.failure is not None
     assert v.failure.what == ("the job hung: no rank showed progress for 10.2 s (--hang-timeout 10); "
                               "suspect: rank 1 (node 0): SIGSTOPped")
@@ -171,8 +172,7 @@ def test_stacks_are_collected_off_the_loop_and_handed_back_to_it(real_processes:
         time.sleep(0.5)  # the test's own process: let it reach nap()
         node_answer(StackCollector(loop), "here", [(0, sleeper.pid), (1, 2**22 + 7)], 5.0, answers.append)
         assert answers == []  # not on the loop's time: the answer comes through the loop
-        while not answers:
-            loop.run_once(timeout=10)
+        loop.run_until(lambda: answers, 20, "the node's stacks answer")
     finally:
         sleeper.kill()
         sleeper.wait()
@@ -214,8 +214,7 @@ def test_the_chief_asks_for_progress_at_the_deadline_and_rearms_while_a_rank_mov
         loop.run_once(timeout=1)
     assert asked == ["progress"] * 3 and failed == []
     answers["progress"] = {"nodes": [{"node": 0, "ages": [[0, 5.0]]}, {"node": 1, "ages": [[1, 5.0]]}]}
-    while not failed:
-        loop.run_once(timeout=1)
+    loop.run_until(lambda: failed, 5, "the hang report")
     assert asked[-2:] == ["progress", "stacks"]
     (hung,) = failed
     assert isinstance(hung, Hung) and hung.suspects == ("rank 1 (node 1): SIGSTOPped",)
@@ -245,8 +244,8 @@ def test_dump_before_kill_the_chief_takes_the_stacks_then_stops_a_worker_waits_f
     worker = policy(loop, asked, [], {}, is_chief=False, dump_budget=0.01)
     assert worker.dump_before_stop(failure, lambda: stops.append("worker")) and worker.dumping
     assert asked == ["stacks"]  # a worker asks nobody: the chief takes every node's stacks
-    while worker.dumping:
-        loop.run_once(timeout=3)  # no stop from the chief: it stops on its own after the budget
+    # no stop from the chief: it stops on its own after the budget
+    loop.run_until(lambda: not worker.dumping, 5, "the worker's stop after its dump budget")
     assert stops == ["chief", "worker"]
     off = policy(loop, asked, [], {}, dump_budget=0.0)
     assert not off.dump_before_stop(failure, lambda: None) and off.hold_time() == 0 and chief.hold_time() == 3.5
@@ -352,8 +351,7 @@ def test_a_traceback_the_rank_went_on_from_is_not_a_failure(monkeypatch: pytest.
         mark.touch()  # the traceback's own lines
         hangs.traceback(rank, ["Traceback (most recent call last):", f"ValueError: {rank}"], 7.0)
     marks[0].touch()  # rank 0 printed on after it; rank 1 is silent
-    while not failed:
-        loop.run_once(timeout=1)
+    loop.run_until(lambda: failed, 5, "the report of the silent rank")
     loop.run_once(timeout=0.2)
     assert failed == [StuckAfterTraceback(1, 0, "h", ("Traceback (most recent call last):", "ValueError: 1"),
                                           0.05, 7.0)]
@@ -481,7 +479,8 @@ def test_a_rank_that_raises_then_hangs_in_atexit_fails_the_job_with_its_tracebac
     assert lines[start + 1].endswith("Traceback (most recent call last):") and "RuntimeError: rank 1 broke" in \
         lines[start + 4], r.stderr  # its traceback first
     dump = lines.index("detlaunch: the running ranks' stacks before they were stopped:")
-    assert dump > start and re.search(r"rank 1 \(node 0\): time\.sleep <- linger \(hang\.py:\d+\)",
+    after = r"\[its script had ended with an uncaught exception, Python is shutting down\] "  # it hangs in atexit
+    assert dump > start and re.search(rf"rank 1 \(node 0\): {after}time\.sleep <- linger \(hang\.py:\d+\)",
                                       "\n".join(lines[dump:])), r.stderr  # where it hangs
     assert "rank 1 (node 0): " in r.stderr and "(root cause)" in r.stderr
 
@@ -588,6 +587,25 @@ def test_dump_before_kill_on_two_nodes_shows_the_survivors_under_the_root_cause(
     for rank in (0, 1, 2):
         assert any(f"rank {rank} (node {rank // 2}): killed by SIGTERM {note}" in chief.stderr for note in notes), \
             chief.stderr
+
+
+@pytest.mark.timeout(200)
+def test_a_survivor_that_dies_while_its_stack_is_taken_does_not_hold_the_stop(launcher: Launcher,
+                                                                             tmp_path: Path) -> None:
+    """Issue 23: a survivor on its way out (gloo's "Connection reset by peer", then SIGABRT) answered neither
+    py-spy nor faulthandler, and the dump before kill waited its whole budget for it. Its exit ends the wait."""
+    fifo = tmp_path / "peer"
+    os.mkfifo(fifo)
+    run = launcher.start(*torchrun(launcher, job_id(), "--dump-budget", "10"), "/bin/sh", "-c",
+                         f"{sys.executable} {SCRIPTS / 'dies_with_peer.py'}", env={"PEER_FIFO": str(fifo)})
+    run.wait_for_output("[rank=0] rank 0: its peer is gone", timeout=150)
+    peer_gone = time.monotonic()
+    r = run.wait(120)
+    took = time.monotonic() - peer_gone
+    assert r.returncode == 3 and took < 8, (took, r.output)  # before: the whole budget, 10 s, and then the stop
+    assert report_line(r.stderr) == "detlaunch: job failed: rank 1 on node 0 (127.0.0.1) exited with code 3"
+    assert ("detlaunch:   rank 0 (node 0): no stack: not a Python process (or an interpreter py-spy does not know); "
+            "faulthandler: it exited before its faulthandler answered") in r.stderr.splitlines(), r.stderr
 
 
 @pytest.mark.timeout(200)

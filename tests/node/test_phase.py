@@ -21,9 +21,12 @@ def test_every_phase_is_in_the_drawing() -> None:
 def test_the_phase_changes_in_one_place() -> None:
     source = inspect.getsource(supervisor)
     assignments = re.findall(r"self\.phase = ", source)
-    assert len(assignments) == 2  # the start in __init__, and _enter
-    enter = inspect.getsource(supervisor.NodeSupervisor._enter)
+    assert len(assignments) == 2  # the start in __init__, and enter
+    enter = inspect.getsource(supervisor.NodeSupervisor.enter)
     assert "self.phase = phase" in enter and "self.trace(" in enter
+    others = [p.name for p in Path(supervisor.__file__).parent.glob("*.py")  # the parts call enter
+              if p.name != "supervisor.py" and re.search(r"\.phase = ", p.read_text())]
+    assert others == []
 
 
 def test_the_groups_of_phases() -> None:

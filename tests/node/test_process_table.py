@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from detlaunch.errors import LaunchError
 from detlaunch.node.process_table import Child, ProcessTable
+from detlaunch.outcome import ProcessEnd
 from detlaunch.planning.stage import Command
 from detlaunch.system.eventloop import EventLoop
 from support.helpers import small_tmpfs
@@ -26,13 +27,6 @@ class Table:
                                   on_output=lambda _c, data: self.output.append(data), on_exit=self.exited.append)
         self.loop.catch_signals([signal.SIGCHLD], lambda _s: self.table.reap())
 
-    def run_until(self, what: object) -> None:
-        for _ in range(400):
-            if callable(what) and what():
-                return
-            self.loop.run_once(timeout=0.05)
-        raise AssertionError("never happened")
-
 
 @pytest.fixture
 def t(tmp_path: Path) -> Iterator[Table]:
@@ -46,33 +40,34 @@ def t(tmp_path: Path) -> Iterator[Table]:
 
 def test_a_child_output_and_exit_code_are_seen(real_processes: None, t: Table, tmp_path: Path) -> None:
     child = t.table.start(Command(("sh", "-c", "echo one; echo two >&2; exit 3"), name="launcher"), os.environ)
-    t.run_until(lambda: t.exited and child.output_fd is None)
-    assert t.exited == [child] and child.exit == 3 and not child.running
+    t.loop.run_until(lambda: t.exited and child.output_fd is None, 20, "its exit and the end of its output")
+    assert t.exited == [child] and child.exit == ProcessEnd(3) and not child.running
     assert b"".join(t.output) == b"one\ntwo\n" and child.tail == b"one\ntwo\n"
     assert (tmp_path / "logs" / "launcher-node1.log").read_bytes() == b"one\ntwo\n"
 
 
-def test_a_signal_death_reads_as_minus_the_signal(real_processes: None, t: Table) -> None:
+def test_a_signal_death_reads_as_128_plus_the_signal(real_processes: None, t: Table) -> None:
     child = t.table.start(Command(("sleep", "30"), stop_signal=signal.SIGINT), os.environ)
     assert [c.pid for c in t.table.live()] == [child.pid]
     t.table.stop(child, with_sessions=False)
-    t.run_until(lambda: t.exited)
-    assert child.exit == -signal.SIGINT and t.table.live() == []
+    t.loop.run_until(lambda: t.exited, 20, "its exit")
+    assert child.exit == ProcessEnd(130, signal.SIGINT) and t.table.live() == []
+    assert child.exit.describe() == "killed by SIGINT"
 
 
 def test_the_command_env_is_added_to_the_job_env(real_processes: None, t: Table) -> None:
     t.table.start(Command(("sh", "-c", 'echo "$A $B"'), env={"B": "command"}), {"PATH": os.environ["PATH"], "A": "job"})
-    t.run_until(lambda: t.exited and b"".join(t.output).endswith(b"\n"))
+    t.loop.run_until(lambda: t.exited and b"".join(t.output).endswith(b"\n"), 20, "its exit and its line")
     assert b"".join(t.output) == b"job command\n"
 
 
 def test_an_orphan_is_a_leftover_until_killed(real_processes: None, t: Table) -> None:
     t.table.adopt_orphans()
     t.table.start(Command(("sh", "-c", "setsid sleep 30 & echo started")), os.environ)
-    t.run_until(lambda: t.exited and t.table.leftovers())
+    t.loop.run_until(lambda: t.exited and t.table.leftovers(), 20, "the exit of sh, its orphan left")
     assert len(t.table.leftovers()) == 1
     assert t.table.kill_all() >= 1
-    t.run_until(lambda: not t.table.leftovers())
+    t.loop.run_until(lambda: not t.table.leftovers(), 20, "the orphan's end")
 
 
 def test_a_program_that_is_not_there_is_one_line(t: Table) -> None:

@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,9 +17,10 @@ import pytest
 from detlaunch.node.rank_registry import RankEntry, RankRegistry, RankRules
 from detlaunch.outcome import RankStatus
 from detlaunch.rank import protocol as rank_protocol
-from detlaunch.rank.wrapper import SupervisorConnection, UsageError, recv_fds
+from detlaunch.rank.connection import SupervisorConnection, recv_fds
+from detlaunch.rank.options import UsageError
 from detlaunch.rank.wrapper import __file__ as WRAPPER
-from detlaunch.system.eventloop import EventLoop
+from detlaunch.system.eventloop import EventLoop, Priority
 
 pytestmark = pytest.mark.timeout(20)
 
@@ -42,12 +44,8 @@ class Node:
         self.path = str(path)
         self.registry.listen(self.path)
 
-    def serve_until(self, what: Any) -> None:
-        for _ in range(200):
-            if what():
-                return
-            self.loop.run_once(timeout=0.05)
-        raise AssertionError("the registry never got there")
+    def serve_until(self, what: Any, timeout: float = 10) -> None:
+        self.loop.run_until(what, timeout, "the registry's answer")
 
     def connect(self, rank: int, job: str = "job-1") -> tuple[SupervisorConnection | None, dict[str, Any]]:
         """A wrapper's registration, answered by the registry in a thread-free way: serve, then read."""
@@ -136,6 +134,46 @@ def test_a_rank_detlaunch_sigkilled_says_so(node: Node) -> None:
     assert node.exits[0].killed and node.exits[0].describe() == "SIGKILLed by detlaunch (it had not stopped when asked)"
 
 
+def test_a_rank_that_ends_while_the_job_stops_has_its_wrapper_released_at_once(node: Node) -> None:
+    """A survivor that dies by itself while the stacks are taken reports after the stop began: its wrapper,
+    holding its exit for a failure of its own (wrapper.hold_exit), is let go as soon as its report is in."""
+    first, _ = node.connect(2)
+    late, _ = node.connect(3)
+    assert first is not None and late is not None
+    first.send(rank_protocol.exit_message(3, None, [], 7.5))
+    node.serve_until(lambda: node.exits)
+    node.registry.release()
+    assert first.receive() == {"t": rank_protocol.RELEASE}
+    assert not readable(late.sock)  # its rank still runs: nothing to release yet
+    late.send(rank_protocol.exit_message(134, 6, [], 8.0))
+    node.serve_until(lambda: len(node.exits) == 2)
+    assert readable(late.sock) and late.receive() == {"t": rank_protocol.RELEASE}
+
+
+def test_a_rank_that_ended_before_it_was_asked_to_stop_is_not_stopped_by_detlaunch(node: Node) -> None:
+    """Its report came after the stop, but its rank had ended before (its wrapper's time says so)."""
+    before, _ = node.connect(2)
+    after, _ = node.connect(3)
+    assert before is not None and after is not None
+    asked = time.time()
+    node.registry.signal_live(0)  # signal 0: marks the ranks as asked to stop, delivers nothing
+    before.send(rank_protocol.exit_message(134, 6, [], asked - 0.5))
+    after.send(rank_protocol.exit_message(143, 15, [], time.time()))
+    node.serve_until(lambda: len(node.exits) == 2)
+    assert {s.rank: s.stopped for s in node.exits} == {2: False, 3: True}
+
+
+def test_how_the_ranks_script_ended_comes_with_its_report(node: Node) -> None:
+    link, _ = node.connect(2)
+    assert link is not None
+    link.send({**rank_protocol.exit_message(134, 6, [], 7.5), "ended": "finished"})
+    node.serve_until(lambda: node.exits)
+    (status,) = node.exits
+    assert status.ended == "finished" and RankStatus.from_json(status.to_json()) == status
+    assert status.describe() == "killed by SIGABRT after its script had finished (its work was done: Python was " \
+                                "shutting down)"
+
+
 def test_garbage_closes_the_connection_without_a_report(node: Node) -> None:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.connect(node.path)
@@ -149,16 +187,23 @@ def test_garbage_closes_the_connection_without_a_report(node: Node) -> None:
 def test_the_wrapper_says_why_it_was_refused(node: Node) -> None:
     errors: list[BaseException] = []
 
+    ended_r, ended_w = socket.socketpair()  # the thread's end, as an event of the loop
+
     def register() -> None:
         try:
             SupervisorConnection.connect(node.path, "job-1", 9)
         except BaseException as e:
             errors.append(e)
+        ended_w.send(b"x")
 
+    node.loop.add_reader(ended_r, Priority.PROBE, lambda: ended_r.recv(1))
     wrapper = threading.Thread(target=register)
     wrapper.start()
-    node.serve_until(lambda: not wrapper.is_alive())
+    node.serve_until(lambda: errors)
     wrapper.join()
+    node.loop.remove(ended_r)
+    ended_r.close()
+    ended_w.close()
     assert len(errors) == 1 and isinstance(errors[0], UsageError)
     assert str(errors[0]) == "the supervisor refused rank 9: rank 9 does not belong to node 1 (its ranks are 2..3)"
 

@@ -22,7 +22,7 @@ pytestmark = pytest.mark.timeout(30)
 # Needed only once ranks run (sampling, stacks) or for a rare request: imported there, not at start-up.
 LATER = {"psutil", "subprocess", "detlaunch.stacks.pyspy", "detlaunch.stacks.groups"}
 # OpenSSL's libcrypto (~3 MB a process): the detlaunch command's hashlib is its builtins
-# (cli.without_openssl_hashes), and only a job with a link between nodes signs with hmac (joblink.mac).
+# (cli.without_openssl_hashes), and only a job with a link between nodes signs with hmac (link.auth.mac).
 OPENSSL = {"secrets", "hmac", "_hashlib"}
 
 

@@ -19,7 +19,7 @@ from detlaunch.node.verdict import (
     as_failure,
     naming_the_node,
 )
-from detlaunch.outcome import Failure, FailureKind, RankStatus
+from detlaunch.outcome import Failure, FailureKind, ProcessEnd, RankStatus
 
 WORKER = "127.0.0.2"
 
@@ -32,7 +32,7 @@ def rank(r: int, code: int | None = 0, *, node: int = 0, sig: int | None = None,
 
 
 def launcher(code: int, at: float = 20.0) -> ChildExited:
-    return ChildExited("torchrun", 4242, code, daemon=False, node=0, at=at)
+    return ChildExited("torchrun", 4242, ProcessEnd(code), daemon=False, node=0, at=at)
 
 
 def test_a_clean_end_is_no_failure() -> None:
@@ -58,9 +58,10 @@ def test_a_rank_exit_code_is_the_job_exit_code() -> None:
      "lost node 1 (127.0.0.2): its detlaunch closed the connection without saying goodbye"),
     (ChiefLost("127.0.0.1", "the chief's detlaunch closed the connection", 1, 1.0), 1,
      "lost the chief (127.0.0.1): the chief's detlaunch closed the connection"),
-    (ChildExited("sshd", 99, -signal.SIGTERM, daemon=True, node=1, at=1.0), 143,
+    (ChildExited("sshd", 99, ProcessEnd.killed(signal.SIGTERM), daemon=True, node=1, at=1.0), 143,
      "sshd (pid 99) ended before the job did: killed by SIGTERM"),
-    (ChildExited("sshd", 99, 0, daemon=True, node=1, at=1.0), 1, "sshd (pid 99) ended before the job did: exit 0"),
+    (ChildExited("sshd", 99, ProcessEnd(0), daemon=True, node=1, at=1.0), 1,
+     "sshd (pid 99) ended before the job did: exit 0"),
     (launcher(1), 1, "torchrun exited: exit 1 (no rank on this node reported a failure first)"),
     (StartFailed("sshd on 127.0.0.2:1 did not answer", 1, 1.0), 1, "sshd on 127.0.0.2:1 did not answer"),
 ])

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from detlaunch.observe.dedupe import ConsoleFolder, LineFolder, LineSplitter, RateGate, format_ranks, parse_rank
+from detlaunch.observe.dedupe import ConsoleFolder, LineFolder, LineSplitter, RateGate, parse_rank
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -98,9 +98,7 @@ def test_an_unprefixed_line_passes_through_at_once() -> None:
     assert f.feed(None, b"torchrun says hi\n", 0.0) == b"torchrun says hi\n"
 
 
-def test_format_ranks_and_parse_rank() -> None:
-    assert format_ranks([7, 0, 1, 2, 5, 9, 10]) == "0-2,5,7,9-10"
-    assert format_ranks([3]) == "3" and format_ranks([]) == ""
+def test_parse_rank() -> None:
     assert parse_rank(b"[rank=12] hi\n") == (12, 10)
     assert parse_rank(b"[rank=x] hi\n") is None and parse_rank(b"hi [rank=1] \n") is None
 

@@ -11,6 +11,7 @@ import warnings
 from pathlib import Path
 
 import pytest
+from detlaunch.node.verdict import RankEnded, as_failure
 from detlaunch.observe.report import NO_STDERR, explaining_lines, format_report
 from detlaunch.outcome import Failure, JobResult, RankStatus
 from support.helpers import free_port
@@ -148,6 +149,28 @@ def test_each_other_rank_is_marked_by_what_ended_it() -> None:
                      "detlaunch:   rank 4 (node 1): SIGKILLed by detlaunch (it had not stopped when asked)",
                      "detlaunch:   rank 5 (node 1): exit 1",
                      "detlaunch:   rank 6 (node 1): killed by SIGSEGV"]
+
+
+def test_a_rank_killed_after_its_script_had_ended_says_so_plainly() -> None:
+    """torch 2.13 with gloo sometimes aborts a rank at exit after its work is done: the report says it was
+    killed after its script had finished (its Python was shutting down), not just "killed by SIGABRT"."""
+    done = RankStatus(rank=0, node_rank=0, exit_code=134, signal=6, wall=100.0, host="127.0.0.1", ended="finished")
+    raised = RankStatus(rank=1, node_rank=0, exit_code=134, signal=6, wall=100.5, ended="raised")
+    midway = RankStatus(rank=2, node_rank=0, exit_code=134, signal=6, wall=100.6)  # no mark: it died mid-script
+    by_code = RankStatus(rank=3, node_rank=0, exit_code=3, wall=100.7, ended="finished")  # sys.exit(3): its own code
+    failure = as_failure(RankEnded(done))
+    assert failure is not None and failure.what == (
+        "rank 0 on node 0 (127.0.0.1) killed by SIGABRT after its script had finished (its work was done: Python "
+        "was shutting down)")
+    lines = [line for line in format_report(JobResult(134, (done, raised, midway, by_code), failure))
+             if line.startswith("detlaunch:   rank ")]
+    assert lines == [
+        "detlaunch:   rank 0 (node 0): killed by SIGABRT after its script had finished (its work was done: Python "
+        "was shutting down) (root cause)",
+        "detlaunch:   rank 1 (node 0): killed by SIGABRT after its script had ended with an uncaught exception "
+        "(Python was shutting down)",
+        "detlaunch:   rank 2 (node 0): killed by SIGABRT",
+        "detlaunch:   rank 3 (node 0): exit 3"]
 
 
 @pytest.mark.timeout(120)

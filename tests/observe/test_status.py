@@ -11,6 +11,7 @@ from detlaunch.observe.status import (
     EXITED,
     RUNNING,
     STOPPED,
+    JobPhase,
     JobStatus,
     RankState,
     StatusTracker,
@@ -107,7 +108,8 @@ def test_the_tracker_follows_a_failing_job_from_its_events() -> None:
     tracker.observe(ev(EventKind.RANK_EXITED, 6.5, 0, code=None, signal=15, wall=6.4, stopped=True))
     tracker.observe(ev(EventKind.JOB_FINISHED, 7.0, exit_code=3, duration=7.0))
     done = tracker.snapshot(8.0)
-    assert (done.phase, done.root_cause) == ("finished", "rank 1 exited with code 3")
+    assert (done.phase, done.root_cause) == (JobPhase.FINISHED, "rank 1 exited with code 3")
+    assert JobStatus.from_json(done.to_json()).phase == "finished" and '"phase":"finished"' in done.to_json()
     assert [r.describe_state() for r in done.ranks] == ["stopped (killed by SIGTERM)", "exit 3"]
     assert [(r.ended_at, r.cpu_percent) for r in done.ranks] == [(6.4, None), (5.9, None)]
     assert "root cause: rank 1 exited with code 3" in render_table(done, 8.0)

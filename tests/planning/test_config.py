@@ -66,6 +66,23 @@ def test_core_option_precedence(flag: str | None, env: str | None, file: int | N
     assert o["grace_period"] == expected
 
 
+@pytest.mark.parametrize(("argv", "env", "file", "expected"), [
+    ([], {}, {}, None),
+    (["--link-port", "7001"], {}, {}, 7001),
+    (["--control-port", "7002"], {}, {}, 7002),  # --link-port's old name
+    ([], {"DETLAUNCH_LINK_PORT": "7003"}, {}, 7003),
+    ([], {"DETLAUNCH_CONTROL_PORT": "7004"}, {}, 7004),
+    ([], {"DETLAUNCH_CONTROL_PORT": "7004", "DETLAUNCH_LINK_PORT": "7003"}, {}, 7003),  # the new name wins
+    ([], {}, {"link-port": 7005}, 7005),
+    ([], {}, {"control_port": 7006}, 7006),
+    (["--link-port", "7001"], {"DETLAUNCH_CONTROL_PORT": "7004"}, {"control_port": 7006}, 7001),
+])
+def test_the_link_port_under_its_name_and_its_old_one(argv: list[str], env: dict[str, str], file: dict[str, int],
+                                                      expected: int | None) -> None:
+    o, _, _ = parse_options([*argv, "train.py"], env=env, sections={"detlaunch": file} if file else {})
+    assert o["link_port"] == expected and "control_port" not in o
+
+
 @pytest.mark.parametrize(("flag", "env", "file", "expected"), [
     (None, None, None, 16),
     (None, None, 32, 32),

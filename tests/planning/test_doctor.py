@@ -45,7 +45,7 @@ def test_doctor_on_this_healthy_install(launcher: Launcher, layer: str) -> None:
     assert {"temp dir writable (private run dirs)", "job dir writable (per-job ssh keys)", "torch importable",
             "ptrace policy (stacks of hung ranks)",
             "PID namespace for the job (nothing outlives a SIGKILLed detlaunch)", f"master port {port} free",
-            f"control port {port + 1} free"} <= set(found)
+            f"link port {port + 1} free"} <= set(found)
     expected = {"torchrun": {"torch.distributed with gloo"}, "direct": {"torch.distributed with gloo"},
                 "horovod": {"horovod built with Gloo (--controller gloo)", "horovodrun", "sshd found", "ssh found"},
                 "deepspeed": {"deepspeed's accelerator", "pdsh found", "sshd found", "no stale torch build lock"}}
@@ -93,34 +93,34 @@ def listening(port: int) -> socket.socket:
     return s
 
 
-def test_the_control_port_in_use_fails_a_multi_node_job_and_warns_on_one_node(real_processes: None,
-                                                                              doctor_in_process: Any) -> None:
+def test_the_link_port_in_use_fails_a_multi_node_job_and_warns_on_one_node(real_processes: None,
+                                                                           doctor_in_process: Any) -> None:
     master = free_port()
     with listening(master + 1):
         rc, found = doctor_in_process("--layer", "direct", "--master-port", str(master), *TWO_NODES)
         assert rc == 1
-        assert found[f"control port {master + 1} free"] == (
-            f"FAIL  control port {master + 1} free: --control-port {master + 1} is already in use on 127.0.0.1 "
-            "-- fix: pick a free port with --control-port")
+        assert found[f"link port {master + 1} free"] == (
+            f"FAIL  link port {master + 1} free: --link-port {master + 1} is already in use on 127.0.0.1 "
+            "-- fix: pick a free port with --link-port")
         assert found[f"master port {master} free"].startswith("ok  ")
         rc, found = doctor_in_process("--layer", "direct", "--master-port", str(master))
         assert rc == 0  # one node: no job link, so a warning
-        assert found[f"control port {master + 1} free"].startswith(
-            f"warn  control port {master + 1} free: --control-port {master + 1} is already in use")
-        assert found[f"control port {master + 1} free"].endswith("(only for jobs on several nodes)")
+        assert found[f"link port {master + 1} free"].startswith(
+            f"warn  link port {master + 1} free: --link-port {master + 1} is already in use")
+        assert found[f"link port {master + 1} free"].endswith("(only for jobs on several nodes)")
     other = free_port()
     with listening(other):
         rc, found = doctor_in_process("--layer", "torchrun", "--master-port", str(master), "--control-port",
                                       str(other), *TWO_NODES)
-        assert rc == 1 and found[f"control port {other} free"].startswith("FAIL  "), found
-        assert f"control port {master + 1} free" not in found  # --control-port, not master + 1
+        assert rc == 1 and found[f"link port {other} free"].startswith("FAIL  "), found
+        assert f"link port {master + 1} free" not in found  # --control-port (--link-port's old name), not master + 1
 
 
-def test_a_master_port_that_leaves_no_control_port(real_processes: None, doctor_in_process: Any) -> None:
+def test_a_master_port_that_leaves_no_link_port(real_processes: None, doctor_in_process: Any) -> None:
     rc, found = doctor_in_process("--layer", "direct", "--master-port", "65535", *TWO_NODES)
     assert rc == 1
-    assert found["control port free"] == ("FAIL  control port free: the master port 65535 + 1 is no port -- fix: "
-                                          "give --control-port PORT or a lower --master-port")
+    assert found["link port free"] == ("FAIL  link port free: the master port 65535 + 1 is no port -- fix: "
+                                       "give --link-port PORT or a lower --master-port")
 
 
 @pytest.mark.parametrize("layer", ["horovod", "deepspeed"])

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from detlaunch.rank.wrapper import PIPE_BUF, LinePrefixer, split_lines
+from detlaunch.rank.output import PIPE_BUF, LinePrefixer, split_lines
 from hypothesis import given, settings
 from hypothesis import strategies as st
 

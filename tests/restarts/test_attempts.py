@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import random
 
-from detlaunch.outcome import Failure, FailureKind, RankStatus
-from detlaunch.restarts.attempts import Attempts, attempt_end
-from detlaunch.restarts.policy import AttemptEnd, FailureClass, RestartPolicy
+from detlaunch.outcome import AttemptEnd, Failure, FailureKind, RankStatus, RestartClass
+from detlaunch.restarts.attempts import Attempts, attempt_end_from_verdict
+from detlaunch.restarts.policy import RestartPolicy
 
 POLICY = RestartPolicy(max_restarts=1, backoff_initial=0.0, backoff_cap=0.0)
 
@@ -21,15 +21,16 @@ def lost() -> Failure:
 
 
 def end(attempt: int, failure: Failure | None, code: int, interrupted_by: int | None = None) -> AttemptEnd:
-    return attempt_end(attempt, failure, interrupted_by, code, started=True, policy=POLICY, started_at=10.0,
-                       ended_at=12.5)
+    return attempt_end_from_verdict(attempt, failure, interrupted_by, code, started=True, policy=POLICY,
+                                    started_at=10.0, ended_at=12.5)
 
 
 def test_a_finished_attempt_ends_the_job() -> None:
     a = Attempts(POLICY, random.Random(0))
     decision = a.ended(end(1, None, 0))
     assert not decision.restart and decision.why == "attempt 1 finished"
-    assert a.history[0].kind is None and a.report()[1] == "detlaunch:   attempt 1: finished after 2.5 s (exit 0)"
+    assert a.history[0].restart_class is None
+    assert a.report()[1] == "detlaunch:   attempt 1: finished after 2.5 s (exit 0)"
 
 
 def test_a_failed_rank_restarts_once_then_the_budget_is_spent() -> None:
@@ -49,7 +50,7 @@ def test_a_failed_rank_restarts_once_then_the_budget_is_spent() -> None:
 def test_a_lost_node_is_retried_and_named_in_the_line_the_chief_prints() -> None:
     a = Attempts(POLICY, random.Random(0))
     decision = a.ended(end(1, lost(), 1))
-    assert a.history[0].kind is FailureClass.NODE_LOST
+    assert a.history[0].restart_class is RestartClass.NODE_LOST
     assert decision.restart and "(a lost node: not counted against --max-restarts)" in decision.why
     assert a.restarting().startswith("attempt 1 failed (lost node 1 (127.0.0.2): its detlaunch closed the "
                                      "connection): restart 1 of 1")
@@ -71,7 +72,7 @@ def test_a_stop_between_attempts_says_the_next_one_never_started() -> None:
 def test_the_users_signal_is_never_restarted() -> None:
     a = Attempts(RestartPolicy(max_restarts=5), random.Random(0))
     decision = a.ended(end(1, None, 130, interrupted_by=2))
-    assert a.history[0].kind is FailureClass.INTERRUPTED and a.history[0].what == "interrupted by SIGINT"
+    assert a.history[0].restart_class is RestartClass.INTERRUPTED and a.history[0].what == "interrupted by SIGINT"
     assert not decision.restart and decision.why == "interrupted by a signal: not restarting"
 
 

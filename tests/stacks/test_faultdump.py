@@ -134,6 +134,22 @@ def test_when_faulthandler_cannot_answer_the_reason_says_why(real_processes: Non
         assert p.wait(10) == 0
 
 
+@pytest.mark.timeout(30)
+def test_a_rank_that_exits_instead_of_answering_ends_the_wait_at_once(real_processes: None, rank,
+                                                                      tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """A rank that dies while it is asked (its faulthandler never writes) must not hold the asker until
+    the deadline: here it takes the signal itself (blocked, sigwait) and exits, as a rank on its way out."""
+    p = rank("import os, signal\nsignal.pthread_sigmask(signal.SIG_BLOCK, {41})\nprint('ready', flush=True)\n"
+             "signal.sigwait({41})\nos._exit(0)\n")
+    assert p.stdout.readline() == "ready\n"
+    began = time.monotonic()
+    got = collect_stacks([p.pid], 20.0, NO_PY_SPY, fallback={p.pid: faultdump.stack_path(str(tmp_path), 0)})[p.pid]
+    took = time.monotonic() - began
+    assert got == Unavailable(p.pid, "missing", "cannot run /nonexistent/py-spy: No such file or directory; "
+                              "faulthandler: it exited before its faulthandler answered") and took < 10, (got, took)
+    assert p.wait(10) == 0
+
+
 @pytest.mark.skipif(find_py_spy() is None, reason="py-spy is not installed")
 @pytest.mark.timeout(30)
 def test_py_spy_comes_first_and_the_rank_is_not_signalled(real_processes: None, rank,

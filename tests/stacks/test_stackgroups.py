@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 from detlaunch.stacks.groups import (
     describe_stack,
     format_json,
-    format_ranks,
     format_text,
     format_unavailable,
     format_who,
@@ -36,13 +36,8 @@ def sleeping() -> ProcessStack:
                  Frame("<module>", "/job/train.py", 120))
 
 
-def test_rank_sets_read_as_ranges() -> None:
-    assert format_ranks([0, 2, 3, 4, 5, 6, 7]) == "0,2-7"
-    assert format_ranks([7, 1, 0, 3]) == "0,1,3,7"
-    assert format_ranks([0, 1, 2]) == "0-2"
-    assert format_ranks([5]) == "5"
-    assert format_ranks(range(100)) == "0-99"
-    assert format_who([(0, 0), (2, 1), (3, 1)]) == "ranks 0,2,3 (node 0, 1)"
+def test_who_names_the_ranks_and_their_nodes() -> None:
+    assert format_who([(0, 0), (2, 1), (3, 1)]) == "ranks 0,2-3 (node 0, 1)"
     assert format_who([(1, 0)]) == "rank 1 (node 0)"
     assert format_who([(r, r // 8) for r in range(32)]) == "ranks 0-31 (nodes 0-3)"
 
@@ -65,6 +60,25 @@ def test_a_stack_reads_as_the_blocking_call_the_innermost_library_frame_and_the_
     assert describe_stack(dataclass_stopped(sleeping())) == "[SIGSTOPped] time.sleep <- load_batch (data.py:41)"
 
 
+def test_a_rank_whose_script_had_ended_says_so_instead_of_no_python_frames() -> None:
+    """Issue 23: ranks "blocked in loss.backward()" showed "(no Python frames)". They were not blocked: gloo
+    had failed their collective, the exception had ended their script (its traceback ends in loss.backward),
+    and Python was shutting down; py-spy then sees one unnamed thread without frames. The rank's end mark
+    (its progress file, stacks/query.py) says so, and the line says it plainly; they group apart."""
+    in_shutdown = ProcessStack(1, (ThreadStack("0x7f0", 0x7F0, True, ()),), ended="raised")  # as py-spy shows it
+    assert describe_stack(in_shutdown) == ("(no Python frames: its script had ended with an uncaught exception, "
+                                           "Python is shutting down)")
+    in_atexit = dataclasses.replace(sleeping(), ended="finished")
+    assert describe_stack(in_atexit) == ("[its script had finished, Python is shutting down] time.sleep <- "
+                                         "load_batch (data.py:41)")
+    report = group_stacks({(0, 0): in_shutdown, (1, 0): in_all_reduce(), (2, 0): in_shutdown})
+    assert format_text(report) == [
+        "ranks 0,2 (node 0): (no Python frames: its script had ended with an uncaught exception, Python is "
+        "shutting down)",
+        "rank 1 (node 0): work.wait <- all_reduce <- step (train.py:88)  [suspect: stack differs from the "
+        "majority's (2 ranks)]"]
+
+
 def dataclass_stopped(s: ProcessStack) -> ProcessStack:
     return ProcessStack(s.pid, s.threads, stopped=True)
 
@@ -79,7 +93,7 @@ def test_a_hundred_ranks_read_as_a_few_lines_with_the_odd_one_out_marked() -> No
         "ranks 0,2-97 (node 0, 1): work.wait <- all_reduce <- step (train.py:88)",
         "rank 1 (node 0): time.sleep <- load_batch (data.py:41)  "
         "[suspect: stack differs from the majority's (97 ranks)]",
-        "ranks 98,99 (node 1): no stack: permission denied: py-spy may not ptrace it (...)",
+        "ranks 98-99 (node 1): no stack: permission denied: py-spy may not ptrace it (...)",
     ]
     assert [(s.rank, s.node) for s in report.suspects] == [(1, 0)]
 

@@ -3,21 +3,26 @@ all_reduce under torchrun, owned by another user; and every reason a stack canno
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import pwd
 import re
 import shutil
 import signal
+import struct
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
 import pytest
 from detlaunch.progress import create_progress_file, read_progress
+from detlaunch.rank.faultdump import dying
+from detlaunch.rank.progress import ENDED_RECORD
 from detlaunch.stacks.groups import format_text, group_stacks
 from detlaunch.stacks.pyspy import (
     ProcessStack,
@@ -31,6 +36,7 @@ from detlaunch.stacks.pyspy import (
     parse_faulthandler,
     to_json,
 )
+from detlaunch.stacks.query import with_end
 from support import paths
 from support.helpers import free_port, wait_until
 
@@ -112,12 +118,29 @@ def test_py_spy_json_parses_into_threads_with_frames_innermost_first() -> None:
     assert stack.main and stack.main.active and stack.main.owns_gil
     assert [(f.function, f.line) for f in stack.main.frames] == [("inner", 3), ("<module>", 7)]
     assert from_json(json.loads(json.dumps(to_json(stack)))) == stack
+    ended = dataclasses.replace(stack, ended="raised")
+    assert from_json(json.loads(json.dumps(to_json(ended)))) == ended
     gone = Unavailable(3, "gone", "the process has exited")
     assert from_json(to_json(gone)) == gone
     with pytest.raises(ValueError, match="not JSON"):
         parse_dump(7, "Error: nope")
     with pytest.raises(ValueError, match="lacks"):
         parse_dump(7, '[{"thread_id": 1}]')
+
+
+def test_a_ranks_stack_carries_the_end_of_its_script_from_its_progress_file(tmp_path: Path) -> None:
+    stack = parse_dump(7, DUMP)
+    path = create_progress_file(str(tmp_path), 2)
+    assert with_end(stack, 2, str(tmp_path)) == stack  # its script runs: no mark
+    fd = os.open(path, os.O_WRONLY)
+    try:  # as faultsite/sitecustomize.py writes it once the script has ended with an uncaught exception
+        os.pwrite(fd, struct.pack("@qqddq", 1, 1, 1.0, 2.0, 1), ENDED_RECORD)
+    finally:
+        os.close(fd)
+    assert with_end(stack, 2, str(tmp_path)).ended == "raised"  # type: ignore[union-attr]
+    assert with_end(stack, 2, None) == stack and with_end(stack, 3, str(tmp_path)) == stack  # no such file
+    gone = Unavailable(7, "gone", "the process has exited")
+    assert with_end(gone, 2, str(tmp_path)) == gone
 
 
 def test_failures_read_as_one_line_reasons() -> None:
@@ -176,6 +199,33 @@ def test_what_cannot_be_read_says_why(real_processes: None, start,
     assert not [c for c in live_children() if c.pid != sleeping.pid], "py-spy was not killed"
     missing = collect_stacks([sleeping.pid], py_spy=str(tmp_path / "py-spy"))[sleeping.pid]
     assert missing.kind == "missing" and "cannot run" in missing.reason  # type: ignore[union-attr]
+
+
+@pytest.mark.timeout(30)
+def test_a_process_that_exits_while_py_spy_reads_it_ends_the_wait_at_once(real_processes: None, start,
+                                                                         tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """A survivor that dies by itself (gloo's "Connection reset by peer", then SIGABRT) must not hold a dump
+    before kill for the budget: its exit (a pidfd) ends the wait for its stack, whatever py-spy does."""
+    stuck = tmp_path / "py-spy"  # a py-spy that never answers
+    stuck.write_text("#!/bin/sh\nexec sleep 300\n")
+    stuck.chmod(0o755)
+    dying = start("import time\nprint('ready', flush=True)\ntime.sleep(0.5)\n")
+    began = time.monotonic()
+    got = collect_stacks([dying.pid], budget=20, py_spy=str(stuck))[dying.pid]
+    took = time.monotonic() - began
+    assert got == Unavailable(dying.pid, "gone", "it exited while its stack was being taken") and took < 10, (got, took)
+    assert not [c for c in live_children() if c.pid != dying.pid], "the stuck py-spy was not killed"
+
+
+def test_a_process_on_its_way_out_is_not_read(real_processes: None) -> None:
+    zombie = subprocess.Popen([sys.executable, "-c", "pass"])
+    wait_until(lambda: psutil.Process(zombie.pid).status() == psutil.STATUS_ZOMBIE, 20, "the child's exit")
+    try:
+        assert dying(zombie.pid) == "it has exited" and dying(os.getpid()) == ""
+        assert collect_stacks([zombie.pid], budget=5) == {zombie.pid: Unavailable(zombie.pid, "gone",
+                                                                                  "the process has exited")}
+    finally:
+        zombie.wait()
 
 
 # ---- a real 2-rank torchrun job: one rank in a gloo all_reduce, one that never joins it ---------

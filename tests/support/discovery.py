@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import shutil
-import socket
 import tempfile
 from collections.abc import Iterator, Mapping
 
 import pytest
 from detlaunch.planning.cluster import ClusterInfo
-from detlaunch.planning.config import Config, apply_defaults, build_parser, parse
+from detlaunch.planning.command_line import CommandLine
+from detlaunch.planning.config import Config
 from detlaunch.planning.plugin_manager import Hooks, PluginSet
 from detlaunch.testing.runner import MARKER_VAR
 
@@ -37,36 +37,14 @@ def hooks_for(env: Mapping[str, str]) -> Hooks:
 
 
 def config_for(hooks: Hooks, argv: list[str], env: Mapping[str, str]) -> Config:
-    parser = build_parser()
-    hooks.add_options(parser)
-    apply_defaults(parser, env, {}, {}, None)
-    ns, launcher_args, command = parse(parser, [*argv, "train.py"], env)
-    return Config(layer="", command=tuple(command), launcher_args=tuple(launcher_args), options=vars(ns),
-                  env=dict(env))
+    """The Config ``detlaunch info ARGV`` discovers with (no layer, no command to run)."""
+    return CommandLine.read(argv, env).config(hooks, job=False)
 
 
 def discover(*argv: str, env: Mapping[str, str]) -> ClusterInfo:
     """What ``detlaunch`` discovers with these flags in this environment."""
     hooks = hooks_for(env)
     return hooks.discover_cluster(config_for(hooks, list(argv), env))
-
-
-def free_port_pair(host: str = "127.0.0.1") -> int:
-    """A port P with P+1 free too: torchrun's rendezvous and detlaunch's control port (P+1 by default)."""
-    for _ in range(100):
-        with socket.socket() as a:
-            a.bind((host, 0))
-            port = int(a.getsockname()[1])
-            if port >= 65535:
-                continue
-            with socket.socket() as b:
-                try:
-                    b.bind((host, port + 1))
-                except OSError:
-                    continue
-                return port
-    raise RuntimeError("no two consecutive free ports")
-
 
 
 @pytest.fixture

@@ -35,6 +35,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import pytest
+from detlaunch.testing import free_port
 from detlaunch.testing.runner import processes_with_marker
 
 from support import reaper
@@ -51,12 +52,6 @@ def missing_tools() -> list[str]:
     """The programs a real cluster needs that are not installed here (see scripts/setup.sh)."""
     tools = ("mungekey", "munged", "slurmctld", "slurmd", "srun", "sbatch", "sinfo", "scancel", "unshare", "mount")
     return [t for t in tools if shutil.which(t) is None and not os.path.exists(f"/usr/sbin/{t}")]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _tool(name: str) -> str:
@@ -112,8 +107,8 @@ class SlurmCluster:
         self.root = root
         self.hostname = socket.gethostname()
         self.marker = f"{MARKER_ENV}={uuid.uuid4().hex}"
-        self.ctld_port = _free_port()
-        self.node_ports = {name: _free_port() for name in NODES}
+        self.ctld_port = free_port()
+        self.node_ports = {name: free_port() for name in NODES}
         self.daemons: list[Daemon] = []
         self.munge_socket = root / "munge" / "munge.socket"
         self.conf = root / "slurm.conf"

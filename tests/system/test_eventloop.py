@@ -6,6 +6,7 @@ import os
 import signal
 import socket
 
+import pytest
 from detlaunch.system.eventloop import EventLoop, Priority
 
 
@@ -75,4 +76,15 @@ def test_run_stops_when_done_and_runs_after_each_batch() -> None:
     loop.call_later(0.01, lambda: None)
     loop.run(done=lambda: len(batches) >= 2, after_each=lambda: batches.append(1))
     assert batches == [1, 1]
+    loop.close()
+
+
+def test_run_until_sleeps_until_the_event_and_fails_at_its_deadline_naming_what() -> None:
+    loop = EventLoop()
+    fired: list[bool] = []
+    loop.call_later(0.02, lambda: fired.append(True))
+    loop.run_until(lambda: fired, 5, "the timer")  # returns as soon as the timer's callback ran
+    assert fired == [True]
+    with pytest.raises(TimeoutError, match=r"^a thing that never comes did not happen within 0.05 s$"):
+        loop.run_until(lambda: False, 0.05, "a thing that never comes")
     loop.close()

@@ -2,8 +2,8 @@
 
 A question to a running job should answer at once, so this path imports only what it needs
 (control.py's client part, status.py's table; json, socket, argparse): not the launcher's
-options, plugins or parts (config.py, plugins.py...), which cost more than the answer itself.
-`python -m detlaunch status` comes here without importing cli.py at all.
+options, plugins or parts (planning/config.py, planning/plugin_manager.py...), which cost more than the answer itself.
+`python -m detlaunch status` comes here without importing cli/main.py at all.
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ import time
 from collections.abc import Mapping
 from typing import Any, NoReturn
 
-from detlaunch.errors import ConfigError
+import detlaunch.exit_codes as exit_codes
+from detlaunch.errors import ConfigError, one_line
 
 CONTROL_COMMANDS = ("status", "stacks")  # questions to a running job (control.py): no plugin is loaded for them
 CONTROL_ARGS = {"stacks": {"budget": 2.0}}  # py-spy's budget on every node (the answer comes within it + 2 s)
@@ -33,7 +34,7 @@ def watch_every(text: str) -> int | float:
     """--watch S, checked as every number is (config.Number), imported only when S is given."""
     from detlaunch.planning.config import Number
 
-    return Number(float, 0.1, 3600, None, "s")(text)
+    return Number(float, 0.1, 3600, None, "s").parse(text)
 
 
 def control_command(what: str, argv: list[str], env: Mapping[str, str]) -> int:
@@ -54,13 +55,13 @@ def control_command(what: str, argv: list[str], env: Mapping[str, str]) -> int:
         job, path = control.find_job(ns.job)
         data = control.ask(path, what, CONTROL_ARGS.get(what))
     except ConfigError as e:
-        print(f"detlaunch: error: {e}", file=sys.stderr)
+        print(f"detlaunch: error: {one_line(e)}", file=sys.stderr)
         return e.exit_code
     except SystemExit as e:  # --help
         return e.code if isinstance(e.code, int) else 0
     except (control.NotRunning, OSError) as e:
         print(f"detlaunch: {e}", file=sys.stderr)
-        return 1
+        return exit_codes.FAILED
     except ValueError as e:  # an answer that is not what this detlaunch reads (another version's)
         return _unreadable(e)
     tty = sys.stdout.isatty()
@@ -95,7 +96,7 @@ def control_command(what: str, argv: list[str], env: Mapping[str, str]) -> int:
 def _unreadable(e: ValueError) -> int:
     print(f"detlaunch: the job's answer could not be read ({e}): is it run by another detlaunch version?",
           file=sys.stderr)
-    return 1
+    return exit_codes.FAILED
 
 
 def format_stacks(data: Mapping[str, object], as_json: bool, full: bool = False) -> str:
@@ -140,5 +141,5 @@ def format_status(data: Mapping[str, Any]) -> str:
 
 
 def main() -> int:
-    """`python -m detlaunch status|stacks ...` (__main__.py sends them here before cli.py is imported)."""
+    """`python -m detlaunch status|stacks ...` (__main__.py sends them here before cli/main.py is imported)."""
     return control_command(sys.argv[1], sys.argv[2:], os.environ)

@@ -7,7 +7,6 @@ import atexit
 import dataclasses
 import json
 import os
-import re
 import signal
 import sys
 import tempfile
@@ -15,62 +14,17 @@ import traceback
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
+import detlaunch.exit_codes as exit_codes
 from detlaunch.cli.control import CONTROL_COMMANDS, control_command
-from detlaunch.errors import ConfigError, DetlaunchError
-from detlaunch.planning.config import (
-    CORE_SECTION,
-    Config,
-    Parser,
-    apply_defaults,
-    build_parser,
-    check_sections,
-    parse,
-    read_config_file,
-    resolve_command,
-    split_argv,
-)
+from detlaunch.errors import ConfigError, DetlaunchError, one_line
+from detlaunch.planning.command_line import CommandLine, first_pass, truthy
+from detlaunch.planning.config import Parser, check_sections, split_argv
 
 if TYPE_CHECKING:
+    from detlaunch.planning.config import Config
     from detlaunch.planning.plugin_manager import Hooks, PluginSet
 
 SUBCOMMANDS = ("layers", "plugins", "info", "doctor")
-
-
-def _truthy(value: str | None) -> bool:
-    return (value or "").strip().lower() in ("1", "true", "yes", "on")
-
-
-def _pre_parser(with_command: bool) -> Parser:
-    # The core parser knows which options take a value, so `--nnodes 2 --layer x` finds the layer.
-    pre = build_parser(add_help=False)
-    pre.add_argument("-h", "--help", action="store_true")
-    pre.set_defaults(format=None)  # given or not: DETLAUNCH_FORMAT only counts when not
-    for action in pre._actions:  # values are checked by the real parse, where a layer may guard them
-        action.type = None
-    if with_command:
-        pre.add_argument("command", nargs=argparse.REMAINDER)
-    return pre
-
-
-def _pre_parse(argv: Sequence[str], env: Mapping[str, str]) -> argparse.Namespace:
-    """Read what is needed before the layer is loaded: --layer, --config, --debug, --format, --help.
-
-    Only detlaunch's own options count: a ``--layer`` or ``-h`` of the user's command is the command's.
-    """
-    head, command = split_argv(argv)
-    # A launcher's single-dash word (horovodrun's -hostfile, -np) is not detlaunch's -h: unknown here.
-    head = ["-" + a if re.match(r"-[^-]{2,}", a) else a for a in head]
-    ns = None
-    if command is not None:  # launcher args before `--`, unless the command started before it
-        ns, extras = _pre_parser(with_command=False).parse_known_args(head)
-        if extras and not extras[0].startswith("-"):
-            ns = None
-    if ns is None:
-        ns, _ = _pre_parser(with_command=True).parse_known_args(head)
-    ns.config = ns.config or env.get("DETLAUNCH_CONFIG")
-    ns.debug = ns.debug or _truthy(env.get("DETLAUNCH_DEBUG"))
-    ns.format = ns.format or env.get("DETLAUNCH_FORMAT") or "text"
-    return ns
 
 
 def without_openssl_hashes() -> None:
@@ -98,10 +52,10 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
     args = argv[1:] if argv and argv[0] in SUBCOMMANDS else argv
     pre = None
     try:
-        pre = _pre_parse(args, env)
+        pre = first_pass(args, env)
         debug = pre.debug
     except DetlaunchError:  # reported by run(), in one line
-        debug = "--debug" in split_argv(args)[0] or _truthy(env.get("DETLAUNCH_DEBUG"))
+        debug = "--debug" in split_argv(args)[0] or truthy(env.get("DETLAUNCH_DEBUG"))
     try:
         code = run(argv, env, pre)
         if as_command:
@@ -110,12 +64,12 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
     except DetlaunchError as e:
         if debug:
             traceback.print_exc()
-        print(f"detlaunch: error: {e}", file=sys.stderr)
+        print(f"detlaunch: error: {one_line(e)}", file=sys.stderr)
         return e.exit_code
     except SystemExit as e:  # --help, --version
         return e.code if isinstance(e.code, int) else 0
     except KeyboardInterrupt:
-        return 130
+        return exit_codes.INTERRUPTED
     except BrokenPipeError:
         return _reader_went_away()
 
@@ -125,7 +79,7 @@ def _reader_went_away() -> int:
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, sys.stdout.fileno())  # the interpreter's last flush must not fail again
     os.close(devnull)
-    return 128 + signal.SIGPIPE
+    return exit_codes.by_signal(signal.SIGPIPE)
 
 
 def exit_at_once(code: int) -> None:
@@ -150,18 +104,18 @@ def exit_at_once(code: int) -> None:
 
 
 def run(argv: list[str], env: dict[str, str], pre: argparse.Namespace | None = None) -> int:
-    """One detlaunch command; `pre`: main's _pre_parse of the same argv, if it has one (it costs ~5 ms)."""
+    """One detlaunch command; `pre`: main's first pass over the same argv, if it has one (it costs ~5 ms)."""
     from detlaunch.planning.plugin_manager import (
         PluginSet,  # not at import: `detlaunch status` loads no plugin, and starts faster
     )
 
     subcommand = argv.pop(0) if argv and argv[0] in SUBCOMMANDS else None
-    pre = pre or _pre_parse(argv, env)
-    sections = read_config_file(pre.config)
+    line = CommandLine.read(argv, env, pre)
+    pre = line.first
     plugins = PluginSet(env)
     layers = plugins.layer_names()
-    if sections:
-        check_sections(sections, layers, pre.config)
+    if line.sections:
+        check_sections(line.sections, layers, pre.config)
     plugins.load_plugins()
     if subcommand in ("layers", "plugins"):
         return list_plugins(plugins, subcommand, as_json=pre.format == "json", env=env, debug=pre.debug)
@@ -172,7 +126,7 @@ def run(argv: list[str], env: dict[str, str], pre: argparse.Namespace | None = N
                   f"is skipped: {entry.error} (DETLAUNCH_DISABLE_PLUGINS={entry.name} silences this)",
                   file=sys.stderr)
 
-    layer = pre.layer or env.get("DETLAUNCH_LAYER") or sections.get(CORE_SECTION, {}).get("layer")
+    layer = line.layer
     if layer:
         plugins.load_layer(layer)
     elif subcommand not in ("info", "doctor") and not pre.help:
@@ -180,32 +134,21 @@ def run(argv: list[str], env: dict[str, str], pre: argparse.Namespace | None = N
                           f"(installed: {', '.join(layers) or 'none'})")
     plugins.check_hooks()
     hooks = plugins.hooks
-
-    parser = build_parser(layers)
-    core_dests = {a.dest for a in parser._actions}
-    hooks.add_options(parser)
-    layer_dests = {layer: {a.dest for a in parser._actions} - core_dests} if layer else {}
-    apply_defaults(parser, env, sections, layer_dests, pre.config)
-    ns, launcher_args, command = parse(parser, argv, env)
-    options = vars(ns)
-    options["layer"] = layer
+    config = line.config(hooks, layers, job=subcommand not in ("info", "doctor"))
+    options = config.options
 
     if subcommand == "info":
-        config = Config(layer=layer or "", command=(), launcher_args=(), options=options, env=env)
         return print_info(hooks.discover_cluster(config), options.get("format", "text"))
 
     if subcommand == "doctor":
-        return doctor(hooks, Config(layer=layer or "", command=(), launcher_args=tuple(launcher_args),
-                                    options=options, env=env))
+        return doctor(hooks, config)
 
-    config = Config(layer=layer or "", command=resolve_command(command, env),
-                    launcher_args=tuple(launcher_args), options=options, env=env)
     from detlaunch.planning.plan import build_plan, render_json, render_text
 
     cluster = hooks.discover_cluster(config)
-    if cluster.num_nodes > 1 and not options.get("control_port") and options["master_port"] >= 65535:
+    if cluster.num_nodes > 1 and not options.get("link_port") and options["master_port"] >= 65535:
         raise ConfigError(f"--master-port {options['master_port']} leaves no port for the link between nodes "
-                          "(master port + 1): give --control-port PORT or a lower --master-port")
+                          "(master port + 1): give --link-port PORT or a lower --master-port")
     plan = build_plan(hooks, config, cluster)
     if options.get("dry_run"):
         print(render_json(plan) if options.get("format") == "json" else render_text(plan))
@@ -231,11 +174,10 @@ def run(argv: list[str], env: dict[str, str], pre: argparse.Namespace | None = N
         job_lock = lock_job_dir(plan.shared_dir, cluster.node_rank, cluster.job_id, bool(options.get("job_dir")))
 
     def supervise() -> int:
-        supervisor = NodeSupervisor(plan, debug=bool(options.get("debug")), on_event=hooks.event)
-        result = supervisor.run()
+        result = NodeSupervisor(plan, debug=bool(options.get("debug")), on_event=hooks.event).run()
         for problem in hooks.job_finished(plan.context, result):
             print(f"detlaunch: warning: a job_finished observer failed: {problem}", file=sys.stderr)
-        for line in [*format_warnings(result), *supervisor.attempts_report(), *format_report(result)]:
+        for line in [*format_warnings(result), *result.attempts, *format_report(result)]:
             print(line, file=sys.stderr)
         return result.exit_code
 

@@ -16,6 +16,9 @@ the answer; without a chief to ask (a single node, or the link is down) a node a
     worker -> chief   {"t": "reply", "id": K, "data": ...}
     chief -> worker   {"t": "answer", "id": K, "data": ...}                  (for the worker's client)
 
+(messages.py holds every message of the job link.) The link hands these to ControlRequests itself:
+remote_ask, part and node_gone on the chief; chief_request, answered and chief_gone on a worker.
+
 Each kind of question has a local handler on every node, which may answer later (stacks take
 time): ``handler(args, done)`` calls ``done(data)`` once.
 """
@@ -38,7 +41,7 @@ RUN_DIR_PREFIX = "detlaunch-"
 
 
 class ChiefSide(Protocol):
-    """What routing needs of the chief's end of the job link (joblink.ChiefLink)."""
+    """What routing needs of the chief's end of the job link (chief.ChiefLink)."""
 
     def live_nodes(self) -> set[int]: ...
     def request(self, node: int, key: int, what: str, args: dict[str, Any]) -> None: ...
@@ -46,7 +49,7 @@ class ChiefSide(Protocol):
 
 
 class WorkerSide(Protocol):
-    """What routing needs of a worker's end of the job link (joblink.WorkerLink)."""
+    """What routing needs of a worker's end of the job link (worker.WorkerLink)."""
 
     def ask(self, key: int, what: str, args: dict[str, Any]) -> bool: ...
     def reply(self, key: int, data: Any) -> None: ...
@@ -182,12 +185,18 @@ class ControlRequests:
         if answer is not None:
             answer(data)
 
+    def chief_gone(self) -> None:
+        """Worker: the chief is gone (lost): the questions passed to it will get no answer from it."""
+        self._unanswered("the chief was lost before it answered")
+
     def close(self) -> None:
         for key in list(self.gatherings):
             self._finish(key)
+        self._unanswered("the job ended before the chief answered")
+
+    def _unanswered(self, why: str) -> None:
         for key in list(self.forwarded):
-            self.answered(key, {"job": self.job_id, "nodes": [], "missing": [],
-                                "error": "the job ended before the chief answered"})
+            self.answered(key, {"job": self.job_id, "nodes": [], "missing": [], "error": why})
 
 
 # -- the client (another shell) -------------------------------------------------------------------

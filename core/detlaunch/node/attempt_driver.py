@@ -10,6 +10,9 @@ carry the restart's branches.
                                                     │ a node lost meanwhile: forgotten   ▲
                                                     └─► await_rejoin ──(every node back)─┘ (--start-timeout)
     worker: the chief's "restart" ─► backoff ─(its delay, or the chief's "go")─► next_attempt
+
+A worker's link hands the chief's "restart" and "go" to the driver itself (worker.AttemptOrders:
+chief_restart, chief_go).
 """
 
 from __future__ import annotations
@@ -17,12 +20,13 @@ from __future__ import annotations
 import time
 from typing import Protocol
 
-from detlaunch.link.joblink import ChiefLink, WorkerLink
+from detlaunch.link.chief import ChiefLink
+from detlaunch.link.worker import WorkerLink
 from detlaunch.node.phase import Phase
-from detlaunch.node.verdict import Event, NodeLost
+from detlaunch.node.verdict import NodeLost, VerdictEvent
+from detlaunch.outcome import AttemptEnd
 from detlaunch.planning.plan import LaunchPlan
 from detlaunch.restarts.attempts import Attempts
-from detlaunch.restarts.policy import AttemptEnd
 from detlaunch.system.eventloop import EventLoop, Timer, cancel_timer
 
 
@@ -41,19 +45,19 @@ class AttemptHost(Protocol):
 
     def say(self, message: str) -> None: ...
 
-    def attempt_end(self) -> AttemptEnd:
+    def last_attempt_end(self) -> AttemptEnd:
         """How the attempt that just ended ended, as the restart policy reads it."""
 
     def stopped_why(self) -> str:
         """Why the job ended while no attempt ran (a signal, a failure during the backoff)."""
 
-    def end_attempt(self) -> None:
+    def enter_backoff(self) -> None:
         """The last attempt's processes are gone: drop its timers and verdict, enter BACKOFF."""
 
     def start_attempt(self, attempt: int) -> None:
         """Fresh parts for `attempt`, STARTING, and its stage."""
 
-    def fail(self, event: Event) -> None: ...
+    def fail(self, event: VerdictEvent) -> None: ...
 
 
 class AttemptDriver:
@@ -72,7 +76,7 @@ class AttemptDriver:
         if not h.attempts.running:  # stopped during the backoff: that attempt never started
             h.attempts.stopped_waiting(h.stopped_why())
             return False
-        decision = h.attempts.ended(h.attempt_end())
+        decision = h.attempts.ended(h.last_attempt_end())
         if not decision.restart:
             return False
         h.say(h.attempts.restarting())
@@ -84,7 +88,7 @@ class AttemptDriver:
     def begin_backoff(self, attempt: int, delay: float | None) -> None:
         """Every process of the last attempt is gone: wait `delay`, then start `attempt` afresh
         (None: a worker waiting for the chief's go, which comes once every lost node is back)."""
-        self.host.end_attempt()
+        self.host.enter_backoff()
         self.stop_waiting()
         if delay is not None:
             self.backoff_timer = self.host.loop.call_later(delay, lambda: self.next_attempt(attempt))
@@ -115,6 +119,10 @@ class AttemptDriver:
         elif h.phase is Phase.BACKOFF and delay is None and self.backoff_timer is not None:
             self.stop_waiting()  # a node was lost during the backoff: wait for the chief's go
             h.say(f"the chief holds attempt {attempt} until every lost node is back")
+
+    def chief_go(self, attempt: int) -> None:
+        """Worker: every node is back after a lost one: attempt `attempt` starts now."""
+        self.next_attempt(attempt)
 
     def joined(self, attempt: int, hold: bool) -> bool:
         """Worker, joined with restarts on: False if this is the first attempt and it starts now;

@@ -4,7 +4,7 @@ Three things, each a few timers and questions on the parts that already exist:
 
 - the hang watch (chief only, `--hang-timeout S`, from its first rank's start): a timer at the job's
   last known progress + S;
-  when it fires, the chief asks every node for its ranks' progress (progresswatch.py); if none
+  when it fires, the chief asks every node for its ranks' progress (progress_watch.py); if none
   moved, it asks every node for its ranks' stacks, prints them grouped with the suspects, and
   fails the job with a `Hung` verdict event (exit code 124);
 - a rank that printed a whole Python traceback and is still running TRACEBACK_DELAY seconds
@@ -27,7 +27,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from detlaunch.node.progress_watch import NodeProgress, ProgressWatch, is_starting, parse_ages
-from detlaunch.node.verdict import Event, Hung, StuckAfterTraceback
+from detlaunch.node.verdict import Hung, StuckAfterTraceback, VerdictEvent
 from detlaunch.outcome import Failure, FailureKind
 from detlaunch.stacks.query import DEFAULT_BUDGET, StackCollector, node_answer, report_of
 from detlaunch.system.eventloop import EventLoop, Timer
@@ -41,7 +41,7 @@ class HangPolicy:
 
     def __init__(self, loop: EventLoop, *, node: int, host: str, run_dir: str, is_chief: bool, hang_timeout: float,
                  dump_budget: float, ask_job: Callable[[str, dict[str, Any], Answer], None],
-                 fail: Callable[[Event], None], say: Callable[[str], None],
+                 fail: Callable[[VerdictEvent], None], say: Callable[[str], None],
                  live_ranks: Callable[[], list[tuple[int, int]]], active: Callable[[], bool]) -> None:
         self.loop, self.node, self.host, self.is_chief = loop, node, host, is_chief
         self.hang_timeout, self.dump_budget = hang_timeout, dump_budget

@@ -6,7 +6,7 @@ import enum
 
 
 class Phase(enum.Enum):
-    """Where this node's part of the job is. Every change goes through NodeSupervisor._enter.
+    """Where this node's part of the job is. Every change goes through NodeSupervisor.enter.
 
         STARTING ──(every peer's sshd answered: launchers start)──► RUNNING
             │                                                          │
@@ -29,6 +29,9 @@ class Phase(enum.Enum):
     A signal (or a lost chief) during BACKOFF ends the job: LOCAL_DONE, never a restart.
     After a lost node, BACKOFF lasts until every node is back too (the chief's go for the workers),
     whether it was lost while an attempt ran or during BACKOFF itself.
+
+    Shown only by --debug's trace: `detlaunch status` shows the job's phase instead (observe/status.py's
+    JobPhase: starting, running, stopping, finished), read from the events every node logs.
     """
 
     STARTING = "starting"

@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping
 
 from detlaunch.errors import LaunchError
 from detlaunch.node.standby import Standby
+from detlaunch.outcome import ProcessEnd
 from detlaunch.planning.stage import Command
 from detlaunch.rank.protocol import TAIL_BYTES
 from detlaunch.system import procs
@@ -35,7 +36,7 @@ class Child:
     command: Command
     pid: int
     output_fd: int | None
-    exit: int | None = None  # exit code, or -signal
+    exit: ProcessEnd | None = None  # None: still running
     tail: bytes = b""
     log_fd: int | None = None
 
@@ -77,7 +78,7 @@ class ProcessTable:
         if done.returncode != 0:
             why = (done.stderr or done.stdout).decode(errors="replace").strip().splitlines()
             raise LaunchError(f"{os.path.basename(argv[0])} failed ({' '.join(argv)}): "
-                              f"{why[-1] if why else f'exit {done.returncode}'}")
+                              f"{why[-1] if why else ProcessEnd.from_returncode(done.returncode).describe()}")
 
     def drop_standby(self, standby: Standby) -> None:
         """A standby not used after all: stopped, and its pid spared no longer (it may be reused)."""
@@ -160,11 +161,11 @@ class ProcessTable:
     # -- ending -------------------------------------------------------------------------------
     def reap(self) -> None:
         """Collect every exited process; `on_exit` for ours (orphans are reaped silently)."""
-        for pid, code in procs.reap():
+        for pid, end in procs.reap():
             self.spared.discard(pid)  # a standby that died idle: its pid may be reused
             child = self.children.get(pid)
             if child is not None:
-                child.exit = code
+                child.exit = end
                 self.on_exit(child)
 
     def live(self) -> list[Child]:

@@ -4,7 +4,7 @@ A wrapper connects (the peer's uid is checked with SO_PEERCRED: the job's user o
 hello with its job id and rank, gets the node's console fds and settings, says when its rank
 started, and reports the rank's exit. A connection that closes without a report means the
 wrapper was killed: the rank counts as SIGKILLed, and its process group is killed too.
-Messages are defined in rank_protocol.py, which the wrapper shares.
+Messages are defined in rank/protocol.py, which the wrapper shares.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import detlaunch.exit_codes as exit_codes
 from detlaunch.outcome import RankStatus
 from detlaunch.rank import protocol as rank_protocol
 from detlaunch.system import procs
@@ -36,6 +37,7 @@ class RankEntry:
     rank_pid: int | None = None
     status: RankStatus | None = None
     stopped: bool = False  # detlaunch asked it to stop
+    stopped_at: float = 0.0  # when (wall clock): a rank that ended before that was not stopped by detlaunch
     killed: bool = False  # detlaunch SIGKILLed it
     asked: bool = False  # a control client (control.py) that has sent its one question
     outbox: bytes = b""  # the answer still to send it
@@ -72,6 +74,7 @@ class RankRegistry:
         self.conns: dict[socket.socket, RankEntry] = {}
         self.ranks: dict[int, RankEntry] = {}
         self.listener: socket.socket | None = None
+        self.releasing = False  # the job stops: a wrapper whose rank's end comes in now is let go at once
 
     def listen(self, path: str) -> None:
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -99,8 +102,9 @@ class RankRegistry:
     def signal_live(self, signum: int) -> int:
         """Ask every rank still running to stop, through its wrapper; how many were asked."""
         live = self.live()
+        now = time.time()
         for entry in live:
-            entry.stopped = True
+            entry.stopped, entry.stopped_at = True, entry.stopped_at or now
             procs.signal_pid(entry.peer_pid, signum)
         return len(live)
 
@@ -113,13 +117,19 @@ class RankRegistry:
                 procs.signal_group(entry.rank_pid, signal.SIGKILL)
 
     def release(self) -> None:
-        """Let the wrappers of ranks that ended go (one whose rank failed waits to be told: rank.wrapper.hold_exit)."""
+        """Let the wrappers of ranks that ended go (one whose rank failed waits to be told: rank.wrapper.hold_exit),
+        and from now on each one whose rank's end is reported later (it died while the job was being stopped)."""
+        self.releasing = True
         for entry in self.ranks.values():
-            if entry.status is not None and entry.sock in self.conns:
-                try:
-                    entry.sock.send(rank_protocol.encode({"t": rank_protocol.RELEASE}))
-                except OSError:
-                    pass
+            if entry.status is not None:
+                self._release(entry)
+
+    def _release(self, entry: RankEntry) -> None:
+        if entry.sock in self.conns:
+            try:
+                entry.sock.send(rank_protocol.encode({"t": rank_protocol.RELEASE}))
+            except OSError:
+                pass
 
     def wrappers_connected(self) -> bool:
         """Whether a registered wrapper's connection is still open (its last report may be on the way).
@@ -192,11 +202,14 @@ class RankRegistry:
         elif kind == rank_protocol.TRACEBACK and entry.rank is not None and entry.status is None:
             self.on_traceback(entry, message)
         elif kind == rank_protocol.EXIT and entry.rank is not None and entry.status is None:
+            wall = float(message.get("wall") or time.time())
             entry.status = RankStatus(
                 rank=entry.rank, node_rank=self.rules.node_rank, exit_code=int(message["code"]),
-                signal=message.get("signal"), tail=tuple(message.get("tail") or ()),
-                wall=float(message.get("wall") or time.time()), host=self.host, stopped=entry.stopped,
-                log_error=str(message.get("log_error") or ""))
+                signal=message.get("signal"), tail=tuple(message.get("tail") or ()), wall=wall, host=self.host,
+                stopped=entry.stopped and wall >= entry.stopped_at,  # it may have died on its own just before
+                log_error=str(message.get("log_error") or ""), ended=str(message.get("ended") or ""))
+            if self.releasing:  # its wrapper may hold its exit for a failure of its own: the stop is on already
+                self._release(entry)
             self.on_exit(entry.status)
 
     def _on_hello(self, entry: RankEntry, message: dict[str, Any]) -> None:
@@ -259,7 +272,7 @@ class RankRegistry:
         self._close(entry)
         if entry.rank is not None and entry.status is None:
             entry.status = RankStatus(rank=entry.rank, node_rank=self.rules.node_rank,
-                                      exit_code=128 + signal.SIGKILL, signal=signal.SIGKILL, lost=True,
+                                      exit_code=exit_codes.by_signal(signal.SIGKILL), signal=signal.SIGKILL, lost=True,
                                       wall=time.time(), host=self.host, stopped=entry.stopped,
                                       killed=entry.killed)
             if entry.rank_pid:

@@ -1,6 +1,6 @@
 """The verdict: which failure is the job's root cause, and the exit code every node exits with.
 
-Pure: no I/O, no clock of its own. The supervisor feeds it typed events (a rank's end, a child's
+Pure: no I/O, no clock of its own. The supervisor feeds it typed events (`VerdictEvent`: a rank's end, a child's
 exit, a lost node, an interrupt, a start failure, the chief's decision) and acts on each
 :class:`Decision`. The rules, in order:
 
@@ -20,13 +20,8 @@ from __future__ import annotations
 import dataclasses
 import enum
 
-from detlaunch.outcome import HANG_EXIT_CODE, Failure, FailureKind, RankStatus, describe_exit, signal_name
-from detlaunch.rank.protocol import exit_code_of
-
-
-def split_wait_code(code: int) -> tuple[int | None, int | None]:
-    """A wait code (exit code, or -signal) as (exit code, signal)."""
-    return (None, -code) if code < 0 else (code, None)
+import detlaunch.exit_codes as exit_codes
+from detlaunch.outcome import Failure, FailureKind, ProcessEnd, RankStatus, signal_name
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,7 +37,7 @@ class ChildExited:
 
     name: str
     pid: int
-    code: int  # exit code, or -signal
+    end: ProcessEnd
     daemon: bool
     node: int
     at: float
@@ -107,7 +102,7 @@ class Hung:
     timeout: float
     idle: float
     suspects: tuple[str, ...]  # "rank 1 (node 0): SIGSTOPped"
-    stacks: tuple[str, ...]  # every rank's stack, grouped (stackgroups.format_text)
+    stacks: tuple[str, ...]  # every rank's stack, grouped (stacks/groups.format_text)
     node: int
     at: float
 
@@ -124,8 +119,9 @@ class StuckAfterTraceback:
     at: float  # when it printed the traceback
 
 
-Event = (RankEnded | ChildExited | NodeLost | ChiefLost | Interrupted | StartFailed | RemoteFailure | ChiefVerdict
-         | Hung | StuckAfterTraceback)
+# What the verdict is fed (not observe/events.Event, the record of what happened that observers get).
+VerdictEvent = (RankEnded | ChildExited | NodeLost | ChiefLost | Interrupted | StartFailed | RemoteFailure
+                | ChiefVerdict | Hung | StuckAfterTraceback)
 
 
 class Decision(enum.Enum):
@@ -136,7 +132,7 @@ class Decision(enum.Enum):
     IGNORED = "ignored"  # not a failure, or not the cause
 
 
-def as_failure(event: Event) -> Failure | None:
+def as_failure(event: VerdictEvent) -> Failure | None:
     """The failure an event stands for, as this node's report shows it.
 
     A rank's clean end, or one detlaunch asked for, is none.
@@ -146,39 +142,39 @@ def as_failure(event: Event) -> Failure | None:
             if not s.failed or s.stopped:
                 return None
             how = f"exited with code {s.exit_code}" if not s.signal and not s.lost else s.describe()
-            return Failure(f"rank {s.rank} on node {s.node_rank} ({s.host}) {how}", s.exit_code or 1, rank=s,
-                           tail=s.tail, tail_of=f"rank {s.rank}", at=s.wall, kind=FailureKind.RANK)
+            return Failure(f"rank {s.rank} on node {s.node_rank} ({s.host}) {how}", s.exit_code or exit_codes.FAILED,
+                           rank=s, tail=s.tail, tail_of=f"rank {s.rank}", at=s.wall, kind=FailureKind.RANK)
         case ChildExited(daemon=True):
-            return Failure(f"{event.name} (pid {event.pid}) ended before the job did: "
-                           f"{describe_exit(*split_wait_code(event.code))}", exit_code_of(event.code) or 1,
-                           tail_of=event.name, at=event.at, kind=FailureKind.DAEMON)
+            return Failure(f"{event.name} (pid {event.pid}) ended before the job did: {event.end.describe()}",
+                           event.end.code or exit_codes.FAILED, tail_of=event.name, at=event.at,
+                           kind=FailureKind.DAEMON)
         case ChildExited():
-            if event.code == 0:
+            if event.end.ok:
                 return None
-            return Failure(f"{event.name} exited: {describe_exit(*split_wait_code(event.code))} "
-                           "(no rank on this node reported a failure first)", exit_code_of(event.code),
+            return Failure(f"{event.name} exited: {event.end.describe()} "
+                           "(no rank on this node reported a failure first)", event.end.code,
                            tail_of=event.name, at=event.at, kind=FailureKind.LAUNCHER)
         case NodeLost():
-            return Failure(f"lost node {event.node} ({event.addr}): {event.why}", 1, at=event.at,
+            return Failure(f"lost node {event.node} ({event.addr}): {event.why}", exit_codes.FAILED, at=event.at,
                            kind=FailureKind.NODE_LOST)
         case ChiefLost():
-            return Failure(f"lost the chief ({event.addr}): {event.why}", 1, at=event.at,
+            return Failure(f"lost the chief ({event.addr}): {event.why}", exit_codes.FAILED, at=event.at,
                            kind=FailureKind.CHIEF_LOST)
         case Interrupted():
             return Failure(f"node {event.node} was interrupted by {signal_name(event.signum)}",
-                           128 + event.signum, at=event.at, kind=FailureKind.INTERRUPTED)
+                           exit_codes.by_signal(event.signum), at=event.at, kind=FailureKind.INTERRUPTED)
         case StartFailed():
-            return Failure(event.what, 1, at=event.at, kind=FailureKind.START)
+            return Failure(event.what, exit_codes.FAILED, at=event.at, kind=FailureKind.START)
         case Hung():
             who = "; ".join(event.suspects) or "none stands out (see the stacks)"
             return Failure(f"the job hung: no rank showed progress for {event.idle:.1f} s (--hang-timeout "
-                           f"{event.timeout:g}); suspect: {who}", HANG_EXIT_CODE, tail=event.stacks,
+                           f"{event.timeout:g}); suspect: {who}", exit_codes.HANG, tail=event.stacks,
                            tail_of="every rank's stack", at=event.at, kind=FailureKind.HANG)
         case StuckAfterTraceback():
             status = RankStatus(rank=event.rank, node_rank=event.node, exit_code=None, tail=event.tail,
                                 wall=event.at, host=event.host)
             return Failure(f"rank {event.rank} on node {event.node} ({event.host}) printed a traceback and had "
-                           f"not exited {event.delay:g} s later", 1, rank=status, tail=event.tail,
+                           f"not exited {event.delay:g} s later", exit_codes.FAILED, rank=status, tail=event.tail,
                            tail_of=f"rank {event.rank}", at=event.at, kind=FailureKind.RANK)
         case RemoteFailure():
             return event.failure
@@ -200,11 +196,11 @@ class Verdict:
 
     def __init__(self) -> None:
         self.failure: Failure | None = None
-        self.cause: Event | None = None  # the event behind `failure`
+        self.cause: VerdictEvent | None = None  # the event behind `failure`
         self.interrupted_by: int | None = None
         self.decided_by_chief = False
 
-    def add(self, event: Event) -> Decision:
+    def add(self, event: VerdictEvent) -> Decision:
         if isinstance(event, ChiefVerdict):
             first = not self.decided_by_chief
             self.decided_by_chief = True
@@ -242,5 +238,5 @@ class Verdict:
         if self.failure is not None:
             return self.failure.exit_code
         if self.interrupted_by is not None:
-            return 128 + self.interrupted_by
-        return 0
+            return exit_codes.by_signal(self.interrupted_by)
+        return exit_codes.OK

@@ -2,8 +2,9 @@
 
 Owns the typed event stream and its log (`events.py`), the one door every event goes through
 (`emitter.py`), what `detlaunch status` shows (`status.py`) and the samples behind it
-(`sampler.py`), the folding console (`dedupe.py`, `console.py`) and the report printed at the end
-(`report.py`). Watching is a side channel: nothing here can stop a job.
+(`sampler.py`), the folding console (`dedupe.py`, `console.py`), the report printed at the end
+(`report.py`: the root cause, and each attempt's end) and how a set of ranks is written
+(`rank_sets.py`). Watching is a side channel: nothing here can stop a job.
 
-May import: `rank`, `system`, and the top-level `errors`, `numbers`, `outcome`.
+May import: `rank`, `system`, and the top-level `errors`, `numbers`, `exit_codes`, `tracebacks`, `outcome`.
 """

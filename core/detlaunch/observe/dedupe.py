@@ -28,11 +28,14 @@ import dataclasses
 import functools
 from collections.abc import Iterable
 
+import detlaunch.tracebacks as tracebacks
+from detlaunch.observe.rank_sets import format_ranks
+
 DEFAULT_WINDOW = 0.2  # seconds a line may wait for its twins from other ranks
 PASS_THROUGH_RATE = 1000  # lines a second per rank: above it nobody reads the console, so it is not folded
 
-_TRACEBACK = b"Traceback (most recent call last):"  # also ends the header of an exception group's
-_TRACEBACK_STARTS = (_TRACEBACK, b"+ Exception Group " + _TRACEBACK)
+_TRACEBACK = tracebacks.HEADER.encode()  # also ends the header of an exception group's
+_TRACEBACK_STARTS = (_TRACEBACK, tracebacks.GROUP_HEADER.encode())
 
 
 def parse_rank(line: bytes) -> tuple[int, int] | None:
@@ -42,21 +45,6 @@ def parse_rank(line: bytes) -> tuple[int, int] | None:
         if end > 6 and line[6:end].isdigit():
             return int(line[6:end]), end + 2
     return None
-
-
-def format_ranks(ranks: Iterable[int]) -> str:
-    """``0-3,5,7-8``: sorted, consecutive ranks as ranges."""
-    out: list[str] = []
-    start = prev = -2
-    for r in sorted(ranks):
-        if r != prev + 1:
-            if prev >= 0:
-                out.append(f"{start}-{prev}" if prev > start else str(start))
-            start = r
-        prev = r
-    if prev >= 0:
-        out.append(f"{start}-{prev}" if prev > start else str(start))
-    return ",".join(out)
 
 
 @functools.lru_cache(maxsize=1024)

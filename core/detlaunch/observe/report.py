@@ -1,45 +1,34 @@
-"""The end-of-job report printed on stderr: the root cause, its explaining lines, every rank's end."""
+"""The end-of-job report printed on stderr: the root cause, its explaining lines, every rank's end,
+and, for a job of several attempts, each attempt's end and what followed it."""
 
 from __future__ import annotations
 
-import re
 import signal
 from collections.abc import Sequence
 
-from detlaunch.outcome import Failure, FailureKind, JobResult, RankStatus, signal_name
+import detlaunch.tracebacks as tracebacks
+from detlaunch.outcome import AttemptEnd, Failure, FailureKind, JobResult, RankStatus, signal_name
 from detlaunch.rank import protocol as rank_protocol
 
-TRACEBACK = re.compile(r"^(?:\s*\+ )?(?:Exception Group )?Traceback \(most recent call last\):")
-FRAME = re.compile(r"^\s+File \"")
 NO_STDERR = "(nothing on stderr)"
+CUT = "Traceback (most recent call last): (its first lines are cut)"
 
 
 def explaining_lines(tail: Sequence[str], limit: int = rank_protocol.SHOWN_LINES) -> tuple[str, ...]:
     """The lines of a rank's stderr tail that explain its exit, for the report.
 
-    The last Python traceback, from its first line through the exception line, if there is
-    one: what a library warned about after it is noise. Else the last `limit` lines; else a
-    note that the rank wrote nothing. A traceback whose first lines fell out of the tail
-    starts at its first frame left, marked as cut. Progress bars (\r) count as lines.
+    The last Python traceback (tracebacks.py), from its first line through its exception line, if
+    there is one: what a library warned about after it is noise. Else the last `limit` lines; else
+    a note that the rank wrote nothing. A traceback whose first lines fell out of the tail starts at
+    its first frame left, marked as cut. Progress bars (\r) count as lines.
     """
-    lines = [part for line in tail for part in line.replace("\r", "\n").split("\n") if part.strip()]
+    lines = tracebacks.split_lines(tail)
     if not lines:
         return (NO_STDERR,)
-    start = next((i for i in range(len(lines) - 1, -1, -1) if TRACEBACK.match(lines[i])), None)
-    header: list[str] = []
-    if start is None:
-        start = next((i for i, line in enumerate(lines) if FRAME.match(line)), None)
-        header = ["Traceback (most recent call last): (its first lines are cut)"]
-    if start is None:
+    tb = tracebacks.last_traceback(lines)
+    if tb is None:
         return tuple(lines[-limit:])
-    # The exception line is the first one not indented after the frames; an exception group's
-    # traceback is indented throughout, so it ends before the first line that is not.
-    group = not header and lines[start][:1].isspace()
-    end = next((i - group for i in range(start + 1, len(lines)) if not lines[i][:1].isspace()
-                and not lines[i].startswith("+")), len(lines) - 1)
-    if header and end == len(lines) - 1 and lines[end][:1].isspace():
-        return tuple(lines[-limit:])  # frames without an exception line: not a traceback after all
-    picked = [*header, *lines[start : end + 1]]
+    picked = [CUT, *tb.lines] if tb.cut else list(tb.lines)
     return tuple(picked if len(picked) <= limit else [picked[0], "...", *picked[-(limit - 2):]])
 
 
@@ -95,3 +84,27 @@ def format_warnings(result: JobResult) -> list[str]:
     """What went wrong without stopping the job: every rank's incomplete log, the launchers' too."""
     problems = [*result.warnings, *(r.log_error for r in sorted(result.ranks, key=lambda r: r.rank) if r.log_error)]
     return [f"detlaunch: warning: {p}" for p in problems]
+
+
+def format_attempts(history: Sequence[AttemptEnd], why: str | None) -> list[str]:
+    """The report's lines for a job of several attempts: each one's root cause, and why the next
+    started or why none did (`why`: the restart policy's decision after the last).
+
+    Printed before the last attempt's own report (format_report), which ends with the job's exit
+    code: the last attempt's root cause's, history[-1].exit_code.
+    """
+    lines = [f"detlaunch: {len(history)} attempt(s):"]
+    for n, end in enumerate(history):
+        took = f" after {end.ended_at - end.started_at:.1f} s" if end.ended_at > end.started_at else ""
+        if end.restart_class is None:
+            lines.append(f"detlaunch:   attempt {end.attempt}: finished{took} (exit 0)")
+            continue
+        cause = f"{end.what} ({end.cause})" if end.what and end.exception else end.what or end.cause
+        lines.append(f"detlaunch:   attempt {end.attempt}: {end.restart_class.value}{took}: {cause}")
+        if n + 1 < len(history):
+            nxt = history[n + 1]
+            gap = f" {nxt.started_at - end.ended_at:.1f} s later" if nxt.started_at > end.ended_at else ""
+            lines.append(f"detlaunch:     -> attempt {nxt.attempt} started{gap}")
+        elif why is not None:
+            lines.append(f"detlaunch:     -> {why}")
+    return lines

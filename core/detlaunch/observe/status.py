@@ -12,6 +12,7 @@ The CPU % and RSS columns come from `detlaunch.observe.sampler` (in the supervis
 from __future__ import annotations
 
 import dataclasses
+import enum
 import json
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
@@ -23,6 +24,20 @@ STATUS_VERSION = 1
 STARTING, RUNNING, EXITED, STOPPED = "starting", "running", "exited", "stopped"
 STATES = (STARTING, RUNNING, EXITED, STOPPED)
 _MB = 1024 * 1024
+
+
+class JobPhase(enum.StrEnum):
+    """The job's phase as `detlaunch status` shows it, in order (a restart goes back to RUNNING).
+
+    Read from the events (StatusTracker), so that status and the event log agree. Another fact than
+    a node supervisor's Phase (node/phase.py): that is where one node's state machine is, with the
+    steps of stopping, sweeping and closing only that supervisor acts on (--debug traces it).
+    """
+
+    STARTING = "starting"  # planned: no rank has started yet
+    RUNNING = "running"  # a rank started (in this attempt)
+    STOPPING = "stopping"  # the job is being stopped: a failure, a signal, or its end
+    FINISHED = "finished"  # over
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,9 +73,10 @@ class RankState:
         if self.state not in (EXITED, STOPPED) or (self.state == STOPPED and self.exit_code is None
                                                    and not self.signal):
             return self.state
-        from detlaunch.outcome import describe_exit  # not at import: only an ended rank needs it
+        from detlaunch.outcome import ProcessEnd  # not at import: only an ended rank needs it
 
-        ended = describe_exit(self.exit_code, self.signal)
+        # An event's end: {"code": null, "signal": N} when a signal ended the rank.
+        ended = (ProcessEnd.killed(self.signal) if self.signal else ProcessEnd(self.exit_code or 0)).describe()
         return ended if self.state == EXITED else f"stopped ({ended})"
 
 
@@ -68,7 +84,8 @@ class RankState:
 class JobStatus:
     """The job as one node (or, on the chief, the whole job) sees it at `taken_at`.
 
-    phase: the supervisor's phase (starting, running, stopping, finished).
+    phase: where the job is: a JobPhase (or, from JSON, its text); from a node that could not
+    answer, why not (cli/control.py shows it in the phase's place).
     root_cause: the root cause's one line, once there is one.
     """
 
@@ -106,7 +123,7 @@ def merge(parts: list[JobStatus]) -> JobStatus:
 
 
 RANK_FIELDS = frozenset(f.name for f in dataclasses.fields(RankState))
-PHASES = ("starting", "running", "stopping", "finished")  # in order; a restart goes back to running
+PHASES = tuple(JobPhase)  # in order
 
 
 class StatusTracker:
@@ -121,10 +138,10 @@ class StatusTracker:
             EventKind,  # the supervisor's side only: `detlaunch status` does not load events.py
         )
 
-        self.phase_of = {EventKind.JOB_PLANNED: "starting", EventKind.RANK_STARTED: "running",
-                         EventKind.STOP_REQUESTED: "stopping", EventKind.JOB_FINISHED: "finished"}
+        self.phase_of = {EventKind.JOB_PLANNED: JobPhase.STARTING, EventKind.RANK_STARTED: JobPhase.RUNNING,
+                         EventKind.STOP_REQUESTED: JobPhase.STOPPING, EventKind.JOB_FINISHED: JobPhase.FINISHED}
         self.job_id = job_id
-        self.phase = PHASES[0]
+        self.phase = JobPhase.STARTING
         self.root_cause: str | None = None
         self.ranks: dict[int, RankState] = {}
         self.last_output: dict[int, float] = {}
@@ -142,7 +159,7 @@ class StatusTracker:
         if event.kind == EventKind.ROOT_CAUSE:
             self.root_cause = str(d.get("what", ""))
         elif event.kind == EventKind.ATTEMPT_STARTED and int(d.get("attempt", 0)) > 0:
-            self.phase = "running"
+            self.phase = JobPhase.RUNNING
             self.ranks = {r: dataclasses.replace(s, restarts=s.restarts + 1) for r, s in self.ranks.items()}
         if rank is None:
             return

@@ -26,17 +26,17 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any, NoReturn
 
+import detlaunch.exit_codes as exit_codes
 from detlaunch.errors import ConfigError
 from detlaunch.launcher_flags import elsewhere_hint, finish_launcher_flags, layer_table
 from detlaunch.numbers import Number as Number
 from detlaunch.numbers import ports
 from detlaunch.observe.dedupe import DEFAULT_WINDOW
+from detlaunch.options import Option, OptionGroup, env_name, every_option, numbers_of
 from detlaunch.rank.protocol import DEFAULT_GRACE, DEFAULT_PREFIX
-from detlaunch.restarts.policy import NUMBERS as RESTART_NUMBERS
-from detlaunch.restarts.policy import add_restart_options
+from detlaunch.restarts.options import RESTARTS
 from detlaunch.system.safefs import read_regular_file
 
-ENV_PREFIX = "DETLAUNCH_"
 CORE_SECTION = "detlaunch"
 
 
@@ -65,33 +65,11 @@ class Parser(argparse.ArgumentParser):
         raise ConfigError(f"{message} (see detlaunch --help)")
 
 
-# Every numeric core option, its default and its range: the one place each is defined.
-NUMBERS: Mapping[str, Number] = {
-    "nproc_per_node": Number(int, 1, 4096),
-    "nnodes": Number(int, 1, 65536),
-    "node_rank": Number(int, 0, 65535),
-    "master_port": ports(29500),
-    "control_port": ports(),
-    "grace_period": Number(float, 0, 3600, DEFAULT_GRACE, "s"),
-    "start_timeout": Number(float, 0.001, 7 * 86400, 300.0, "s"),
-    "heartbeat": Number(float, 0.01, 60, 1.0, "s"),
-    "hang_timeout": Number(float, 0, 7 * 86400, 0.0, "s"),  # 0: off
-    "dump_budget": Number(float, 0, 10, 1.5, "s"),  # 0: stop at once, no stacks
-    "ssh_port": ports(),  # ssh.py's --ssh-port (the ssh layers' option)
-    "dedupe_window": Number(float, 0.001, 60, DEFAULT_WINDOW, "s"),
-    **RESTART_NUMBERS,  # --max-restarts, --restart-backoff...: defined in restart.py, which config imports
-}
 RANK = Number(int, 0, 2**31 - 1)
 
 
-def number(dest: str) -> dict[str, Any]:
-    """argparse keywords for a numeric core option: its checked type, and its default."""
-    n = NUMBERS[dest]
-    return {"type": n} if n.default is None else {"type": n, "default": n.default}
-
-
 def rank_list(text: str) -> tuple[int, ...]:
-    return tuple(int(RANK(r)) for r in text.split(",") if r.strip())
+    return tuple(int(RANK.parse(r)) for r in text.split(",") if r.strip())
 
 
 PREFIX_FIELDS = ("rank", "node", "host")
@@ -113,6 +91,93 @@ def line_prefix(text: str) -> str:
     return text
 
 
+def job_options(layer_names: Sequence[str] = ()) -> OptionGroup:
+    return OptionGroup("job", (
+        Option("--layer", help="launch layer: " + (", ".join(layer_names) or "see `detlaunch layers`")),
+        Option("--config", metavar="FILE", help="TOML config file ([detlaunch] and [<layer>] sections)"),
+        Option("--job-id", help="job id shared by every node (default: from the scheduler, else derived from the "
+               "host list for multi-node jobs, else random)"),
+        Option("--dry-run", action="store_true", help="print this node's plan; start nothing"),
+        Option("--format", choices=("text", "json"), default="text", help="--dry-run and info output"),
+        Option("--debug", action="store_true", help="tracebacks and launcher verbosity"),
+    ))
+
+
+CLUSTER = OptionGroup("cluster (torchrun-style flags, or --hosts/--hostfile)", (
+    Option("--nproc-per-node", type=Number(int, 1, 4096), metavar="N",
+           help="ranks on this node (default: visible GPUs, else 1)"),
+    Option("--nnodes", type=Number(int, 1, 65536), metavar="N", help="number of nodes"),
+    Option("--node-rank", type=Number(int, 0, 65535), metavar="R", help="this node's rank (0 is the chief)"),
+    Option("--master-addr", metavar="ADDR", help="the chief's address"),
+    Option("--master-port", type=ports(29500), metavar="PORT",
+           help="rendezvous port on the chief (default %(default)s)"),
+    Option("--node-addr", metavar="ADDR", help="this node's own address (default: from the host list)"),
+    Option("--hosts", metavar="H:S,...", help="every node and its slots: 10.0.0.1:8,10.0.0.2:8"),
+    Option("--hostfile", metavar="FILE", help="MPI-style hostfile: 'host slots=N' per line"),
+    Option("--cluster", metavar="PROVIDER", help="force a discovery provider (see detlaunch plugins)"),
+))
+
+SUPERVISION = OptionGroup("supervision", (
+    Option("--grace-period", type=Number(float, 0, 3600, DEFAULT_GRACE, "s"), metavar="S", supervision=True,
+           shown="grace {:g} s",
+           help="after asking processes to stop, SIGKILL them this many seconds later (default %(default)g)"),
+    Option("--start-timeout", type=Number(float, 0.001, 7 * 86400, 300.0, "s"), metavar="S", supervision=True,
+           shown="start timeout {:g} s",
+           help="give up when the ranks (or peers) have not started after this long, or when a lost node has not "
+           "joined again for the next attempt (default %(default)g)"),
+    Option("--no-pid-namespace", action="store_true",
+           help="do not run the job in a PID namespace of its own (by default every process of the job is in one, "
+           "so nothing it starts can outlive detlaunch, even a SIGKILLed one)"),
+    Option("--link-port", type=ports(), metavar="PORT", old_flags=("--control-port",),
+           help="multi-node: the chief's port for the job link, the other nodes' supervisors' connections "
+           "(default: master port + 1; --control-port, its old name, is still accepted)"),
+    Option("--heartbeat", type=Number(float, 0.01, 60, 1.0, "s"), metavar="S", supervision=True,
+           help="multi-node: heartbeat interval; a node silent for 5 intervals is lost (default %(default)g)"),
+    Option("--hang-timeout", type=Number(float, 0, 7 * 86400, 0.0, "s"), metavar="S", supervision=True,
+           help="when no rank on any node has shown progress (an output line, or detlaunch.progress()) for S "
+           "seconds, print every rank's stack and the suspects, and stop the job with exit code "
+           f"{exit_codes.HANG} (default 0: off)"),
+    Option("--dump-budget", type=Number(float, 0, 10, 1.5, "s"), metavar="S", supervision=True,
+           help="when a rank fails, take the other ranks' stacks within S seconds before stopping them "
+           "(default %(default)g; 0: stop at once)"),
+    Option("--job-dir", metavar="DIR",
+           help="job directory shared by all nodes, for per-job ssh keys (default ~/.cache/detlaunch/jobs/JOB_ID)"),
+    Option("--log-dir", metavar="DIR", help="also write each rank's output to DIR/rank-N.log "
+           "(DIR/attempt-K/rank-N.log with --max-restarts)"),
+    Option("--ranks", type=rank_list, metavar="R,R", help="only these global ranks reach the console, on whichever "
+           "node they run (not local ranks: 0 is rank 0 of the job); log files get every rank"),
+    Option("--prefix", type=line_prefix, default=DEFAULT_PREFIX, metavar="TEMPLATE", supervision=True,
+           help="what starts each output line: {rank}, {node} (node rank) and {host} are replaced "
+           "(default '[rank={rank}] '; e.g. '{rank}@{host}: ')"),
+    Option("--dedupe", action=argparse.BooleanOptionalAction, supervision=True,
+           help="fold identical lines that several ranks of a node print within the window into one "
+           "'[ranks=0-7] line' on the console (log files keep every line). Default: on when the console is a "
+           f"terminal and a node runs more than {DEDUPE_MIN_RANKS} ranks"),
+    Option("--dedupe-window", type=Number(float, 0.001, 60, DEFAULT_WINDOW, "s"), metavar="S", supervision=True,
+           help="--dedupe: how long a line may wait for the same line from other ranks (default %(default)g)"),
+    Option("--events", metavar="FILE", help="append the job's events to FILE, one JSON object a line "
+           "(default: in --log-dir, events.jsonl on node 0, events-node-N.jsonl on node N; see docs/EVENTS.md)"),
+))
+
+
+def core_options(layer_names: Sequence[str] = ()) -> tuple[OptionGroup, ...]:
+    """Every core option, in --help's order: the one place each is declared."""
+    return (job_options(layer_names), CLUSTER, SUPERVISION, RESTARTS)
+
+
+def supervision_options() -> tuple[Option, ...]:
+    """The options the plan carries to the node's supervisor (LaunchPlan.settings, read as plan.NAME)."""
+    return tuple(o for o in every_option(core_options()) if o.supervision)
+
+
+# Every numeric core option's Number (kind, range, unit, default), by dest: derived from the declarations
+# (the ssh layers' --ssh-port is declared by detlaunch.ssh, above this module, with this table's row).
+NUMBERS: Mapping[str, Number] = {**numbers_of(core_options()), "ssh_port": ports()}
+# Options renamed, by their old names: the old flag, DETLAUNCH_ variable and config key still work (the
+# new name wins where both are given).
+OLD_NAMES = {old: o.dest for o in every_option(core_options()) for old in o.old_dests}
+
+
 def build_parser(layer_names: Sequence[str] = (), add_help: bool = True) -> Parser:
     p = Parser(
         prog="detlaunch",
@@ -126,72 +191,13 @@ def build_parser(layer_names: Sequence[str] = (), add_help: bool = True) -> Pars
         allow_abbrev=False,
         add_help=add_help,
     )
-    g = p.add_argument_group("job")
-    g.add_argument("--layer", help="launch layer: " + (", ".join(layer_names) or "see `detlaunch layers`"))
-    g.add_argument("--config", metavar="FILE", help="TOML config file ([detlaunch] and [<layer>] sections)")
-    g.add_argument("--job-id", help="job id shared by every node (default: from the scheduler, "
-                   "else derived from the host list for multi-node jobs, else random)")
-    g.add_argument("--dry-run", action="store_true", help="print this node's plan; start nothing")
-    g.add_argument("--format", choices=("text", "json"), default="text", help="--dry-run and info output")
-    g.add_argument("--debug", action="store_true", help="tracebacks and launcher verbosity")
-
-    g = p.add_argument_group("cluster (torchrun-style flags, or --hosts/--hostfile)")
-    g.add_argument("--nproc-per-node", **number("nproc_per_node"), metavar="N",
-                   help="ranks on this node (default: visible GPUs, else 1)")
-    g.add_argument("--nnodes", **number("nnodes"), metavar="N", help="number of nodes")
-    g.add_argument("--node-rank", **number("node_rank"), metavar="R", help="this node's rank (0 is the chief)")
-    g.add_argument("--master-addr", metavar="ADDR", help="the chief's address")
-    g.add_argument("--master-port", **number("master_port"), metavar="PORT",
-                   help="rendezvous port on the chief (default %(default)s)")
-    g.add_argument("--node-addr", metavar="ADDR", help="this node's own address (default: from the host list)")
-    g.add_argument("--hosts", metavar="H:S,...", help="every node and its slots: 10.0.0.1:8,10.0.0.2:8")
-    g.add_argument("--hostfile", metavar="FILE", help="MPI-style hostfile: 'host slots=N' per line")
-    g.add_argument("--cluster", metavar="PROVIDER", help="force a discovery provider (see detlaunch plugins)")
-
-    g = p.add_argument_group("supervision")
-    g.add_argument("--grace-period", **number("grace_period"), metavar="S",
-                   help="after asking processes to stop, SIGKILL them this many seconds later (default %(default)g)")
-    g.add_argument("--start-timeout", **number("start_timeout"), metavar="S",
-                   help="give up when the ranks (or peers) have not started after this long, or when a lost node has "
-                   "not joined again for the next attempt (default %(default)g)")
-    g.add_argument("--no-pid-namespace", action="store_true",
-                   help="do not run the job in a PID namespace of its own (by default every process of the job "
-                   "is in one, so nothing it starts can outlive detlaunch, even a SIGKILLed one)")
-    g.add_argument("--control-port", **number("control_port"), metavar="PORT",
-                   help="multi-node: the chief's port for the other nodes' supervisors (default: master port + 1)")
-    g.add_argument("--heartbeat", **number("heartbeat"), metavar="S",
-                   help="multi-node: heartbeat interval; a node silent for 5 intervals is lost (default %(default)g)")
-    g.add_argument("--hang-timeout", **number("hang_timeout"), metavar="S",
-                   help="when no rank on any node has shown progress (an output line, or detlaunch.rank.progress()) "
-                   "for S seconds, print every rank's stack and the suspects, and stop the job with exit code "
-                   "124 (default 0: off)")
-    g.add_argument("--dump-budget", **number("dump_budget"), metavar="S",
-                   help="when a rank fails, take the other ranks' stacks within S seconds before stopping them "
-                   "(default %(default)g; 0: stop at once)")
-    g.add_argument("--job-dir", metavar="DIR",
-                   help="job directory shared by all nodes, for per-job ssh keys "
-                   "(default ~/.cache/detlaunch/jobs/JOB_ID)")
-    g.add_argument("--log-dir", metavar="DIR", help="also write each rank's output to DIR/rank-N.log "
-                   "(DIR/attempt-K/rank-N.log with --max-restarts)")
-    g.add_argument("--ranks", type=rank_list, metavar="R,R", help="only these global ranks reach the console, "
-                   "on whichever node they run (not local ranks: 0 is rank 0 of the job); log files get every rank")
-    g.add_argument("--prefix", type=line_prefix, default=DEFAULT_PREFIX, metavar="TEMPLATE",
-                   help="what starts each output line: {rank}, {node} (node rank) and {host} are replaced "
-                   "(default '[rank={rank}] '; e.g. '{rank}@{host}: ')")
-    g.add_argument("--dedupe", action=argparse.BooleanOptionalAction, default=None,
-                   help="fold identical lines that several ranks of a node print within the window into one "
-                   "'[ranks=0-7] line' on the console (log files keep every line). Default: on when the "
-                   f"console is a terminal and a node runs more than {DEDUPE_MIN_RANKS} ranks")
-    g.add_argument("--dedupe-window", **number("dedupe_window"), metavar="S",
-                   help="--dedupe: how long a line may wait for the same line from other ranks (default %(default)g)")
-    g.add_argument("--events", metavar="FILE", help="append the job's events to FILE, one JSON object a line "
-                   "(default: in --log-dir, events.jsonl on node 0, events-node-N.jsonl on node N; see docs/EVENTS.md)")
-    add_restart_options(p)
+    for group in core_options(layer_names):
+        group.add_to(p)
     return p
 
 
 def option_env_name(dest: str) -> str:
-    return ENV_PREFIX + dest.upper()
+    return env_name(dest)
 
 
 def _convert(action: argparse.Action, raw: Any, where: str, fix: str) -> Any:
@@ -262,6 +268,7 @@ def apply_defaults(
     for section, values in sections.items():
         for key, raw in values.items():
             dest = key.replace("-", "_")
+            dest = OLD_NAMES.get(dest, dest)
             if dest not in actions or owner.get(dest, CORE_SECTION) != section:
                 if section == CORE_SECTION or section in layer_dests:
                     raise ConfigError(f"config file {config_path}: unknown option {key!r} in [{section}]")
@@ -271,9 +278,10 @@ def apply_defaults(
             parser.set_defaults(**{dest: _convert(actions[dest], raw, f"[{section}] {key}",
                                                   f"fix it in {config_path}")})
     for dest, action in actions.items():
-        name = option_env_name(dest)
-        if env.get(name):
-            parser.set_defaults(**{dest: _convert(action, env[name], name, f"fix or unset {name}")})
+        old = [option_env_name(o) for o, new in OLD_NAMES.items() if new == dest]
+        for name in (*old, option_env_name(dest)):  # the last one set wins: the new name
+            if env.get(name):
+                parser.set_defaults(**{dest: _convert(action, env[name], name, f"fix or unset {name}")})
 
 
 def split_argv(argv: Sequence[str]) -> tuple[list[str], list[str] | None]:

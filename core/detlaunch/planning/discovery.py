@@ -46,14 +46,14 @@ def derived_job_id(*parts: object) -> str:
     return f"dl-{digest}"
 
 
-def given_control_port(config: Config) -> tuple[int, ...]:
-    """The control port when given, as a part of a derived job id (with the master port, always a part).
+def given_link_port(config: Config) -> tuple[int, ...]:
+    """The link port when given, as a part of a derived job id (with the master port, always a part).
 
     Two jobs on the same hosts cannot share these ports, so they get different ids and job directories.
-    Without --control-port it is the master port + 1: leaving it out keeps the ids of older versions.
+    Without --link-port it is the master port + 1: leaving it out keeps the ids of older versions.
     """
-    control = config.options.get("control_port")
-    return (control,) if control else ()
+    port = config.options.get("link_port")
+    return (port,) if port else ()
 
 
 def _wanted(config: Config, name: str) -> bool:
@@ -117,7 +117,7 @@ class StaticProvider:
             slots=tuple(h.slots or slots for h in hosts),
             node_rank=node_rank,
             chief_addr=addrs[0],
-            job_id=job_id_for(config, derived_job_id(*addrs, o.get("master_port"), *given_control_port(config))
+            job_id=job_id_for(config, derived_job_id(*addrs, o.get("master_port"), *given_link_port(config))
                               if len(hosts) > 1 else random_job_id()),
             provider=self.name,
             sources={"nodes": source, "node_rank": "--node-rank", "chief": f"first host of {source}"},
@@ -146,7 +146,7 @@ class StaticProvider:
             slots=(default_slots(config),) * nnodes,
             node_rank=node_rank,
             chief_addr=chief,
-            job_id=job_id_for(config, derived_job_id(chief, o.get("master_port"), nnodes, *given_control_port(config))
+            job_id=job_id_for(config, derived_job_id(chief, o.get("master_port"), nnodes, *given_link_port(config))
                               if nnodes > 1 else random_job_id()),
             provider=self.name,
             sources={"nodes": "--nnodes", "node_rank": "--node-rank", "chief": chief_source},

@@ -1,6 +1,6 @@
 """``detlaunch doctor``: what this node needs for a layer, checked, one line per check with its fix.
 
-Core checks what every layer needs (the temp and job directories writable, the master and control
+Core checks what every layer needs (the temp and job directories writable, the master and link
 ports free, the ptrace policy); each layer adds its own through the ``detlaunch_doctor_checks`` hook (torch
 importable, horovod's build, sshd/ssh/pdsh, deepspeed's accelerator), so a third-party layer gets
 doctor for free. Checks only look: they start no job and write nothing but a probe file they remove.
@@ -15,6 +15,7 @@ import shutil
 import tempfile
 from collections.abc import Mapping, Sequence
 
+import detlaunch.exit_codes as exit_codes
 from detlaunch.errors import ConfigError
 from detlaunch.planning.config import NUMBERS, Config
 from detlaunch.system.ports import check_port_free
@@ -100,22 +101,22 @@ def port_check(host: str, port: int, what: str = "master port", flag: str = "--m
 
 
 def several_nodes(options: Mapping[str, object]) -> bool:
-    """Whether the options describe a job on several nodes (only those use the control and ssh ports)."""
+    """Whether the options describe a job on several nodes (only those use the link and ssh ports)."""
     return bool((options.get("nnodes") or 1) != 1 or options.get("hostfile")
                 or "," in str(options.get("hosts") or ""))
 
 
-def control_port_check(options: Mapping[str, object], master_port: int) -> Check:
-    """The job link's port on the chief (plan.control_port): --control-port, else the master port + 1.
+def link_port_check(options: Mapping[str, object], master_port: int) -> Check:
+    """The job link's port on the chief (plan.link_port): --link-port, else the master port + 1.
     Only a job on several nodes listens on it: on one node a failure is a warning."""
     multi = several_nodes(options)
     where = "" if multi else " (only for jobs on several nodes)"
-    given = options.get("control_port")
+    given = options.get("link_port")
     port = int(given) if isinstance(given, int) and given else master_port + 1
     if port > 65535:
-        return Check("control port free", False, f"the master port {master_port} + 1 is no port",
-                     "give --control-port PORT or a lower --master-port" + where, multi)
-    check = port_check("127.0.0.1", port, "control port", "--control-port", multi)
+        return Check("link port free", False, f"the master port {master_port} + 1 is no port",
+                     "give --link-port PORT or a lower --master-port" + where, multi)
+    check = port_check("127.0.0.1", port, "link port", "--link-port", multi)
     return dataclasses.replace(check, fix=check.fix + where) if not check.ok else check
 
 
@@ -163,7 +164,7 @@ def core_checks(config: Config) -> list[Check]:
         writable_dir_check("job dir writable (per-job ssh keys)", o.get("job_dir") or base,
                            "give --job-dir DIR on a writable (shared, for several nodes) file system"),
         port_check("127.0.0.1", master_port),
-        control_port_check(o, master_port),
+        link_port_check(o, master_port),
         ptrace_check(),
         isolation_check(),
     ]
@@ -173,4 +174,4 @@ def core_checks(config: Config) -> list[Check]:
 
 
 def exit_code(checks: Sequence[Check]) -> int:
-    return 1 if any(not c.ok and c.required for c in checks) else 0
+    return exit_codes.FAILED if any(not c.ok and c.required for c in checks) else exit_codes.OK

@@ -3,7 +3,7 @@
 A layer (``detlaunch.layers`` entry point, loaded only when chosen) or an
 always-on plugin (``detlaunch.plugins``) implements some of these with
 ``@detlaunch.hookimpl``. Core calls them through the small facade in
-``detlaunch.plugins.Hooks``; nothing else touches ``pm.hook``.
+``detlaunch.planning.plugin_manager.Hooks``; nothing else touches ``pm.hook``.
 
 Where a hook runs: every hook runs inside the ``detlaunch`` process on each
 node, before any process of the job starts (``detlaunch_job_finished``: after

@@ -13,25 +13,26 @@ import os
 import shlex
 import sys
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from detlaunch.errors import PluginLoadError
-from detlaunch.observe.dedupe import DEFAULT_WINDOW
 from detlaunch.observe.events import node_events_path
+from detlaunch.options import Option
 from detlaunch.outcome import signal_name
 from detlaunch.planning.cluster import ClusterInfo
-from detlaunch.planning.config import NUMBERS, Config
+from detlaunch.planning.config import Config, supervision_options
 from detlaunch.planning.plugin_manager import Hooks
 from detlaunch.planning.stage import SOCKET_NAME, SSHD_SUPERVISOR_ENV, Command, Stage, StageContext
-from detlaunch.rank.protocol import DEFAULT_PREFIX
-from detlaunch.restarts.policy import OPTION_ENV, RestartPolicy, policy_from_options
+from detlaunch.restarts.options import OPTION_ENV, policy_from_options
+from detlaunch.restarts.policy import RestartPolicy
 from detlaunch.system.jobdir import SECRET_ENV
 from detlaunch.system.safefs import random_hex
 
 WRAPPER_PATH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "rank", "run_wrapper.py")
 # The variable core sets for every process it starts.
 SUPERVISOR_ENV = "DETLAUNCH_SUPERVISOR"
+SUPERVISION_OPTIONS = supervision_options()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,20 +49,21 @@ class LaunchPlan:
     env: Mapping[str, str]  # added for every process of the job on this node
     unset_env: tuple[str, ...]  # removed from every process of the job on this node
     wrapper_argv: tuple[str, ...]
-    grace_period: float
-    start_timeout: float
     log_dir: str | None
     console_ranks: tuple[int, ...] | None  # the ranks whose output reaches the console (None: all)
     context: StageContext
-    control_port: int = 0
-    heartbeat: float = NUMBERS["heartbeat"].default  # type: ignore[assignment]
-    restarts: RestartPolicy = RestartPolicy()  # job-wide restarts: the chief's policy (restart.py)
+    link_port: int = 0  # the chief's port for the job link
+    restarts: RestartPolicy = RestartPolicy()  # job-wide restarts: the chief's policy (restarts/policy.py)
     events_path: str | None = None  # the event log (--events, else events.jsonl in --log-dir)
-    dedupe: bool | None = None  # fold the console's repeated lines (None: when it is a terminal, many ranks)
-    dedupe_window: float = DEFAULT_WINDOW
-    prefix: str = DEFAULT_PREFIX  # each output line's prefix, filled in by the wrapper
-    hang_timeout: float = 0.0  # 0: no hang watch
-    dump_budget: float = 0.0  # seconds to take the survivors' stacks before stopping them (0: stop at once)
+    # The supervision options (declared with supervision=True, planning/config.py), read as plan.NAME:
+    # plan.grace_period, plan.hang_timeout... A new one is carried here with no change to this class.
+    settings: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self.__dict__["settings"][name]
+        except KeyError:
+            raise AttributeError(name) from None
 
     @property
     def cluster(self) -> ClusterInfo:
@@ -118,11 +120,8 @@ class LaunchPlan:
                 "chief_addr": c.chief_addr, "job_id": c.job_id, "provider": c.provider,
                 "sources": dict(c.sources),
             },
-            "supervisor": {"socket": self.socket_path, "grace_period": self.grace_period,
-                           "start_timeout": self.start_timeout, "expected_ranks": self.expected_ranks,
-                           "control": f"{c.chief_addr}:{self.control_port}" if c.num_nodes > 1 else None,
-                           "heartbeat": self.heartbeat, "hang_timeout": self.hang_timeout,
-                           "dump_budget": self.dump_budget},
+            "supervisor": {"socket": self.socket_path, **self.settings, "expected_ranks": self.expected_ranks,
+                           "control": f"{c.chief_addr}:{self.link_port}" if c.num_nodes > 1 else None},
             "dirs": list(self.stage.dirs),
             "files": sorted([*self.stage.files, *self.stage.executables]),
             "setup": [list(s) for s in self.stage.setup],
@@ -201,15 +200,22 @@ def build_plan(hooks: Hooks, config: Config, cluster: ClusterInfo) -> LaunchPlan
     return LaunchPlan(
         layer=config.layer, role=role, stage=stage, env=env,
         unset_env=(SSHD_SUPERVISOR_ENV, SECRET_ENV, *OPTION_ENV, *stage.unset_env), wrapper_argv=wrapper,
-        grace_period=config.options["grace_period"], start_timeout=config.options["start_timeout"],
         log_dir=config.options.get("log_dir"), console_ranks=config.options.get("ranks") or None, context=ctx,
-        control_port=config.options.get("control_port") or config.options["master_port"] + 1,
-        heartbeat=config.options["heartbeat"], restarts=policy_from_options(config.options),
+        link_port=config.options.get("link_port") or config.options["master_port"] + 1,
+        restarts=policy_from_options(config.options),
         events_path=node_events_path(config.options.get("events"), config.options.get("log_dir"), cluster.node_rank),
-        dedupe=config.options.get("dedupe"), dedupe_window=config.options.get("dedupe_window") or DEFAULT_WINDOW,
-        prefix=config.options.get("prefix") or DEFAULT_PREFIX,
-        hang_timeout=config.options.get("hang_timeout") or 0.0, dump_budget=config.options.get("dump_budget") or 0.0,
+        settings=supervision_settings(config.options),
     )
+
+
+def supervision_settings(options: Mapping[str, Any],
+                         declared: Sequence[Option] = SUPERVISION_OPTIONS) -> dict[str, Any]:
+    """The supervision options' values (the declared default where an option was not parsed)."""
+    values = {}
+    for option in declared:
+        value = options.get(option.dest)
+        values[option.dest] = option.value_default if value is None else value
+    return values
 
 
 # -- rendering -------------------------------------------------------------------------------
@@ -234,12 +240,13 @@ def render_text(plan: LaunchPlan) -> str:
         f"node {c.node_rank} of {c.num_nodes} ({plan.role}) · layer {plan.layer} · job {c.job_id} · "
         f"{c.local_slots} rank(s) here, {c.total_slots} in all · chief {c.chief_addr} "
         f"(discovered by {c.provider})",
-        f"detlaunch supervisor  [socket {plan.socket_path}; grace {plan.grace_period:g} s; "
-        f"start timeout {plan.start_timeout:g} s; expects {plan.expected_ranks} rank(s)]",
+        f"detlaunch supervisor  [socket {plan.socket_path}; "
+        + "".join(f"{o.shown.format(plan.settings[o.dest])}; " for o in SUPERVISION_OPTIONS if o.shown)
+        + f"expects {plan.expected_ranks} rank(s)]",
     ]
     if c.num_nodes > 1:
         verb = "listens for the other nodes on" if c.is_chief else "joins the chief at"
-        lines.append(f"├── {verb} {c.chief_addr}:{plan.control_port} "
+        lines.append(f"├── {verb} {c.chief_addr}:{plan.link_port} "
                      f"(job secret, heartbeat {plan.heartbeat:g} s)")
     for path in plan.stage.dirs:
         lines.append(f"├── makes a fresh private folder {path}")

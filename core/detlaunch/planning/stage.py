@@ -143,7 +143,7 @@ class StageContext:
         never writes detlaunch's defaults again; ``default`` is for the layer's own options.
         """
         value = self.config.options.get(name)
-        if value is None and default is None:  # a core option's one default (config.NUMBERS)
+        if value is None and default is None:  # a core option's one default (config.NUMBERS, from its Option entry)
             from detlaunch.planning.config import NUMBERS
             value = NUMBERS[name].default if name in NUMBERS else None
         return default if value is None else value

@@ -1,9 +1,10 @@
 """The rank's side: the per-rank wrapper and everything it imports.
 
-Owns the wrapper (`wrapper.py`, started as ``python -S run_wrapper.py`` in front of every rank), the
-messages it sends its node's supervisor (`protocol.py`), the heartbeat file a rank writes
-(`progress.py`, public as ``detlaunch.progress``) and the faulthandler fallback a rank is started
-with (`faultdump.py`, `faultsite/`).
+Owns the wrapper (`wrapper.py`, started as ``python -S run_wrapper.py`` in front of every rank, and
+its parts: `options.py`, `connection.py`, `output.py`, `wrapped_rank.py`), the messages it sends its
+node's supervisor (`protocol.py`), the heartbeat file a rank writes (`progress.py`, public as
+``detlaunch.progress``) and the faulthandler fallback a rank is started with (`faultdump.py`,
+`faultsite/`).
 
 May import: the standard library only, and only what the wrapper can afford (it runs once per
 rank: no typing, dataclasses, json or re at run time). Nothing else of detlaunch: every other part

@@ -65,10 +65,11 @@ def request(path: str, rank_pid: int, deadline: float) -> tuple[str, str]:
     For the supervisor, on the stack collector's thread (never the event loop). The dump is a
     regular file, which gives no event when it is whole: faulthandler writes it in microseconds
     from the signal handler, so this looks at its size every STEP seconds until it has stopped
-    growing, at most until `deadline` (time.monotonic()). A lock keeps two askers apart.
+    growing, at most until `deadline` (time.monotonic()). The rank's exit does give an event: a
+    pidfd of the rank (and of the Python that registered) ends the wait at once, so a rank that
+    dies while it is asked never holds the asker. A lock keeps two askers apart.
     """
     import fcntl
-    import time
 
     try:
         fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
@@ -76,6 +77,7 @@ def request(path: str, rank_pid: int, deadline: float) -> tuple[str, str]:
         return "", f"no faulthandler file for it ({SWITCH}=0, or its wrapper is older)"
     except OSError as e:
         return "", f"cannot open its faulthandler file: {e.strerror}"
+    exits: list[int] = []
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         head = os.pread(fd, 200, 0).split(b"\n", 1)[0]
@@ -84,34 +86,83 @@ def request(path: str, rank_pid: int, deadline: float) -> tuple[str, str]:
             return "", NOT_REGISTERED
         pid, signum = int(fields["pid"]), int(fields.get("signal", SIGNAL))
         main = f"hread 0x{int(fields.get('main', '0'), 16):016x} ("  # faulthandler pads thread ids
-        why = _cannot_signal(pid, rank_pid, signum)
+        exits = _pidfds({pid, rank_pid})
+        why = _cannot_signal(pid, rank_pid, signum) if exits else "the process that registered faulthandler has exited"
         if why:
             return "", why
         start = len(head) + 1
         os.ftruncate(fd, start)  # the rank appends (O_APPEND): its dump starts right after the header
         os.kill(pid, signum)
-        size, changed = start, time.monotonic()
-        while True:
-            now = time.monotonic()
-            new = os.fstat(fd).st_size
-            if new != size:
-                size, changed = new, now
-            elif size > start:
-                text = os.pread(fd, size - start, start).decode(errors="replace")
-                whole = main in text
-                if now - changed >= (SETTLE if whole else SETTLE_WITHOUT_MAIN):
-                    return text, ""
-            if now >= deadline:
-                return "", "its faulthandler did not answer in time" if size == start else (
-                    "its faulthandler's dump did not end in time")
-            time.sleep(STEP)
+        return _await_dump(fd, start, main, exits, deadline)
     finally:
         os.close(fd)
+        for exit_fd in exits:
+            os.close(exit_fd)
+
+
+def _await_dump(fd: int, start: int, main: str, exits: list[int], deadline: float) -> tuple[str, str]:
+    """The dump once it has stopped growing; or why not: the rank exited first, or the deadline came."""
+    import select
+    import time
+
+    size, changed, gone = start, time.monotonic(), False
+    while True:
+        now = time.monotonic()
+        new = os.fstat(fd).st_size
+        if new != size:
+            size, changed = new, now
+        quiet = now - changed
+        if size > start and (gone or quiet >= SETTLE):
+            text = os.pread(fd, size - start, start).decode(errors="replace")
+            if main in text or quiet >= SETTLE_WITHOUT_MAIN:
+                return text, ""
+        if gone:
+            return "", "it exited before its faulthandler answered" if size == start else (
+                "it exited before its faulthandler's dump ended")
+        if now >= deadline:
+            return "", "its faulthandler did not answer in time" if size == start else (
+                "its faulthandler's dump did not end in time")
+        # Instead of a sleep: the rank's exit wakes this at once (then one last look at the file).
+        gone = bool(select.select(exits, [], [], min(STEP, deadline - now))[0])
+
+
+def _pidfds(pids: set[int]) -> list[int]:
+    """A pidfd for each of `pids` (readable once that process has exited); [] when one is gone already."""
+    fds: list[int] = []
+    try:
+        for pid in pids:
+            fds.append(os.pidfd_open(pid))
+    except ProcessLookupError:
+        for fd in fds:
+            os.close(fd)
+        return []
+    return fds
+
+
+PF_EXITING = 0x4  # linux/sched.h: the thread is in do_exit()
+
+
+def dying(pid: int, status: dict[str, str] | None = None) -> str:
+    """Why `pid` is on its way out, in words ('' when it is not): it has exited, it is dumping core, or its
+    main thread is exiting (a fatal signal, exit()). Such a process answers neither py-spy nor a signal.
+    status: its /proc status, if read already."""
+    status = _proc_status(pid) if status is None else status
+    if status is None or status.get("State", "").startswith(("Z", "X")):
+        return "it has exited"
+    if status.get("CoreDumping", "").strip() == "1":
+        return "it is dying (dumping core)"
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+        flags = int(stat[stat.rfind(b")") + 2:].split()[6])  # field 9, after the state and 5 numbers
+    except (OSError, ValueError, IndexError):
+        return ""
+    return "it is exiting" if flags & PF_EXITING else ""
 
 
 def _cannot_signal(pid: int, rank_pid: int, signum: int) -> str:
     """Why `pid` must not get `signum` ('' when it may): it is not the rank (or its child), is
-    stopped, or does not catch the signal (the default action would kill it)."""
+    stopped or dying, or does not catch the signal (the default action would kill it)."""
     status = _proc_status(pid)
     if status is None or status.get("State", "").startswith(("Z", "X")):
         return "the process that registered faulthandler has exited"
@@ -119,6 +170,9 @@ def _cannot_signal(pid: int, rank_pid: int, signum: int) -> str:
         return f"its faulthandler file names pid {pid}, which is not the rank's"
     if status.get("State", "").startswith(("T", "t")):
         return "it is stopped (SIGSTOP): its faulthandler runs only once it continues"
+    why = dying(pid, status)
+    if why:
+        return why
     try:
         caught = int(status.get("SigCgt", "0"), 16)
     except ValueError:

@@ -30,7 +30,9 @@ NO_STEP = -(1 << 63)  # the step stored for progress() without one
 _RECORD = struct.Struct("@qqddq")  # count (first copy), step, monotonic, wall, count (last copy)
 SIZE = 64  # the heartbeat's record, rounded up: what progress() maps
 OUTPUT_RECORD = 64  # offset of the second record: the wrapper's time of the rank's last output
-FILE_SIZE = 128  # both records
+ENDED_RECORD = 128  # the third: written once, by the rank's Python, when its script has ended (faultsite)
+FILE_SIZE = 192  # the three records
+SCRIPT_FINISHED, SCRIPT_RAISED = "finished", "raised"  # how a script ended (OutputMark.script_end)
 READ_ATTEMPTS = 100
 
 
@@ -153,6 +155,36 @@ class OutputMark:
     def touch(self) -> None:
         self.count += 1
         _pack(self.buf, OUTPUT_RECORD, self.count, NO_STEP, _monotonic(), _time(), self.count)
+
+    def script_end(self) -> str:
+        """How the rank's script ended (see `script_end`), read by the wrapper once the rank has exited."""
+        return _script_end(self.buf[ENDED_RECORD:ENDED_RECORD + _RECORD.size])
+
+
+def script_end(path: str) -> str:
+    """How the rank's script ended, if its Python got as far as shutting down (faultsite/sitecustomize.py
+    marks it in the file's third record): SCRIPT_FINISHED, SCRIPT_RAISED (an uncaught exception), or ''
+    (no mark: its script runs, it died before its end, left by os._exit or exec, or DETLAUNCH_FAULTHANDLER=0)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return ""
+    try:
+        return _script_end(os.pread(fd, _RECORD.size, ENDED_RECORD))
+    except OSError:
+        return ""
+    finally:
+        os.close(fd)
+
+
+def _script_end(record: bytes) -> str:
+    """The end record: written once, with one pwrite; whole when both counter copies are 1."""
+    if len(record) != _RECORD.size:
+        return ""
+    first, raised, _monotonic, _wall, last = _RECORD.unpack(record)
+    if first != 1 or last != 1:
+        return ""
+    return SCRIPT_RAISED if raised else SCRIPT_FINISHED
 
 
 def read_progress(path: str, record: int = 0) -> Beat | None:

@@ -12,7 +12,9 @@ One JSON object per line over the supervisor's Unix socket:
     wrapper -> supervisor   {"t": "traceback", "tail": [...], "wall": T}   (the rank printed a whole Python
                              traceback and is still running: it may hang in atexit; see ends_traceback)
     wrapper -> supervisor   {"t": "exit", "code": C, "signal": S|null, "tail": [...], "wall": T,
-                             "log_error": "rank-1.log is incomplete: ..." (only when the log failed)}
+                             "log_error": "rank-1.log is incomplete: ..." (only when the log failed),
+                             "ended": "finished"|"raised" (only when its script had ended before it
+                             died: Python was shutting down; progress.OutputMark.script_end)}
 
     client -> supervisor    {"t": "request", "what": "status", "args": {...}}   (control.py: another shell)
     supervisor -> client    {"t": "reply", "data": {...}}
@@ -94,7 +96,10 @@ def _codec() -> tuple[Any, Any]:
 
 
 def exit_code_of(code: int) -> int:
-    """os.waitstatus_to_exitcode gives -N for a signal; a shell (and detlaunch) reports 128+N."""
+    """os.waitstatus_to_exitcode gives -N for a signal; a shell (and detlaunch) reports 128+N.
+
+    The one conversion: the wrapper reports {"code": 128+N, "signal": N} with it, and
+    outcome.ProcessEnd (the form every other part keeps) is made with it."""
     return 128 - code if code < 0 else code
 
 
@@ -119,10 +124,10 @@ def exit_message(code: int, signal: int | None, tail: list[str], wall: float) ->
 
 
 def status_to_json(s: Any) -> dict[str, Any]:
-    """A RankStatus (report.py) as the job link carries it."""
+    """A RankStatus (outcome.py) as the job link carries it."""
     return {"rank": s.rank, "node": s.node_rank, "code": s.exit_code, "signal": s.signal,
             "tail": list(s.tail), "lost": s.lost, "host": s.host, "wall": s.wall, "stopped": s.stopped,
-            "killed": s.killed, "log_error": s.log_error}
+            "killed": s.killed, "log_error": s.log_error, "ended": s.ended}
 
 
 def status_fields(d: dict[str, Any]) -> dict[str, Any]:
@@ -133,4 +138,4 @@ def status_fields(d: dict[str, Any]) -> dict[str, Any]:
             "tail": tuple(str(t) for t in d.get("tail") or ()), "lost": bool(d.get("lost")),
             "host": str(d.get("host") or ""), "wall": float(d.get("wall") or 0.0),
             "stopped": bool(d.get("stopped")), "killed": bool(d.get("killed")),
-            "log_error": str(d.get("log_error") or "")}
+            "log_error": str(d.get("log_error") or ""), "ended": str(d.get("ended") or "")}

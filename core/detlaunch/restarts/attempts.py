@@ -1,6 +1,6 @@
 """One job's attempts, as a node's supervisor counts them: which one runs, how each ended, what comes next.
 
-The restart policy (restart.py) decides from the history; this is the bookkeeping around it that the
+The restart policy (policy.py) decides from the history; this is the bookkeeping around it that the
 supervisor drives, on the chief for the whole job (a worker only follows the attempt number):
 
     attempt N runs ──(it ended: ended())──► RestartDecision ──restart──► waiting (backoff; lost nodes away)
@@ -16,8 +16,10 @@ from __future__ import annotations
 import dataclasses
 import random
 
-from detlaunch.outcome import Failure, FailureKind, signal_name
-from detlaunch.restarts.policy import AttemptEnd, FailureClass, RestartDecision, RestartPolicy, Rng, format_attempts
+from detlaunch.observe.report import format_attempts
+from detlaunch.outcome import AttemptEnd, Failure, FailureKind, ProcessEnd, RestartClass, signal_name
+from detlaunch.restarts.classify import classify, exception_of, signature
+from detlaunch.restarts.policy import RestartDecision, RestartPolicy, Rng
 
 
 @dataclasses.dataclass
@@ -48,7 +50,7 @@ class Attempts:
         """The line the chief prints when it restarts the job."""
         assert self.history and self.decision is not None
         end = self.history[-1]
-        cause = end.what if end.kind is FailureClass.NODE_LOST else end.cause
+        cause = end.what if end.restart_class is RestartClass.NODE_LOST else end.cause
         return f"attempt {end.attempt} failed ({cause}): {self.decision.why}"
 
     def wait(self) -> None:
@@ -60,20 +62,19 @@ class Attempts:
 
     def report(self) -> list[str]:
         """The chief's report of every attempt, printed before the last one's (nothing if none ended)."""
-        return format_attempts(self.history, self.decision) if self.history else []
+        return format_attempts(self.history, self.decision.why if self.decision else None) if self.history else []
 
 
-def attempt_end(attempt: int, failure: Failure | None, interrupted_by: int | None, exit_code: int, *,
+def attempt_end_from_verdict(attempt: int, failure: Failure | None, interrupted_by: int | None, exit_code: int, *,
                 started: bool, policy: RestartPolicy, started_at: float, ended_at: float) -> AttemptEnd:
     """How an attempt ended, as the policy reads it, from its verdict: the root cause (None: none),
     the user's signal if any, the exit code; started: a rank of it ever registered, on any node."""
     if failure is None and interrupted_by is None:
         return AttemptEnd(attempt, None, 0, started_at=started_at, ended_at=ended_at)
-    rank = failure.rank if failure else None
-    kind = failure.kind if failure else FailureKind.INTERRUPTED
+    kind = FailureKind.INTERRUPTED if interrupted_by is not None or failure is None else failure.kind
     what = failure.what if failure else f"interrupted by {signal_name(interrupted_by or 0)}"
-    return AttemptEnd.from_failure(
-        attempt, exit_code, rank.signal if rank else None, failure.tail if failure else (), what,
-        started=started, lost=kind in (FailureKind.NODE_LOST, FailureKind.CHIEF_LOST), hung=kind is FailureKind.HANG,
-        interrupted=interrupted_by is not None or kind is FailureKind.INTERRUPTED,
-        no_restart_exit_code=policy.no_restart_exit_code, started_at=started_at, ended_at=ended_at)
+    signum = failure.rank.signal if failure and failure.rank else None
+    end, tail = ProcessEnd(exit_code, signum), failure.tail if failure else ()
+    restart_class = classify(kind, end, tail, started=started, no_restart_exit_code=policy.no_restart_exit_code)
+    return AttemptEnd(attempt, restart_class, exit_code, signature=signature(end, tail), what=what,
+                      exception=exception_of(tail)[1], started_at=started_at, ended_at=ended_at)

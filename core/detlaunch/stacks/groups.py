@@ -19,6 +19,8 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from detlaunch.observe.rank_sets import format_ranks
+from detlaunch.outcome import script_end_words
 from detlaunch.stacks.pyspy import Frame, ProcessStack, StackResult, Unavailable, to_json
 
 RankKey = tuple[int, int]  # (rank, node rank)
@@ -84,18 +86,24 @@ def signature(stack: ProcessStack) -> tuple[object, ...]:
     main = stack.main
     frames = main.frames if main else ()
     head = tuple((f.function, f.file) for f in frames[:1])
-    return (stack.stopped, head, tuple((f.function, f.file, f.line) for f in frames[1:]))
+    return (stack.stopped, stack.ended, head, tuple((f.function, f.file, f.line) for f in frames[1:]))
 
 
 def describe_stack(stack: ProcessStack) -> str:
     """The main thread in one line: the call it blocks in, the innermost library frame, the user's own frame.
 
     ``work.wait <- all_reduce <- step (train.py:88)``, ``time.sleep <- load_batch (data.py:41)``.
+    A rank whose script had ended says so: its Python is shutting down (atexit, a library's teardown), and
+    with no Python frames left (py-spy sees the main thread's frames gone, and no thread names either).
     """
     main = stack.main
-    stopped = "[SIGSTOPped] " if stack.stopped else ""
+    prefix = "[SIGSTOPped] " if stack.stopped else ""
+    ended = script_end_words(stack.ended)
     if not main or not main.frames:
-        return f"{stopped}(no Python frames)"
+        why = f": {ended}, Python is shutting down" if ended else ""
+        return f"{prefix}(no Python frames{why})"
+    if ended:
+        prefix += f"[{ended}, Python is shutting down] "
     frames = main.frames
     user = next((f for f in frames if not is_library(f.file)), None)
     innermost = frames[0]
@@ -106,7 +114,7 @@ def describe_stack(stack: ProcessStack) -> str:
         if innermost is not user:
             parts.append(innermost.function)
         parts.append(f"{user.function} ({short_file(user.file)}:{user.line})")
-    return stopped + " <- ".join(p for p in parts if p)
+    return prefix + " <- ".join(p for p in parts if p)
 
 
 def _callee(frame: Frame) -> str:
@@ -174,20 +182,6 @@ def _stalled_first(results: Mapping[RankKey, StackResult], last: Mapping[int, fl
     lead = min(others) - earliest
     return {key: f"stopped making progress first ({lead:.1f} s before the next rank)"
             for key, t in known.items() if t - earliest <= tolerance}
-
-
-def format_ranks(ranks: Iterable[int]) -> str:
-    """0,2-7: sorted, runs of consecutive numbers as ranges."""
-    nums = sorted(set(ranks))
-    parts: list[str] = []
-    i = 0
-    while i < len(nums):
-        j = i
-        while j + 1 < len(nums) and nums[j + 1] == nums[j] + 1:
-            j += 1
-        parts.append(str(nums[i]) if i == j else f"{nums[i]}{',' if j == i + 1 else '-'}{nums[j]}")
-        i = j + 1
-    return ",".join(parts)
 
 
 def format_who(ranks: Iterable[RankKey]) -> str:

@@ -66,12 +66,14 @@ class ThreadStack:
 @dataclasses.dataclass(frozen=True)
 class ProcessStack:
     """Every Python thread of one process; `stopped`: it was SIGSTOPped (state T).
-    `via`: '' when py-spy read it; else how it was had instead, and why py-spy could not."""
+    `via`: '' when py-spy read it; else how it was had instead, and why py-spy could not.
+    `ended`: set by whoever knows the rank (stacks/query.py): its script had ended (Python shuts down)."""
 
     pid: int
     threads: tuple[ThreadStack, ...]
     stopped: bool = False
     via: str = ""
+    ended: str = ""  # the rank's script had ended, Python was shutting down (rank.progress.script_end's values)
 
     @property
     def main(self) -> ThreadStack | None:
@@ -207,8 +209,9 @@ def undumpable(pid: int) -> bool:
 def classify_failure(pid: int, returncode: int, stderr: str) -> Unavailable:
     """Turn a failed py-spy run into a one-line reason."""
     state = process_state(pid)
-    if state is None or state == "Z":
-        return Unavailable(pid, "gone", "the process has exited")
+    why = faultdump.dying(pid) if state not in (None, "Z") else ""
+    if state is None or state == "Z" or why:
+        return gone(pid, why)
     low = stderr.lower()
     if "permission denied" in low or "operation not permitted" in low or "os error 1)" in low:
         why = "it is not dumpable (prctl PR_SET_DUMPABLE 0)" if undumpable(pid) else ptrace_policy()
@@ -225,10 +228,12 @@ class _Dump:
     pid: int
     stopped: bool
     proc: subprocess.Popen[bytes]
+    target: int  # a pidfd of the process being read: it fires when that process exits
     out: bytearray = dataclasses.field(default_factory=bytearray)
     err: bytearray = dataclasses.field(default_factory=bytearray)
     open_fds: int = 3  # stdout, stderr, pidfd: done when all three have closed or fired
     pidfd: int | None = None
+    gone: bool = False  # the process exited before py-spy was done: py-spy was stopped
 
 
 MAX_PARALLEL = 64  # py-spy runs at once: three descriptors each, well under the usual limit of 1024
@@ -289,7 +294,7 @@ def _ask_faulthandlers(files: Mapping[int, str], failed: Mapping[int, StackResul
 
 
 def _dump_batch(py_spy: str, pids: list[int], deadline: float, budget: float) -> dict[int, StackResult]:
-    # Not at import: the supervisor loads this module once its ranks run (stackquery.py), and subprocess
+    # Not at import: the supervisor loads this module once its ranks run (query.py), and subprocess
     # would cost each node ~1 MB while the job runs; importing it here takes ~2 ms, when stacks are asked for.
     import subprocess
 
@@ -298,18 +303,25 @@ def _dump_batch(py_spy: str, pids: list[int], deadline: float, budget: float) ->
     env = {**os.environ, "RUST_BACKTRACE": "0"}
     for pid in pids:
         state = process_state(pid)
-        if state is None or state == "Z":
-            results[pid] = Unavailable(pid, "gone", "the process has exited")
+        why = faultdump.dying(pid) if state not in (None, "Z", "T", "t") else ""
+        if state is None or state == "Z" or why:
+            results[pid] = gone(pid, why)
+            continue
+        try:
+            target = os.pidfd_open(pid)
+        except ProcessLookupError:
+            results[pid] = gone(pid)
             continue
         stopped = state in ("T", "t")
         try:
             proc = subprocess.Popen(dump_argv(py_spy, pid, stopped), stdin=subprocess.DEVNULL,
                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
         except OSError as e:
+            os.close(target)
             kind = "missing" if e.errno in (errno.ENOENT, errno.EACCES, errno.ENOEXEC) else "error"
             results[pid] = Unavailable(pid, kind, f"cannot run {py_spy}: {e.strerror}")
             continue
-        d = _Dump(pid, stopped, proc)
+        d = _Dump(pid, stopped, proc, target)
         try:  # at once: a supervisor reaps every child that exits (waitpid(-1)), and then there is no pid
             d.pidfd = os.pidfd_open(proc.pid)
         except ProcessLookupError:  # it has exited (and was reaped) already: its pipes say the rest
@@ -322,6 +334,7 @@ def _dump_batch(py_spy: str, pids: list[int], deadline: float, budget: float) ->
             sel.register(d.proc.stderr, selectors.EVENT_READ, (d, d.err))
             if d.pidfd is not None:
                 sel.register(d.pidfd, selectors.EVENT_READ, (d, None))
+            sel.register(d.target, selectors.EVENT_READ, (d, TARGET))
         pending = len(dumps)
         while pending:
             left = deadline - time.monotonic()
@@ -330,29 +343,56 @@ def _dump_batch(py_spy: str, pids: list[int], deadline: float, budget: float) ->
                 break
             for key, _ in events:
                 d, buf = key.data
+                if key.fileobj not in sel.get_map():
+                    continue  # py-spy's own fds, dropped in this round when its target exited
+                if buf is TARGET:  # the process py-spy reads exited: stop waiting for py-spy
+                    sel.unregister(key.fd)
+                    if d.open_fds:
+                        pending -= 1
+                        d.gone = True
+                        for fileobj in (d.proc.stdout, d.proc.stderr, d.pidfd):
+                            if fileobj is not None and fileobj in sel.get_map():
+                                sel.unregister(fileobj)
+                    continue
                 data = os.read(key.fd, 1 << 16) if buf is not None else b""
                 if data:
                     buf.extend(data)
                     continue
                 sel.unregister(key.fileobj)
-                if buf is None:
-                    os.close(key.fd)  # the pidfd: py-spy has exited
                 d.open_fds -= 1
                 pending -= d.open_fds == 0
-        for key in list(sel.get_map().values()):  # what is still open belongs to a py-spy that overran
-            if key.data[1] is None:
-                os.close(key.fd)
     for d in dumps:
-        if d.open_fds:
+        os.close(d.target)
+        if d.pidfd is not None:
+            os.close(d.pidfd)
+        if d.gone or d.open_fds:
             d.proc.send_signal(signal.SIGKILL)  # by its PID: it is our child
             d.proc.wait()
-            results[d.pid] = Unavailable(d.pid, "timeout", f"py-spy did not answer within {budget:g} s")
+            results[d.pid] = (_finished_before(d) or gone(d.pid, "it exited while its stack was being taken")
+                              if d.gone else
+                              Unavailable(d.pid, "timeout", f"py-spy did not answer within {budget:g} s"))
         else:
             results[d.pid] = _result(d, d.proc.wait())
         for pipe in (d.proc.stdout, d.proc.stderr):
             if pipe:
                 pipe.close()
     return results
+
+
+TARGET = object()  # the selector's mark for a target's pidfd (py-spy's own fds carry their buffer, or None)
+
+
+def gone(pid: int, why: str = "") -> Unavailable:
+    """A process that is not there to be read: exited, or on its way out (faultdump.dying's words)."""
+    return Unavailable(pid, "gone", why if why and why != "it has exited" else "the process has exited")
+
+
+def _finished_before(d: _Dump) -> ProcessStack | None:
+    """What py-spy had printed when its target exited, if it is a whole stack (it was read just before)."""
+    try:
+        return with_source(parse_dump(d.pid, d.out.decode(errors="replace"), d.stopped)) if d.out else None
+    except ValueError:
+        return None
 
 
 def _result(d: _Dump, returncode: int) -> StackResult:
@@ -383,7 +423,7 @@ def to_json(result: StackResult) -> dict[str, Any]:
     """A result as plain JSON data (to ship over the job link, or print)."""
     if isinstance(result, Unavailable):
         return {"pid": result.pid, "unavailable": result.kind, "reason": result.reason}
-    return {"pid": result.pid, "stopped": result.stopped, "via": result.via, "threads": [
+    return {"pid": result.pid, "stopped": result.stopped, "via": result.via, "ended": result.ended, "threads": [
         {"name": t.name, "thread_id": t.thread_id, "active": t.active, "owns_gil": t.owns_gil,
          "os_thread_id": t.os_thread_id, "frames": [dataclasses.asdict(f) for f in t.frames]}
         for t in result.threads]}
@@ -398,6 +438,7 @@ def from_json(data: Mapping[str, Any]) -> StackResult:
                                     tuple(Frame(str(f["function"]), str(f["file"]), int(f["line"]), str(f["code"]))
                                           for f in t["frames"]),
                                     bool(t["owns_gil"]), t["os_thread_id"]) for t in data["threads"])
-        return ProcessStack(int(data["pid"]), threads, bool(data["stopped"]), str(data.get("via") or ""))
+        return ProcessStack(int(data["pid"]), threads, bool(data["stopped"]), str(data.get("via") or ""),
+                            str(data.get("ended") or ""))
     except (KeyError, TypeError, ValueError) as e:
         raise ValueError(f"not a stack: {e!r}") from None

@@ -10,12 +10,14 @@ report (`report_of`).
 
 from __future__ import annotations
 
+import dataclasses
 import socket
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from detlaunch.rank.faultdump import stack_path
+from detlaunch.rank.progress import progress_path, script_end
 from detlaunch.system.eventloop import EventLoop, Priority
 
 if TYPE_CHECKING:
@@ -37,7 +39,7 @@ class StackCollector:
         """Import py-spy's driver (stacks.py, ~10 ms) once a node's ranks run, on a thread, before a
         failure needs it (every node answers a dump before kill): not at start-up, where it would delay
         the launcher, nor on the loop, where it would delay a rank's exit. An import the loop needs
-        meanwhile waits for this one (the import lock). Not the grouping (stackgroups.py): only the
+        meanwhile waits for this one (the import lock). Not the grouping (groups.py): only the
         chief formats the stacks, once; every module imported after the fork costs the supervisor its
         own copy of the pages it touches (~1-2 MB for these two, bench direct)."""
         if not self.loaded:
@@ -98,11 +100,23 @@ def node_answer(collector: StackCollector, host: str, ranks: Sequence[tuple[int,
     def collected(results: dict[int, StackResult]) -> None:
         done({"host": host, "ranks": [
             {"rank": rank, "pid": pid,
-             "stack": to_json(results.get(pid) or Unavailable(pid, "error", "no answer from the collector"))}
+             "stack": to_json(with_end(results.get(pid) or Unavailable(pid, "error", "no answer from the collector"),
+                                       rank, run_dir))}
             for rank, pid in ranks]})
 
     fallback = {pid: stack_path(run_dir, rank) for rank, pid in ranks} if run_dir else None
     collector.collect([pid for _, pid in ranks], budget, collected, fallback)
+
+
+def with_end(result: StackResult, rank: int, run_dir: str | None) -> StackResult:
+    """The stack, marked when the rank's script had ended (its progress file says so): a rank whose
+    Python shuts down (gloo failed its collective, it raised) has no Python frames left, and says why."""
+    from detlaunch.stacks.pyspy import ProcessStack
+
+    if run_dir is None or not isinstance(result, ProcessStack):
+        return result
+    ended = script_end(progress_path(run_dir, rank))
+    return dataclasses.replace(result, ended=ended) if ended else result
 
 
 def results_of(answer: Mapping[str, Any]) -> dict[RankKey, StackResult]:

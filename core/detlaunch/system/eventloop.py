@@ -179,6 +179,17 @@ class EventLoop:
             self.run_once()
             after_each()
 
+    def run_until(self, done: Callable[[], object], timeout: float, what: str = "the condition") -> None:
+        """Run batches until `done()` is true, for at most `timeout` seconds; then raise TimeoutError
+        naming `what`. For what the loop's own callbacks bring about (a message read, a timer fired):
+        it sleeps in select() until the next event, never polls."""
+        deadline = time.monotonic() + timeout
+        while not done():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"{what} did not happen within {timeout:g} s")
+            self.run_once(timeout=left)
+
     def close(self) -> None:
         self.restore_signals()
         self._selector.close()

@@ -38,6 +38,9 @@ import sys
 import traceback
 from collections.abc import Callable
 
+import detlaunch.exit_codes as exit_codes
+from detlaunch.outcome import ProcessEnd
+
 CLONE_NEWNS, CLONE_NEWPID, CLONE_NEWUSER = 0x00020000, 0x20000000, 0x10000000
 MS_REC, MS_PRIVATE = 1 << 14, 1 << 18
 PR_SET_PDEATHSIG = 1
@@ -71,7 +74,7 @@ def enter_new_pid_namespace() -> None:
 def _die_with_parent(parent_alive: int) -> None:
     _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     if select.select([parent_alive], [], [], 0)[0]:  # EOF: the parent died before prctl took effect
-        os._exit(128 + signal.SIGKILL)
+        os._exit(exit_codes.by_signal(signal.SIGKILL))
 
 
 def _become_init() -> None:
@@ -172,7 +175,7 @@ def _in_child(run: Callable[[], int]) -> int:
             code = e.code if isinstance(e.code, int) else int(e.code is not None)
         except BaseException:  # os._exit below would swallow it: say what broke
             traceback.print_exc()
-            code = 70  # EX_SOFTWARE
+            code = exit_codes.INTERNAL
         finally:
             for stream in (sys.stdout, sys.stderr):
                 try:
@@ -189,8 +192,7 @@ def _in_child(run: Callable[[], int]) -> int:
         for s, handler in old.items():
             signal.signal(s, handler)
         os.close(alive_w)
-    code = os.waitstatus_to_exitcode(status)
-    return 128 - code if code < 0 else code
+    return ProcessEnd.from_wait_status(status).code
 
 
 def _relay(pid: int, signum: int) -> None:
@@ -216,4 +218,4 @@ def probe() -> str | None:
     with os.fdopen(r, "rb") as f:
         why = f.read().decode(errors="replace")
     _, status = os.waitpid(pid, 0)
-    return None if os.waitstatus_to_exitcode(status) == 0 else (why or "unknown reason")
+    return None if ProcessEnd.from_wait_status(status).ok else (why or "unknown reason")

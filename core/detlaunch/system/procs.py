@@ -15,7 +15,9 @@ import shutil
 import signal
 from collections.abc import Collection, Mapping, Sequence
 
+import detlaunch.exit_codes as exit_codes
 from detlaunch.errors import LaunchError
+from detlaunch.outcome import ProcessEnd
 
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
@@ -47,7 +49,7 @@ def spawn(argv: Sequence[str], env: Mapping[str, str], *, output_fd: int | None 
             os.setsid()
             _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
             if os.getppid() != parent:  # the parent died before prctl took effect
-                os._exit(137)
+                os._exit(exit_codes.by_signal(signal.SIGKILL))
             for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD, signal.SIGPIPE):
                 signal.signal(sig, signal.SIG_DFL)
             signal.pthread_sigmask(signal.SIG_SETMASK, [])
@@ -62,7 +64,7 @@ def spawn(argv: Sequence[str], env: Mapping[str, str], *, output_fd: int | None 
             try:
                 os.write(err_w, f"{getattr(e, 'strerror', None) or e}".encode())
             finally:
-                os._exit(127)
+                os._exit(exit_codes.NOT_FOUND)
     os.close(err_w)
     with os.fdopen(err_r, "rb") as f:
         message = f.read()
@@ -148,9 +150,9 @@ def kill_descendants(spare: Collection[int] = ()) -> int:
     return len(pids)
 
 
-def reap() -> list[tuple[int, int]]:
-    """Collect every exited child (ours or re-parented orphans): [(pid, exit code or -signal)]."""
-    done: list[tuple[int, int]] = []
+def reap() -> list[tuple[int, ProcessEnd]]:
+    """Collect every exited child (ours or re-parented orphans): [(pid, how it ended)]."""
+    done: list[tuple[int, ProcessEnd]] = []
     while True:
         try:
             pid, status = os.waitpid(-1, os.WNOHANG)
@@ -162,4 +164,4 @@ def reap() -> list[tuple[int, int]]:
             raise
         if pid == 0:
             return done
-        done.append((pid, os.waitstatus_to_exitcode(status)))
+        done.append((pid, ProcessEnd.from_wait_status(status)))

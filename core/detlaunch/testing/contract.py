@@ -11,143 +11,40 @@ and pytest runs every ``test_*`` method below against the installed layer. The b
 class is never collected on its own; a subclass without ``layer`` is an error as soon
 as it is defined (so: at collection).
 
-What a layer cannot do is declared, never skipped silently. Each capability has a
-documented default; a layer module may declare its own in a ``DETLAUNCH_CONTRACT``
-dict (so the three lines are enough), and a test class attribute of the same name wins
-over both. A check that a declaration rules out is reported as skipped, with a reason
-that starts with "declared by the layer" (and listed at the end of the pytest run).
-
-===================  =========================  ==================================================
-capability           default                    meaning
-===================  =========================  ==================================================
-``multi_node``       ``True``                   the layer plans jobs of several nodes. When False,
-                                                planning a 2-node job must fail with a detlaunch
-                                                error (one line), and the 2-node checks are skipped.
-``runs_here``        ``True``                   a real 2-rank job can run on this machine (CPU
-                                                only, no scheduler). When False, the real-job
-                                                checks are skipped.
-``needs``            ``()``                     programs the real jobs need on PATH (``mpirun``);
-                                                when one is missing the real-job checks are skipped,
-                                                saying which.
-``heavy_modules``    ``DEFAULT_HEAVY_MODULES``  modules that loading the layer must not import.
-``run_args``         ``()``                     extra detlaunch options for every run and plan.
-``run_timeout``      ``100``                    seconds a real job may take (every check also has its
-                                                own timeouts: none can hang).
-``rank_commands``    ``False``                  the layer runs no launcher: each node's stage starts
-                                                its ranks itself, one ``Command(rank=N)`` per local
-                                                rank (``--layer direct``). When True, the stages must
-                                                be made so, and a real job of two nodes on loopback
-                                                runs (no ssh is needed); when False, a stage must
-                                                have no rank command.
-===================  =========================  ==================================================
+What a layer cannot do is declared, never skipped silently: see
+:mod:`detlaunch.testing.capabilities` for each capability and its default. Only the checks
+that start real processes take the ``runner`` fixture (and are marked as jobs by it); the
+others plan in this process, in milliseconds.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import os
 import re
 import shlex
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import textwrap
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
-import psutil
 import pytest
 
 from detlaunch.errors import DetlaunchError
-from detlaunch.planning.cluster import ClusterInfo
-from detlaunch.planning.config import Config, build_parser, parse, resolve_command
-from detlaunch.planning.plan import LaunchPlan, build_plan, render_json, render_text
-from detlaunch.planning.plugin_manager import LAYERS, PluginEntry, PluginSet
-from detlaunch.planning.stage import Command, RankWrapper, Stage
+from detlaunch.planning.plan import LaunchPlan
+from detlaunch.testing.capabilities import CAPABILITY_NAMES as CAPABILITY_NAMES
+from detlaunch.testing.capabilities import Capabilities, resolve_capabilities
+from detlaunch.testing.loaded_layer import LoadedLayer, clean_env, no_side_effects, normalized
+from detlaunch.testing.plan_checks import contains, plan_problems, rank_command_problems, rank_commands
+from detlaunch.testing.ports import free_port
 from detlaunch.testing.runner import MARKER_VAR, Completed, DetlaunchRunner
+from detlaunch.testing.shapes import CHIEF_ADDR, SHAPES, WORKER_ADDR, Shape
 
-DEFAULT_HEAVY_MODULES: tuple[str, ...] = ("torch", "tensorflow", "jax", "horovod", "deepspeed", "mpi4py", "numpy")
-CONTRACT_ATTR = "DETLAUNCH_CONTRACT"
-DECLARED = "declared by the layer"
 FAIL_CODE = 7  # what the failing rank exits with: it must come back unchanged
-CHIEF_ADDR, WORKER_ADDR = "127.0.0.1", "127.0.0.2"
-_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
-
-
-@dataclasses.dataclass(frozen=True)
-class Capabilities:
-    """What a layer declares it can do (see the module docstring for each field)."""
-
-    multi_node: bool = True
-    runs_here: bool = True
-    needs: tuple[str, ...] = ()
-    heavy_modules: tuple[str, ...] = DEFAULT_HEAVY_MODULES
-    run_args: tuple[str, ...] = ()
-    run_timeout: float = 100.0
-    rank_commands: bool = False
-    # where each non-default value came from, for the skip reasons
-    sources: Mapping[str, str] = dataclasses.field(default_factory=dict, compare=False)
-
-    def declared(self, name: str) -> str:
-        """`declared by the layer: NAME = VALUE (in WHERE)`."""
-        where = self.sources.get(name, "the documented default")
-        return f"{DECLARED}: {name} = {getattr(self, name)!r} (in {where})"
-
-
-CAPABILITY_NAMES = tuple(f.name for f in dataclasses.fields(Capabilities) if f.name != "sources")
-
-
-def resolve_capabilities(module: Any, overrides: Mapping[str, Any]) -> Capabilities:
-    """Defaults, then the layer module's DETLAUNCH_CONTRACT, then the test class's attributes."""
-    values: dict[str, Any] = {}
-    sources: dict[str, str] = {}
-    declared = getattr(module, CONTRACT_ATTR, None) or {}
-    if not isinstance(declared, Mapping):
-        raise TypeError(f"{module.__name__}.{CONTRACT_ATTR} must be a dict, not {type(declared).__name__}")
-    for where, given in ((f"{module.__name__}.{CONTRACT_ATTR}", declared), ("the test class", overrides)):
-        unknown = sorted(set(given) - set(CAPABILITY_NAMES))
-        if unknown:
-            raise TypeError(f"{where}: unknown capability {', '.join(unknown)} "
-                            f"(known: {', '.join(CAPABILITY_NAMES)})")
-        for name, value in given.items():
-            if value is not None:
-                values[name], sources[name] = value, where
-    for name in ("needs", "heavy_modules", "run_args"):
-        if name in values:
-            if isinstance(values[name], str) or not all(isinstance(v, str) for v in values[name]):
-                raise TypeError(f"{sources[name]}: {name} must be a sequence of strings")
-            values[name] = tuple(values[name])
-    for name in ("multi_node", "runs_here", "rank_commands"):
-        if name in values and not isinstance(values[name], bool):
-            raise TypeError(f"{sources[name]}: {name} must be True or False")
-    return Capabilities(**values, sources=sources)
-
-
-@dataclasses.dataclass(frozen=True)
-class Shape:
-    """A cluster shape seen from one node: `nodes` x `slots`, this node's rank."""
-
-    nodes: int
-    slots: int
-    node_rank: int
-
-    @property
-    def id(self) -> str:
-        return f"{self.nodes}x{self.slots}-{'chief' if self.node_rank == 0 else 'worker'}"
-
-    def cluster(self) -> ClusterInfo:
-        addrs = (CHIEF_ADDR, WORKER_ADDR)[: self.nodes]
-        return ClusterInfo(node_addrs=addrs, slots=(self.slots,) * self.nodes, node_rank=self.node_rank,
-                           chief_addr=CHIEF_ADDR, job_id=f"contract-{self.nodes}x{self.slots}",
-                           provider="contract", sources={"nodes": "the contract suite"})
-
-
-SHAPES = (Shape(1, 1, 0), Shape(1, 8, 0), Shape(2, 8, 0), Shape(2, 8, 1))
 
 RANK_SCRIPT = textwrap.dedent("""\
     # Written by detlaunch's layer contract suite: a rank that needs nothing but Python.
@@ -171,244 +68,6 @@ IMPORT_PROBE = textwrap.dedent("""\
     plugins.load_layer(sys.argv[1])
     print(json.dumps({"layer_module": plugins.layer_module.__name__, "modules": sorted(sys.modules)}))
     """)
-
-
-def free_port(host: str = CHIEF_ADDR) -> int:
-    """A TCP port free on `host`, and the next one too (detlaunch's control port is master port + 1)."""
-    for _ in range(50):
-        with socket.socket() as s:
-            s.bind((host, 0))
-            port = int(s.getsockname()[1])
-        if port < 65535:
-            with socket.socket() as s2:
-                try:
-                    s2.bind((host, port + 1))
-                except OSError:
-                    continue
-            return port
-    raise RuntimeError("no pair of free ports found")
-
-
-def clean_env(base: Mapping[str, str]) -> dict[str, str]:
-    """`base` without detlaunch's own variables: a plan must not depend on an outer job."""
-    return {k: v for k, v in base.items() if not k.startswith("DETLAUNCH_") and k != "DET_CHIEF_IP"}
-
-
-# -- loading the layer and planning, in this process --------------------------------------------
-
-
-@dataclasses.dataclass
-class LoadedLayer:
-    """The layer, loaded through the real loader, with the parser and options it adds."""
-
-    name: str
-    plugins: PluginSet
-    entry: PluginEntry
-
-    @classmethod
-    def load(cls, name: str, env: Mapping[str, str]) -> LoadedLayer:
-        plugins = PluginSet(env)
-        plugins.load_layer(name)  # raises a DetlaunchError (one line) when it does not load
-        plugins.check_hooks()
-        entry = next(e for e in plugins.entries if e.group == LAYERS and e.name == name)
-        return cls(name, plugins, plugins.owned(entry))  # with its distribution and version
-
-    @property
-    def module(self) -> Any:
-        return self.plugins.layer_module
-
-    def config(self, args: Sequence[str], env: Mapping[str, str]) -> Config:
-        """Options exactly as the command line gives them (the core's and the layer's)."""
-        parser = build_parser(self.plugins.layer_names())
-        self.plugins.hooks.add_options(parser)
-        ns, launcher_args, command = parse(parser, ["--layer", self.name, *args], env)
-        options = vars(ns)
-        options["layer"] = self.name
-        return Config(layer=self.name, command=resolve_command(command, env), launcher_args=tuple(launcher_args),
-                      options=options, env=dict(env))
-
-    def plan(self, config: Config, cluster: ClusterInfo) -> LaunchPlan:
-        return build_plan(self.plugins.hooks, config, cluster)
-
-    def own_results(self, hook: str, **kwargs: Any) -> list[Any]:
-        """The layer's own, unmerged results of `hook` (the Hooks facade merges and converts them)."""
-        results = []
-        for caller in self.plugins.pm.get_hookcallers(self.module) or []:
-            if caller.name == hook:
-                for impl in caller.get_hookimpls():
-                    if impl.plugin is self.module:
-                        result = impl.function(**{arg: kwargs[arg] for arg in impl.argnames})
-                        if result is not None:
-                            results.append(result)
-        return results
-
-
-def _contains(haystack: Sequence[str], needle: Sequence[str]) -> bool:
-    n = len(needle)
-    return any(tuple(haystack[i : i + n]) == tuple(needle) for i in range(len(haystack) - n + 1))
-
-
-def _check_env(where: str, env: Any, problems: list[str]) -> None:
-    if not isinstance(env, Mapping):
-        problems.append(f"{where} is a {type(env).__name__}, not a mapping of str to str")
-        return
-    for key, value in env.items():
-        if not isinstance(key, str) or not _ENV_NAME.match(key):
-            problems.append(f"{where}: {key!r} is not a valid environment variable name")
-        if not isinstance(value, str):
-            problems.append(f"{where}: {key}={value!r} is a {type(value).__name__}, not a str")
-        elif "\0" in value:
-            problems.append(f"{where}: {key} holds a NUL byte")
-
-
-def _check_argv(where: str, argv: Any, problems: list[str]) -> None:
-    if not isinstance(argv, tuple) or not argv:
-        problems.append(f"{where}: argv must be a non-empty tuple, got {argv!r}")
-        return
-    bad = [a for a in argv if not isinstance(a, str)]
-    if bad:
-        problems.append(f"{where}: every argv item must be a str, got {bad[0]!r} ({type(bad[0]).__name__})")
-    elif not argv[0]:
-        problems.append(f"{where}: argv[0] is empty")
-
-
-def plan_problems(plan: LaunchPlan, wrappers: Sequence[Any], layer_env: Any) -> list[str]:
-    """Everything wrong with one node's plan and the hook results it was built from."""
-    problems: list[str] = []
-    ctx, stage = plan.context, plan.stage
-    for w in wrappers:
-        if not isinstance(w, RankWrapper):
-            problems.append(f"detlaunch_rank_wrappers returned a {type(w).__name__}, not a detlaunch.RankWrapper")
-            continue
-        for name in w.rank_env:
-            if not isinstance(name, str) or not _ENV_NAME.match(name):
-                problems.append(f"RankWrapper.rank_env: {name!r} is not an environment variable name")
-        if not all(isinstance(a, str) for a in w.argv):
-            problems.append(f"RankWrapper.argv must hold str only: {w.argv!r}")
-    if not any(isinstance(w, RankWrapper) and w.rank_env for w in wrappers):
-        problems.append("detlaunch_rank_wrappers: the layer names no rank variable (RankWrapper(rank_env=...)); "
-                        "the wrapper would guess, and could read an outer job's RANK")
-    if layer_env is not None:
-        _check_env("detlaunch_environment's result", layer_env, problems)
-        if isinstance(layer_env, Mapping) and layer_env.get("DET_CHIEF_IP", plan.cluster.chief_addr) != \
-                plan.cluster.chief_addr:
-            problems.append(f"detlaunch_environment sets DET_CHIEF_IP={layer_env['DET_CHIEF_IP']!r}, "
-                            f"not the chief {plan.cluster.chief_addr!r}")
-    if not isinstance(stage, Stage):
-        problems.append(f"the {plan.role} stage is a {type(stage).__name__}, not a detlaunch.Stage")
-        return problems
-    for i, cmd in enumerate(stage.commands):
-        where = f"command {i} ({getattr(cmd, 'name', '?')})"
-        if not isinstance(cmd, Command):
-            problems.append(f"{where} is a {type(cmd).__name__}, not a detlaunch.Command")
-            continue
-        _check_argv(where, cmd.argv, problems)
-        _check_env(f"{where} env", cmd.env, problems)
-        try:
-            signal.Signals(cmd.stop_signal)
-        except ValueError:
-            problems.append(f"{where}: stop_signal {cmd.stop_signal!r} is not a signal")
-        if not isinstance(cmd.daemon, bool):
-            problems.append(f"{where}: daemon must be True or False")
-        if isinstance(cmd.env, Mapping) and cmd.env.get("DET_CHIEF_IP", plan.cluster.chief_addr) != \
-                plan.cluster.chief_addr:
-            problems.append(f"{where} overrides DET_CHIEF_IP with {cmd.env['DET_CHIEF_IP']!r}")
-    problems.extend(rank_command_problems(plan, wrappers))
-    for kind, files in (("files", stage.files), ("executables", stage.executables)):
-        for path, content in files.items():
-            if not isinstance(path, str) or not path:
-                problems.append(f"Stage.{kind}: bad path {path!r}")
-            if not isinstance(content, str):
-                problems.append(f"Stage.{kind}[{path!r}] is a {type(content).__name__}, not a str")
-    for kind, steps in (("setup", stage.setup), ("prelaunch", stage.prelaunch)):
-        for i, argv in enumerate(steps):
-            _check_argv(f"Stage.{kind}[{i}]", argv, problems)
-    for entry in stage.wait_for_sshd:
-        if len(entry) != 2 or not isinstance(entry[0], str) or not isinstance(entry[1], int):
-            problems.append(f"Stage.wait_for_sshd: {entry!r} is not (host, port)")
-    if not all(isinstance(d, str) and d for d in stage.dirs):
-        problems.append(f"Stage.dirs must be paths: {stage.dirs!r}")
-    if stage.expected_ranks is not None and (not isinstance(stage.expected_ranks, int) or stage.expected_ranks < 0):
-        problems.append(f"Stage.expected_ranks must be None or a count, got {stage.expected_ranks!r}")
-    if "DET_CHIEF_IP" in stage.unset_env:
-        problems.append("Stage.unset_env removes DET_CHIEF_IP: the ranks and nested layers need it")
-    # The ranks must run the wrapper: whatever runs them is given ctx.rank_command.
-    launches = plan.cluster.is_chief or any(not c.daemon for c in stage.commands if isinstance(c, Command))
-    if launches:
-        rc = ctx.rank_command
-        carried = any(_contains(c.argv, rc) for c in stage.commands if isinstance(c, Command)) or \
-            any(_contains(s, rc) for s in (*stage.setup, *stage.prelaunch)) or \
-            any(shlex.join(rc) in text for text in (*stage.files.values(), *stage.executables.values())
-                if isinstance(text, str))
-        if not carried:
-            problems.append("the stage never runs ctx.rank_command (the rank wrapper, then the user's command): "
-                            "put it in the launcher's argv, or in a file the stage writes")
-    if plan.env.get("DET_CHIEF_IP") != plan.cluster.chief_addr:
-        problems.append(f"the plan's environment has DET_CHIEF_IP={plan.env.get('DET_CHIEF_IP')!r}, "
-                        f"not the chief {plan.cluster.chief_addr!r}")
-    try:
-        json.dumps(plan.to_json())
-        render_text(plan)
-    except (TypeError, ValueError) as e:
-        problems.append(f"the plan does not render: {type(e).__name__}: {e}")
-    return problems
-
-
-def rank_commands(stage: Stage) -> list[Command]:
-    return [c for c in stage.commands if isinstance(c, Command) and c.rank is not None]
-
-
-def rank_command_problems(plan: LaunchPlan, wrappers: Sequence[Any]) -> list[str]:
-    """What is wrong with the ranks a stage starts itself (``Command(rank=N)``), if it has any."""
-    commands = rank_commands(plan.stage)
-    if not commands:
-        return []
-    problems: list[str] = []
-    c, rc = plan.cluster, plan.rank_command
-    rank_env = next((w.rank_env for w in wrappers if isinstance(w, RankWrapper) and w.rank_env), ())
-    mine = range(c.first_rank, c.first_rank + c.local_slots)
-    for cmd in commands:
-        where = f"rank command {cmd.name}"
-        if cmd.argv != rc:
-            problems.append(f"{where}: its argv must be ctx.rank_command (the wrapper, then the user's command; "
-                            "put anything in between in RankWrapper.argv), got {cmd.argv!r}")
-        if cmd.rank not in mine:
-            problems.append(f"{where}: rank {cmd.rank} is not one of node {c.node_rank}'s ranks "
-                            f"({mine.start}..{mine.stop - 1})")
-        env = {**plan.process_env(), **cmd.env}
-        named = next((name for name in rank_env if name in env), None)
-        if named is None or env[named] != str(cmd.rank):
-            problems.append(f"{where}: the wrapper would not read rank {cmd.rank} from its environment "
-                            f"(RankWrapper.rank_env {rank_env!r}: {named}={env.get(named or '')!r})")
-    ranks = [cmd.rank or 0 for cmd in commands]
-    for rank in sorted({r for r in ranks if ranks.count(r) > 1}):
-        problems.append(f"rank {rank} is started by {ranks.count(rank)} commands on node {c.node_rank}")
-    if len(commands) != plan.expected_ranks:
-        problems.append(f"node {c.node_rank} starts {len(commands)} rank(s) itself but expects "
-                        f"{plan.expected_ranks} (Stage.expected_ranks, default: its slots)")
-    return problems
-
-
-def normalized(plan: LaunchPlan) -> str:
-    """The plan as JSON, with its random run directory replaced: two plans of one input compare equal."""
-    return render_json(plan).replace(plan.run_dir, "<RUN_DIR>")
-
-
-@contextlib.contextmanager
-def no_side_effects(paths: Sequence[str]) -> Iterator[list[str]]:
-    """Collect what planning did that it must not: start a process, or create one of `paths`."""
-    me = psutil.Process()
-    before = {p.pid for p in me.children(recursive=True)}
-    problems: list[str] = []
-    yield problems
-    started = [p for p in me.children(recursive=True) if p.pid not in before]
-    if started:
-        problems.append("planning started process(es): " + ", ".join(
-            f"{p.pid} {' '.join(p.cmdline())[:120]}" for p in started if p.is_running()))
-    problems.extend(f"planning created {path}" for path in paths if os.path.lexists(path))
-
-
-# -- the suite ----------------------------------------------------------------------------------
 
 
 @dataclasses.dataclass
@@ -444,7 +103,7 @@ class LayerContract:
     """Subclass this with ``layer = "<name>"``: pytest then runs the whole contract against that layer.
 
     Capability attributes (None: the layer's ``DETLAUNCH_CONTRACT``, else the documented default;
-    see :mod:`detlaunch.testing.contract`): ``multi_node``, ``runs_here``, ``needs``,
+    see :mod:`detlaunch.testing.capabilities`): ``multi_node``, ``runs_here``, ``needs``,
     ``heavy_modules``, ``run_args``, ``run_timeout``, ``rank_commands``. Setting ``__test__ = False`` in a subclass
     makes it an abstract base of your own, which needs no ``layer``.
     """
@@ -631,7 +290,7 @@ class LayerContract:
         assert plan["command"][-1].endswith("contract_rank.py"), plan["command"]
         assert plan["commands"], "the plan runs nothing"
         rank_command = plan["rank_wrapper"] + plan["command"]
-        in_argv = any(_contains(c["argv"], rank_command) for c in plan["commands"])
+        in_argv = any(contains(c["argv"], rank_command) for c in plan["commands"])
         if role == "chief":
             assert in_argv or plan["files"], f"nothing in the chief's plan runs the rank command {rank_command}"
         lines = text.splitlines()

@@ -18,9 +18,8 @@ from typing import Any
 
 import pytest
 
+from detlaunch.testing.capabilities import DECLARED
 from detlaunch.testing.runner import DetlaunchRunner
-
-DECLARED = "declared by the layer"
 
 
 @pytest.fixture

@@ -26,7 +26,8 @@ from detlaunch.planning.cluster import ClusterInfo
 from detlaunch.planning.providers.determined import read_det_info
 from detlaunch.planning.providers.determined_master import Master, canonical_url, post
 from detlaunch.planning.stage import Command, Stage, StageContext
-from support.discovery import clean_env, config_for, discover, free_port_pair, hooks_for, short_tmp  # noqa: F401
+from support.discovery import clean_env, config_for, discover, hooks_for, short_tmp  # noqa: F401
+from support.helpers import free_port
 from support.jobs import Launcher
 
 pytestmark = pytest.mark.timeout(120)
@@ -346,7 +347,7 @@ def install_daemon_layer(site: Path) -> dict[str, str]:
 
 def two_containers(launcher: Launcher, tmp_path: Path, master_url: str, short_tmp: str,  # noqa: F811
                    ) -> tuple[dict[str, str], dict[str, str]]:
-    port = free_port_pair()
+    port = free_port()
     layer_env = install_daemon_layer(tmp_path / "site")
     envs = []
     for rank in (0, 1):

@@ -10,8 +10,8 @@ import sys
 import pytest
 from detlaunch.errors import ClusterError, ConfigError
 from detlaunch.planning.providers.kubernetes import read_torch_env
-from support.discovery import clean_env, discover, free_port_pair, short_tmp  # noqa: F401 (a fixture)
-from support.helpers import rank_lines
+from support.discovery import clean_env, discover, short_tmp  # noqa: F401 (a fixture)
+from support.helpers import free_port, rank_lines
 from support.jobs import EXAMPLES, ROOT, Launcher
 
 pytestmark = pytest.mark.timeout(120)
@@ -152,7 +152,7 @@ def test_two_nodes_from_the_environment_alone(launcher: Launcher, short_tmp: str
 
     (Torch takes seconds to import here, so one real job; the other spellings are checked above.)
     """
-    port = free_port_pair()
+    port = free_port()
     common = clean_env(launcher.env, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="2",
                        TMPDIR=short_tmp)
     script = str(EXAMPLES / "allreduce.py")

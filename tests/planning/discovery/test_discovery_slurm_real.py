@@ -15,8 +15,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from support.discovery import free_port_pair, short_tmp  # noqa: F401 (a fixture)
-from support.helpers import rank_lines, report_line
+from support.discovery import short_tmp  # noqa: F401 (a fixture)
+from support.helpers import free_port, rank_lines, report_line
 from support.jobs import EXAMPLES, ROOT, SCRIPTS, Launcher
 from support.slurm_cluster import SlurmCluster, slurm_cluster  # noqa: F401 (a fixture)
 
@@ -40,7 +40,7 @@ def slurm(slurm_cluster: SlurmCluster, launcher: Launcher, short_tmp: str) -> It
 
 
 def torchrun_args(script: str) -> list[str]:
-    return [*DETLAUNCH, "--layer", "torchrun", "--master-port", str(free_port_pair()), script]
+    return [*DETLAUNCH, "--layer", "torchrun", "--master-port", str(free_port()), script]
 
 
 def test_srun_two_nodes_all_reduce(slurm: SlurmCluster) -> None:
@@ -101,9 +101,9 @@ def test_a_failing_rank_on_the_second_node(slurm: SlurmCluster) -> None:
 
 def test_srun_two_nodes_horovod(slurm: SlurmCluster) -> None:
     """n1 runs horovodrun, n2 the per-job sshd it reaches; both found from SLURM alone."""
-    ssh_port = str(free_port_pair())
+    ssh_port = str(free_port())
     r = slurm.run(["srun", "-N2", "--ntasks-per-node=1", "--time=4", *DETLAUNCH, "--layer", "horovod",
-                   "--master-port", str(free_port_pair()), "--ssh-port", ssh_port,
+                   "--master-port", str(free_port()), "--ssh-port", ssh_port,
                    str(EXAMPLES / "hvd_allreduce.py")], cwd=ROOT, timeout=200)
     assert r.returncode == 0, r.stdout + r.stderr
     for rank in (0, 1):

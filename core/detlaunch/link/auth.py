@@ -1,0 +1,73 @@
+"""Who may join the job link: the handshake that proves both ends, and how much unproven work the chief takes on.
+
+The handshake, an HMAC-SHA256 challenge-response in both directions over the job's secret:
+
+    chief  -> worker   challenge  {job, nonce: Nc}
+    worker -> chief    auth       {node: N, nonce: Nw, addr, mac: worker_mac(secret, job, N, Nc)}
+    chief  -> worker   welcome    {mac: chief_mac(secret, job, N, Nw), attempt, hold}
+
+Each side signs the other's fresh nonce, so neither a replayed message nor a listener that is not
+the chief passes. A worker says nothing else before the welcome (the chief takes anything else for
+a failed authentication), and the chief welcomes a node only while that node is not connected:
+a second join for a connected node is refused, whatever its credentials.
+
+The secret never appears on a command line: it comes from DETLAUNCH_JOB_SECRET when the scheduler
+sets one on every node, else from a 0600 file in the job directory shared by the nodes (the chief
+writes it before it starts listening, so a worker that reaches the listener reads the current
+secret, never a stale one): system/jobdir.py.
+
+Before a peer has proven itself the chief bounds what it spends on it (`Admission`), so a flood of
+connections on the link's port cannot slow the verdict path.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+ACCEPTS_PER_SECOND = 200  # new unauthenticated connections the chief accepts a second
+MAX_PENDING, MAX_PENDING_PER_PEER = 64, 8  # unauthenticated connections at once: in all, from one address
+
+
+def mac(secret: str, *parts: object) -> str:
+    import hmac  # here: only a job with a link between nodes signs (hmac pulls in OpenSSL)
+
+    return hmac.new(secret.encode(), "\0".join(map(str, parts)).encode(), hashlib.sha256).hexdigest()
+
+
+def mac_matches(given: object, expected: str) -> bool:
+    """Constant-time, for anything a peer sent (compare_digest raises on a non-ASCII str)."""
+    import hmac
+
+    return isinstance(given, str) and hmac.compare_digest(given.encode(), expected.encode())
+
+
+def worker_mac(secret: str, job: str, node: int, chief_nonce: str) -> str:
+    """What worker node `node` signs to prove it is a node of `job`."""
+    return mac(secret, "worker", job, node, chief_nonce)
+
+
+def chief_mac(secret: str, job: str, node: int, worker_nonce: str) -> str:
+    """What the chief signs to prove to node `node` that it is the chief of `job`."""
+    return mac(secret, "chief", job, node, worker_nonce)
+
+
+class Admission:
+    """How many unauthenticated connections the chief takes on: at most `max_pending` at once
+    (`max_per_peer` from one address), and `per_second` new ones a second (a token bucket)."""
+
+    def __init__(self, per_second: float, max_pending: int, max_per_peer: int) -> None:
+        self.per_second, self.max_pending, self.max_per_peer = per_second, max_pending, max_per_peer
+        self.tokens = float(max_pending)
+        self.updated: float | None = None
+
+    def wait(self, pending: int, now: float) -> float:
+        """0 when one more connection may be accepted now (and take its token), else how long to wait."""
+        if self.updated is not None:
+            self.tokens = min(float(self.max_pending), self.tokens + (now - self.updated) * self.per_second)
+        self.updated = now
+        if pending >= self.max_pending:
+            return 0.1  # until a pending connection authenticates, is refused, or times out
+        if self.tokens < 1:
+            return (1 - self.tokens) / self.per_second
+        self.tokens -= 1
+        return 0.0

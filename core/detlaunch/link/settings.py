@@ -1,0 +1,20 @@
+"""What the job link needs to know of the job, and nothing more (the node's supervisor builds it from the plan)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+
+
+@dataclasses.dataclass(frozen=True)
+class LinkSettings:
+    job_id: str
+    node: int  # this node's rank in the job: 0 is the chief
+    num_nodes: int
+    chief_addr: str
+    port: int  # the chief's port for the link (--link-port)
+    heartbeat: float  # seconds between heartbeats; a peer silent for HEARTBEAT_MISSES of them is lost
+    shared_dir: str  # the job directory every node shares: where the job's secret is, unless in `environ`
+    environ: Mapping[str, str]  # the job's environment: DETLAUNCH_JOB_SECRET when the scheduler sets one
+    node_addrs: tuple[str, ...] = ()  # each node's address where known (""): how the chief names a node
+    node_addr: str | None = None  # this node's own address: a worker dials the chief from it

@@ -1,0 +1,145 @@
+"""One connection of the job link: the link's messages as JSON lines over TCP, driven by the event loop.
+
+Sends never block the loop: what the socket does not take at once waits in a bounded buffer and is
+sent as the socket takes more; a peer that leaves more than MAX_UNSENT bytes unread (stopped, or
+hung) counts as lost, so a stalled node cannot delay the verdict for the others. Until a peer has
+authenticated it may send at most MAX_UNAUTHENTICATED bytes, and is read after everything else.
+
+What a peer sends is read here, in one place (messages.decode): heartbeats prove it alive and go
+no further; before authentication, anything that is no message of the link ends the connection;
+after it, a kind this link does not know is ignored (a later version's) and a malformed message
+ends the connection, saying why.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Callable
+
+from detlaunch.link.messages import Heartbeat, Malformed, Message, NotAMessage, UnknownKind, decode, encode
+from detlaunch.system.eventloop import EventLoop, Priority
+from detlaunch.system.safefs import random_hex
+
+HEARTBEAT_MISSES = 5  # a peer silent for this many heartbeat intervals is lost
+MAX_UNAUTHENTICATED = 4096  # bytes a peer may send before it has proven it is a node of the job
+MAX_UNSENT = 1 << 20  # bytes a peer may leave unread (beyond what the kernel buffers) before it counts as lost
+HEARTBEAT = b'{"t": "hb"}'  # the one message sent every heartbeat: sent and recognised without (de)coding
+
+
+class PeerConnection:
+    """One TCP connection to another node's supervisor. `peer_side` (messages.CHIEF or WORKER): what is
+    at the other end, and so which kinds of message it may send."""
+
+    def __init__(self, loop: EventLoop, sock: socket.socket, peer_side: str,
+                 on_message: Callable[[PeerConnection, Message], None],
+                 on_close: Callable[[PeerConnection], None]):
+        self.loop, self.sock, self.peer_side = loop, sock, peer_side
+        self.on_message, self.on_close = on_message, on_close
+        self.buffer = b""
+        self.closed = False
+        self.opened = time.monotonic()
+        self.last_heard = time.monotonic()
+        self.node: int | None = None  # the chief's side: the worker node it proved to be
+        self.peer = ""  # the remote address
+        self.authed = False
+        self.nonce = random_hex(16)  # what the other side signs to prove itself (auth.py)
+        self.unsent = bytearray()
+        self.writing = False  # the loop calls flush when the socket takes more
+        self.why = ""  # why the connection closed, when this side closed it for a reason
+        self.closing = False  # close once everything queued is sent (close_when_sent)
+        sock.setblocking(False)
+        # Unproven peers are served after everything else; a node of the job is raised on joining.
+        loop.add_reader(sock, Priority.PROBE, self.on_readable)
+
+    def trusted(self) -> None:
+        self.authed = True
+        self.loop.remove(self.sock)
+        self.loop.add_reader(self.sock, Priority.RANK_REPORT, self.on_readable)
+        if self.writing:
+            self.loop.on_writable(self.sock, self.flush)
+
+    def send(self, message: Message) -> None:
+        self.send_encoded(encode(message))
+
+    def send_encoded(self, line: bytes) -> None:
+        """Queue one encoded message (messages.encode) and send what the socket takes now; never blocks."""
+        if self.closed:
+            return
+        self.unsent += line + b"\n"
+        if len(self.unsent) > MAX_UNSENT:
+            self.why = f"it left {len(self.unsent)} bytes of the link unread (stopped, or hung)"
+            self.close(notify=True)
+        elif not self.writing:
+            self.flush()
+
+    def flush(self) -> None:
+        try:
+            while self.unsent:
+                del self.unsent[: self.sock.send(self.unsent)]
+        except BlockingIOError:
+            pass
+        except OSError:
+            self.close(notify=True)
+            return
+        if self.closing and not self.unsent:
+            self.close()
+            return
+        if self.writing != bool(self.unsent):
+            self.writing = bool(self.unsent)
+            self.loop.on_writable(self.sock, self.flush if self.writing else None)
+
+    def close_when_sent(self) -> None:
+        """Close once the last queued message is out (the socket's own buffer then delivers it):
+        closing at once would drop what the socket has not taken yet."""
+        self.closing = True
+        self.flush()
+
+    def on_readable(self) -> None:
+        while not self.closed:
+            try:
+                data = self.sock.recv(65536)
+            except BlockingIOError:
+                return
+            except OSError:
+                data = b""
+            if not data:
+                self.close(notify=True)
+                return
+            self.last_heard = time.monotonic()
+            self.buffer += data
+            if not self.authed and len(self.buffer) > MAX_UNAUTHENTICATED:
+                self.close()  # not a node of this job: an auth message is a few hundred bytes
+                return
+            while b"\n" in self.buffer and not self.closed:
+                raw, self.buffer = self.buffer.split(b"\n", 1)
+                if raw != HEARTBEAT:
+                    self._receive(raw)
+
+    def _receive(self, raw: bytes) -> None:
+        """The one place a peer's line is read (see the module's docstring for what a bad one costs)."""
+        try:
+            message = decode(raw, self.peer_side)
+        except UnknownKind as e:
+            if not self.authed:
+                self.why = f"it sent {e} before authenticating"
+                self.close(notify=True)
+            return
+        except (Malformed, NotAMessage) as e:
+            self.why = f"it sent {e}"
+            self.close(notify=True)
+            return
+        if not isinstance(message, Heartbeat):
+            self.on_message(self, message)
+
+    def close(self, notify: bool = False) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self.loop.remove(self.sock)
+        self.sock.close()
+        if notify:
+            self.on_close(self)
+
+    def silent_for(self) -> float:
+        return time.monotonic() - self.last_heard

@@ -1,0 +1,138 @@
+"""What the job link tells this node, and what it means here: the news from the other nodes' supervisors.
+
+The chief's link reports nodes joining, their ranks' ends, their own failures and their loss
+(link.chief.ChiefEvents); a worker's link reports its welcome, the chief's verdict, a lost chief and a
+link that never came up (link.worker.WorkerEvents). Each becomes what the rest of the node acts on:
+a verdict event, an observer's event, the start of the stage, the attempt driver's move. (Questions
+and the chief's restarts do not come this way: the link hands them to their owners itself.)
+
+This part reaches the supervisor only through `LinkEventsHost`. It also builds this node's side of
+the link from the plan (`connect`): the link takes only its settings (link.settings.LinkSettings).
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from typing import Protocol
+
+from detlaunch.link.chief import ChiefLink
+from detlaunch.link.control import ControlRequests
+from detlaunch.link.fdlimit import chief_needs, ensure_open_files
+from detlaunch.link.settings import LinkSettings
+from detlaunch.link.worker import WorkerLink
+from detlaunch.node.attempt_driver import AttemptDriver
+from detlaunch.node.hangs import HangPolicy
+from detlaunch.node.phase import Phase
+from detlaunch.node.shutdown import Shutdown
+from detlaunch.node.startup import Startup
+from detlaunch.node.verdict import ChiefLost, ChiefVerdict, NodeLost, RankEnded, RemoteFailure, Verdict, VerdictEvent
+from detlaunch.observe.emitter import EventEmitter
+from detlaunch.observe.events import EventKind
+from detlaunch.outcome import Failure, RankStatus
+from detlaunch.planning.plan import LaunchPlan
+from detlaunch.system.eventloop import EventLoop
+
+
+class LinkEventsHost(Protocol):
+    """What the link's news needs of the node's supervisor."""
+
+    loop: EventLoop
+    plan: LaunchPlan
+    node: int
+    verdict: Verdict
+    events: EventEmitter
+    hangs: HangPolicy
+    control: ControlRequests
+    driver: AttemptDriver
+    startup: Startup
+    shutdown: Shutdown
+
+    @property
+    def phase(self) -> Phase: ...
+
+    @property
+    def link(self) -> ChiefLink | WorkerLink | None: ...
+
+    def say(self, message: str) -> None: ...
+    def trace(self, message: str) -> None: ...
+    def fail(self, event: VerdictEvent) -> None: ...
+    def fail_to_start(self, what: str) -> None: ...
+
+
+def link_settings(plan: LaunchPlan) -> LinkSettings:
+    """What the job link needs of the plan."""
+    c = plan.cluster
+    return LinkSettings(job_id=c.job_id, node=c.node_rank, num_nodes=c.num_nodes, chief_addr=c.chief_addr,
+                        port=plan.link_port, heartbeat=plan.heartbeat, shared_dir=plan.shared_dir,
+                        environ=plan.environ, node_addrs=tuple(a or "" for a in c.node_addrs), node_addr=c.node_addr)
+
+
+class LinkEvents:
+    def __init__(self, host: LinkEventsHost) -> None:
+        self.host = host
+
+    def connect(self) -> ChiefLink | WorkerLink:
+        """This node's side of the job link: the chief's listens (one open file per node), a worker's dials."""
+        h = self.host
+        settings = link_settings(h.plan)
+        if h.plan.cluster.is_chief:
+            ensure_open_files(chief_needs(h.plan.cluster))
+            return ChiefLink(h.loop, settings, self, h.control)
+        return WorkerLink(h.loop, settings, self, h.control, h.driver)
+
+    def trace(self, message: str) -> None:
+        self.host.trace(message)
+
+    def joined(self) -> None:
+        """Chief: every node has joined the job; worker: this node joined the chief."""
+        h = self.host
+        h.startup.link_up = True
+        if h.phase.over:  # this node's part has ended: a late welcome only carries its goodbye
+            return
+        if h.phase is Phase.BACKOFF and isinstance(h.link, ChiefLink):
+            h.driver.rejoined()
+        elif h.startup.awaiting_join and isinstance(h.link, WorkerLink):
+            h.startup.joined(h.link)
+        else:
+            h.startup.start_when_ready()
+
+    # -- the chief's link (ChiefEvents) -------------------------------------------------------------
+    def node_joined(self, node: int, addr: str) -> None:
+        self.host.events.emit(EventKind.NODE_JOINED, node=node, host=addr)
+
+    def remote_rank_exit(self, status: RankStatus) -> None:
+        self.host.fail(RankEnded(status))
+
+    def remote_failure(self, failure: Failure) -> None:
+        """A worker node failed for another reason (its sshd died, it was interrupted...)."""
+        self.host.fail(RemoteFailure(failure))
+
+    def node_lost(self, node: int, addr: str, why: str) -> None:
+        """A worker node's supervisor vanished: between attempts the next one waits for it; else the job fails."""
+        h = self.host
+        h.events.emit(EventKind.NODE_LOST, node=node, host=addr, reason=why)
+        if h.phase is Phase.BACKOFF and h.plan.restarts.enabled:
+            h.driver.lost_between_attempts(node, addr, why)
+        elif h.phase.active:
+            h.fail(NodeLost(node, addr, why, time.time()))
+
+    # -- a worker's link (WorkerEvents) --------------------------------------------------------------
+    def chief_verdict(self, failure: Failure | None) -> None:
+        """The chief decided the job is over; its verdict is this node's too."""
+        h = self.host
+        was_active = h.phase.active
+        h.hangs.stopped()
+        h.verdict.add(ChiefVerdict(failure))
+        if was_active and failure is not None:
+            h.say(f"the chief stopped the job: {failure.what}")
+        h.hangs.stop_after_own_dumps(lambda: h.shutdown.stop(signal.SIGTERM))  # the chief asked for them first
+
+    def chief_lost(self, why: str) -> None:
+        """The chief's supervisor vanished before the job ended."""
+        h = self.host
+        if h.phase.active or h.phase is Phase.BACKOFF:
+            h.fail(ChiefLost(h.plan.cluster.chief_addr, why, h.node, time.time()))
+
+    def link_failed_to_start(self, what: str) -> None:
+        self.host.fail_to_start(what)

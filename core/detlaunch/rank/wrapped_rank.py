@@ -1,0 +1,341 @@
+"""The rank's process, watched by its wrapper: started, its output passed on, signals forwarded, its end reported.
+
+Part of the per-rank wrapper (``python -S``, stdlib only: see wrapper.py). One poll loop waits for
+the rank's output, its exit (a pidfd), its supervisor's word and the kill deadline; nothing polls.
+"""
+
+from __future__ import annotations
+
+import _signal as signal  # the C module under signal: the same calls, without its enum wrappers (~1 MB)
+import errno
+import fcntl
+import os
+import select
+import time
+
+try:  # imported as detlaunch.rank.wrapped_rank
+    from . import protocol as rank_protocol
+    from .output import PIPE_BUF, LinePrefixer, Output
+except ImportError:  # by file, from the wrapper's folder (python -S run_wrapper.py)
+    import protocol as rank_protocol  # type: ignore[no-redef]
+    from output import PIPE_BUF, LinePrefixer, Output  # type: ignore[no-redef]
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # never at run time: the typing module alone costs about 1 MB
+    from types import FrameType
+
+    from .connection import SupervisorConnection
+    from .output import RankLog
+    from .progress import OutputMark
+
+READ_SIZE = 1 << 16
+PIPE_SIZE = 1 << 18  # the rank's stdout pipe holds this much while the wrapper lets output gather
+GATHER = 0.002  # after a read of less than PIPE_BUF bytes, let output gather this long (seconds)
+FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT,
+                     signal.SIGUSR1, signal.SIGUSR2)
+
+
+class Stream:
+    """One of the rank's output pipes: what it reads, prefixed, goes to `output`."""
+
+    __slots__ = ("prefixer", "output", "is_stderr")
+
+    def __init__(self, prefix: bytes, output: Output, is_stderr: bool) -> None:
+        self.prefixer, self.output, self.is_stderr = LinePrefixer(prefix), output, is_stderr
+
+
+class WrappedRank:
+    """The rank's process, its output streams, and its report: the wrapper's whole job."""
+
+    def __init__(self, rank: int, command: list[str], supervisor: SupervisorConnection | None,
+                 console: tuple[int, int] | None, log: RankLog | None, grace: float,
+                 prefix: bytes | None = None) -> None:
+        """console: the (stdout, stderr) fds to write to, or None to keep this rank off the console."""
+        self.rank = rank
+        self.command = command
+        self.supervisor = supervisor
+        self.grace = grace
+        self.prefix = f"[rank={rank}] ".encode() if prefix is None else prefix
+        self.pid: int | None = None
+        self.status: int | None = None
+        self.ended_at = 0.0
+        self.pending_signal: int | None = None
+        self.kill_deadline: float | None = None
+        self.killed = False  # SIGKILL sent: nothing is left to escalate to
+        self.tail = b""
+        self.log = log
+        self.reported = False
+        self.output_mark: OutputMark | None = None  # the time of the last output: for status and the hang watch
+        self.traceback_started = self.told_traceback = False
+        self.hold = 0.0  # seconds to stay after a failure of the rank's own, while the others' stacks are taken
+        self.asked_to_stop = False  # a signal came: the rank's end is not a failure of its own
+        self.released = False  # the supervisor let it go already
+        out, err = console if console else (None, None)
+        self.outputs = {1: Output(out, log), 2: Output(err, log)}
+        # The watch (see watch()): the rank's open output pipes by fd, and what wakes the loop.
+        self.streams: dict[int, Stream] = {}
+        self.gather = GATHER
+        self.pidfd = -1
+        self.sup_fd: int | None = None
+        self.poller = select.poll()  # every fd the loop waits on
+        self.events_only = select.poll()  # the rank's exit and the supervisor: while output gathers
+
+    # -- signals --------------------------------------------------------------
+    def on_signal(self, signum: int, frame: FrameType | None) -> None:
+        self.asked_to_stop = True
+        if self.pid is None:
+            self.pending_signal = signum
+        elif self.status is None:
+            self.signal_rank(signum)
+
+    def signal_rank(self, signum: int) -> None:
+        if self.pid is None:
+            return
+        try:
+            os.killpg(self.pid, signum)
+        except ProcessLookupError:
+            pass
+
+    def stop_rank(self) -> None:
+        """Ask the rank's group to stop now and make sure it is gone after the grace period."""
+        self.signal_rank(signal.SIGTERM)
+        self.signal_rank(signal.SIGCONT)  # a SIGSTOPped rank (a hung one, stopped to look at) can take it now
+        if self.kill_deadline is None and not self.killed:
+            self.kill_deadline = time.monotonic() + self.grace
+
+    # -- the run, step by step --------------------------------------------------
+    def run(self) -> int:
+        """Start the rank, watch it and its output to their end, report; the rank's exit code."""
+        for signum in FORWARDED_SIGNALS:
+            signal.signal(signum, self.on_signal)
+        try:
+            self.start()
+        except OSError as e:
+            return self.cannot_start(e)
+        self.tell_started()
+        self.watch()
+        return self.finish()
+
+    def start(self) -> None:
+        """Spawn the rank in a process group of its own, its stdout and stderr into our pipes."""
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        try:  # room for output to gather in while the wrapper waits (see GATHER)
+            fcntl.fcntl(out_w, fcntl.F_SETPIPE_SZ, PIPE_SIZE)
+        except OSError:  # over the user's pipe quota: read as soon as anything arrives
+            self.gather = 0
+        actions = [(os.POSIX_SPAWN_DUP2, out_w, 1), (os.POSIX_SPAWN_DUP2, err_w, 2),
+                   (os.POSIX_SPAWN_CLOSE, out_w), (os.POSIX_SPAWN_CLOSE, err_w)]
+        try:
+            self.pid = os.posix_spawnp(self.command[0], self.command, os.environ, file_actions=actions,
+                                       setpgroup=0, setsigdef=FORWARDED_SIGNALS + (signal.SIGPIPE,))
+        except OSError:
+            for fd in (out_r, err_r):
+                os.close(fd)
+            raise
+        finally:
+            os.close(out_w)
+            os.close(err_w)
+        self.streams = {out_r: Stream(self.prefix, self.outputs[1], False),
+                        err_r: Stream(self.prefix, self.outputs[2], True)}
+
+    def tell_started(self) -> None:
+        """Tell the supervisor the rank's pid; pass on a signal that came before the rank existed."""
+        if self.supervisor:
+            try:
+                self.supervisor.send({"t": rank_protocol.STARTED, "pid": self.pid})
+            except OSError:  # the supervisor is gone already: the rank must not outlive it
+                self.supervisor = None
+                self.stop_rank()
+        if self.pending_signal is not None:
+            self.signal_rank(self.pending_signal)
+
+    def watch(self) -> None:
+        """Until the rank has ended and its output is closed: pass output on, take its exit, heed the
+        supervisor, and SIGKILL the rank's group at the kill deadline."""
+        assert self.pid is not None
+        self.pidfd = os.pidfd_open(self.pid)
+        self.sup_fd = self.supervisor.sock.fileno() if self.supervisor else None
+        for fd in self.streams:
+            self.poller.register(fd, select.POLLIN)
+        for event_fd in (self.pidfd, self.sup_fd):
+            if event_fd is not None:
+                self.poller.register(event_fd, select.POLLIN)
+                self.events_only.register(event_fd, select.POLLIN)
+        streams, take = self.streams, self.take  # this loop runs once per read of the rank's output: kept lean
+        while streams or self.status is None:
+            if self.killed and self.status is not None:
+                self.give_up_output()
+                return
+            events = self.poller.poll(None if self.kill_deadline is None else self.poll_timeout())
+            if self.kill_deadline is not None:
+                self.kill_when_due()
+            short_read = False
+            for fd, _ in events:
+                if fd in streams:
+                    try:
+                        data = os.read(fd, READ_SIZE)
+                    except BlockingIOError:  # drained already (see drain)
+                        continue
+                    short_read = short_read or 0 < len(data) < PIPE_BUF
+                    take(fd, data)
+                elif fd == self.pidfd:
+                    self.rank_ended()
+                elif fd == self.sup_fd:
+                    self.supervisor_spoke()
+            # A rank that writes a line at a time (python -u, progress bars) would wake the
+            # wrapper for every line, costing both a syscall and a context switch per line:
+            # after a short read, let its output gather for a moment. The first line after
+            # a quiet spell still goes out at once; a burst waits at most GATHER; the rank's
+            # exit is reported without delay.
+            if short_read and self.gather and self.status is None:
+                self.events_only.poll(self.gather * 1000)
+
+    def finish(self) -> int:
+        self.report()
+        self.hold_exit()
+        return self.exit_code()[0]
+
+    # -- the watch's events -----------------------------------------------------
+    def poll_timeout(self) -> float:
+        """Milliseconds until the kill deadline (there is one)."""
+        assert self.kill_deadline is not None
+        return max(0, (self.kill_deadline - time.monotonic()) * 1000)
+
+    def kill_when_due(self) -> None:
+        if self.kill_deadline is not None and time.monotonic() >= self.kill_deadline:
+            self.signal_rank(signal.SIGKILL)
+            self.killed, self.kill_deadline = True, None
+
+    def take(self, fd: int, data: bytes) -> None:
+        """Pass `data` read from `fd` on, prefixed; b"": the stream ended (its last partial line goes too)."""
+        stream = self.streams[fd]
+        if not data:
+            stream.output.write(stream.prefixer.flush())
+            self.poller.unregister(fd)
+            os.close(fd)
+            del self.streams[fd]
+            return
+        stream.output.write(stream.prefixer.feed(data))
+        if self.output_mark is not None:
+            self.output_mark.touch()
+        if stream.is_stderr:
+            self.took_stderr(data)
+
+    def took_stderr(self, data: bytes) -> None:
+        """Keep the tail for the report; tell the supervisor of a whole traceback while the rank runs on."""
+        self.tail = (self.tail + data)[-rank_protocol.TAIL_BYTES:]
+        if b"Traceback" in data:  # a new one (a handled one may come first): told once whole
+            self.traceback_started, self.told_traceback = True, False
+        if self.traceback_started and not self.told_traceback and rank_protocol.ends_traceback(self.tail):
+            self.tell_traceback()  # its exception line may have come in a later read
+
+    def drain(self, fd: int) -> None:
+        """Take everything in the pipe now, without waiting for more."""
+        os.set_blocking(fd, False)
+        try:
+            while fd in self.streams:
+                self.take(fd, os.read(fd, READ_SIZE))
+        except BlockingIOError:
+            pass
+
+    def rank_ended(self) -> None:
+        """The rank's process ended: take what it wrote, and report at once."""
+        assert self.pid is not None
+        _, self.status = os.waitpid(self.pid, 0)
+        self.ended_at = time.time()  # wall clock: failures on different nodes are ordered by it
+        self.poller.unregister(self.pidfd)
+        self.events_only.unregister(self.pidfd)
+        os.close(self.pidfd)
+        for fd in list(self.streams):  # what the rank wrote before it ended, for its report
+            self.drain(fd)
+        # Report now: a process the rank left behind may hold its output open for long,
+        # and the job must not wait for that to learn how the rank ended.
+        self.report()
+        if self.streams:  # something the rank started still holds its output open
+            self.stop_rank()
+
+    def give_up_output(self) -> None:
+        """The rank's group is dead, yet its output is still open: a process that left the group
+        (setsid) holds it. Take what is in the pipes and stop waiting for that process; the
+        supervisor stops it with the rest of the job."""
+        for fd in list(self.streams):
+            self.drain(fd)
+            if fd in self.streams:
+                self.take(fd, b"")
+
+    def supervisor_spoke(self) -> None:
+        """The supervisor's one message (release), or its socket closing: then the rank must stop."""
+        assert self.supervisor is not None and self.sup_fd is not None
+        try:
+            data = self.supervisor.sock.recv(4096)
+        except OSError:  # reset: the supervisor died with our messages unread
+            data = b""
+        self.released = self.released or bool(data)  # its only message: rank_protocol.RELEASE
+        if not data:
+            self.poller.unregister(self.sup_fd)
+            self.events_only.unregister(self.sup_fd)
+            self.supervisor.sock.close()
+            self.supervisor, self.sup_fd = None, None
+            self.stop_rank()
+
+    # -- the report -------------------------------------------------------------
+    def tell_traceback(self) -> None:
+        """The rank printed a whole Python traceback: if it does not exit soon, the supervisor counts it as failed."""
+        self.told_traceback = True
+        if self.supervisor and self.status is None:
+            try:
+                self.supervisor.send({"t": rank_protocol.TRACEBACK, "tail": rank_protocol.last_lines(self.tail),
+                                      "wall": time.time()})
+            except OSError:
+                pass
+
+    def cannot_start(self, e: OSError) -> int:
+        """The command could not be started: the rank ends as a shell would say it (127 not found,
+        126 not executable), with the reason as its last stderr line, reported like any exit."""
+        program = self.command[0]
+        why = e.strerror or str(e)
+        if e.errno == errno.ENOENT and os.path.exists(program):
+            why += " (the interpreter on its #! line is missing)"
+        line = f"cannot start {program}: {why}"
+        self.outputs[2].write(self.prefix + line.encode() + b"\n")
+        self.tail = line.encode() + b"\n"
+        self.status = (127 if e.errno == errno.ENOENT else 126) << 8  # a wait status, as if it had exited
+        self.ended_at = time.time()
+        return self.finish()
+
+    def exit_code(self) -> tuple[int, int | None]:
+        assert self.status is not None
+        code = os.waitstatus_to_exitcode(self.status)
+        return rank_protocol.exit_code_of(code), (-code if code < 0 else None)
+
+    def report(self) -> None:
+        """Tell the supervisor how the rank ended (once; a log problem known by then goes with it)."""
+        if self.reported or not self.supervisor:
+            return
+        self.reported = True
+        code, signum = self.exit_code()
+        message = rank_protocol.exit_message(code, signum, rank_protocol.last_lines(self.tail), self.ended_at)
+        ended = self.output_mark.script_end() if self.output_mark is not None else ""
+        if ended:  # its script had ended before it died: Python was shutting down
+            message["ended"] = ended
+        if self.log is not None and self.log.error:
+            message["log_error"] = self.log.error
+        try:
+            self.supervisor.send(message)
+        except OSError:
+            pass
+
+    def hold_exit(self) -> None:
+        """The rank failed on its own: stay until the supervisor says so (any message, or its socket closing),
+        at most `hold` seconds. A launcher (torchrun) kills the other ranks as soon as one of its workers
+        exits: the supervisor takes their stacks first (dump before kill)."""
+        supervisor = self.supervisor
+        if supervisor is None or self.hold <= 0 or self.asked_to_stop or self.released or self.exit_code()[0] == 0:
+            return
+        poller = select.poll()
+        poller.register(supervisor.sock.fileno(), select.POLLIN)
+        try:
+            poller.poll(self.hold * 1000)
+        except OSError:
+            pass

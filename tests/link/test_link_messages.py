@@ -1,0 +1,119 @@
+"""The job link's message table: every kind named once with its fields and sender, read in one place
+(unknown kinds, a side's wrong kinds and malformed messages), and what each costs a connection."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import socket
+from typing import Any
+
+import pytest
+from detlaunch.link import messages
+from detlaunch.link.messages import (
+    BOTH,
+    CHIEF,
+    KINDS,
+    WORKER,
+    Answer,
+    Ask,
+    Auth,
+    Bye,
+    Challenge,
+    End,
+    Failed,
+    Go,
+    Heartbeat,
+    Malformed,
+    Message,
+    RankExit,
+    Reply,
+    Request,
+    Restart,
+    Stop,
+    UnknownKind,
+    Welcome,
+    decode,
+    encode,
+)
+from detlaunch.link.wire import PeerConnection
+from detlaunch.outcome import Failure, FailureKind, RankStatus
+from detlaunch.system.eventloop import EventLoop
+
+STATUS = RankStatus(rank=3, node_rank=1, exit_code=None, signal=9, tail=("boom",), wall=12.5, host="h1")
+FAILURE = Failure("rank 3 on node 1 (h1) was killed", 137, rank=STATUS, tail=("boom",), tail_of="rank 3", at=12.5,
+                  kind=FailureKind.RANK)
+EXAMPLES: list[Message] = [
+    Heartbeat(), Challenge(job="job-1", nonce="n1"), Auth(node=2, nonce="n2", addr="10.0.0.2", mac="ab"),
+    Welcome(mac="cd", attempt=3, hold=True), RankExit(status=STATUS), Failed(failure=FAILURE),
+    Bye(ranks=(STATUS, dataclasses.replace(STATUS, rank=4))), Ask(key=7, what="status", args={"x": 1}),
+    Reply(key=7, data=[1, "two"]), Stop(failure=FAILURE), Request(key=8, what="stacks", args={"budget": 1.5}),
+    Answer(key=8, data={"nodes": []}), Restart(attempt=2, delay=None), Restart(attempt=2, delay=0.5), Go(attempt=2),
+    End(failure=None), End(failure=FAILURE),
+]
+
+
+@pytest.mark.parametrize("message", EXAMPLES, ids=lambda m: m.kind)
+def test_every_kind_reads_back_as_it_was_written(message: Message) -> None:
+    sender = WORKER if message.sender == BOTH else message.sender
+    assert decode(encode(message), sender) == message
+
+
+def test_the_table_in_the_docstring_names_every_kind_once_with_its_sender_and_fields() -> None:
+    rows = re.findall(r"^    (\w+) +(chief|worker|both) +(-|\w+(?:, \w+)*) ", messages.__doc__ or "", re.M)
+    assert sorted(kind for kind, _, _ in rows) == sorted(KINDS) and len(rows) == len(KINDS) == 15
+    for kind, sender, fields in rows:
+        cls = KINDS[kind]
+        assert cls.sender == sender
+        wire = [f.metadata["key"] or f.name for f in dataclasses.fields(cls)]
+        assert wire == ([] if fields == "-" else fields.split(", ")), kind
+    assert {m.kind for m in EXAMPLES} == set(KINDS)
+
+
+@pytest.mark.parametrize(("line", "sent_by", "error", "says"), [
+    (b'{"t": "shout"}', WORKER, UnknownKind, "unknown kind 'shout'"),
+    (b'{"t": "stop", "failure": null}', WORKER, UnknownKind, "kind 'stop', which a worker never sends"),
+    (b'{"t": "rank_exit", "status": {}}', CHIEF, UnknownKind, "kind 'rank_exit', which a chief never sends"),
+    (b'[1, 2]', WORKER, UnknownKind, "what is not a JSON object"),
+    (b'{"t": ["x"]}', WORKER, UnknownKind, "unknown kind ['x']"),
+    (b'{"t": "rank_exit"', WORKER, Malformed, "what is not JSON"),
+    (b'{"t": "rank_exit"}', WORKER, Malformed, "kind 'rank_exit' with a bad 'status'"),
+    (b'{"t": "rank_exit", "status": {"rank": "x", "node": 1}}', WORKER, Malformed, "kind 'rank_exit' with a bad"),
+    (b'{"t": "auth", "node": true, "nonce": "n", "mac": "m"}', WORKER, Malformed, "kind 'auth' with a bad 'node'"),
+    (b'{"t": "ask", "what": "status"}', WORKER, Malformed, "kind 'ask' with a bad 'id'"),
+    (b'{"t": "restart", "attempt": 2, "delay": "soon"}', CHIEF, Malformed, "kind 'restart' with a bad 'delay'"),
+])
+def test_what_is_no_message_is_told_apart(line: bytes, sent_by: str, error: type[Exception], says: str) -> None:
+    with pytest.raises(error) as raised:
+        decode(line, sent_by)
+    assert says in str(raised.value)
+
+
+def test_a_failure_that_cannot_be_read_counts_as_none() -> None:
+    assert decode(b'{"t": "stop", "failure": {"what": "x"}}', CHIEF) == Stop(failure=None)  # no exit code
+    assert decode(b'{"t": "failed", "failure": 7}', WORKER) == Failed(failure=None)
+    assert decode(b'{"t": "welcome", "mac": "m"}', CHIEF) == Welcome(mac="m", attempt=1, hold=False)  # defaults
+
+
+def trusted_connection(loop: EventLoop) -> tuple[PeerConnection, socket.socket, list[Any], list[PeerConnection]]:
+    mine, theirs = socket.socketpair()
+    got: list[Any] = []
+    closed: list[PeerConnection] = []
+    conn = PeerConnection(loop, mine, WORKER, lambda _c, m: got.append(m), closed.append)
+    conn.trusted()
+    return conn, theirs, got, closed
+
+
+def test_once_trusted_an_unknown_kind_is_ignored_and_a_malformed_message_ends_the_connection_saying_why() -> None:
+    loop = EventLoop()
+    conn, theirs, got, closed = trusted_connection(loop)
+    theirs.sendall(b'{"t": "from_a_later_version", "x": 1}\n{"t": "stop", "failure": null}\n'
+                   + encode(Ask(key=1, what="status", args={})) + b"\n")
+    loop.run_once(timeout=1)
+    assert got == [Ask(key=1, what="status", args={})] and not conn.closed
+    theirs.sendall(b'{"t": "bye", "ranks": [{"rank": 1}]}\n' + encode(Ask(key=2, what="status", args={})) + b"\n")
+    loop.run_once(timeout=1)
+    assert closed == [conn] and len(got) == 1
+    assert conn.why.startswith("it sent a message of kind 'bye' with a bad 'ranks'"), conn.why
+    theirs.close()
+    loop.close()
