@@ -25,13 +25,14 @@ import secrets
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from types import FrameType
 from typing import Any
 
 import pytest
-from support import reaper
+from support import pyenv_lock, reaper
 from support.jobs import Launcher
 
 reaper.start()  # first: every process the run starts carries its marker
@@ -47,10 +48,11 @@ def _stop_like_ctrl_c(signum: int, frame: FrameType | None) -> None:
 
 
 signal.signal(signal.SIGTERM, _stop_like_ctrl_c)  # pytest then ends the run and tears every fixture down
+RUN_STARTED = time.time()
 
 # Fixtures that start real processes: a test that uses one (directly or through another fixture) is a job test.
 JOB_FIXTURES = frozenset({"launcher", "detlaunch_runner", "throwaway_user", "real_processes", "slurm", "determined_cli",
-                          "deepspeed_hosts", "ssh_peers"})
+                          "deepspeed_hosts", "ssh_peers", "built_wheel"})
 SPAWNING = frozenset({"subprocess.Popen", "os.fork", "os.forkpty", "os.posix_spawn", "os.spawn", "os.system",
                       "os.exec", "pty.spawn"})
 _spawned: list[str] = []
@@ -80,6 +82,15 @@ def _only_job_tests_start_processes(request: pytest.FixtureRequest) -> Iterator[
         started, _spawned[:] = list(_spawned), []
         pytest.fail("this test starts processes but is not a job test: use a fixture that starts them, or ask for "
                     f"`real_processes` (conftest.JOB_FIXTURES); it started: {'; '.join(started[:3])}", pytrace=False)
+
+
+@pytest.fixture(autouse=True)
+def _no_pyenv_lock_left_behind(request: pytest.FixtureRequest) -> Iterator[None]:
+    """After a job test: a pyenv rehash lock a killed ssh shell of this run left is taken away
+    (tests/support/pyenv_lock.py), so that it does not cost every later shell a minute."""
+    yield
+    if request.node.get_closest_marker("job") is not None:
+        pyenv_lock.remove_if_left_by_this_run(RUN_STARTED)
 
 
 @pytest.fixture

@@ -1,7 +1,8 @@
-"""A test run cut short leaves nothing running: a pytest of this suite (its conftest) is started with
-a test that brings up the SLURM test cluster and runs a job step on both nodes, then that pytest
-alone is stopped the ways a run ends early: SIGTERM (`timeout`, a CI cancel: fixtures tear down) and
-SIGKILL (nothing of pytest runs: tests/support/reaper.py does the work)."""
+"""A test run leaves the machine as it found it. Cut short, it leaves nothing running: a pytest of this
+suite (its conftest) is started with a test that brings up the SLURM test cluster and runs a job step
+on both nodes, then that pytest alone is stopped the ways a run ends early: SIGTERM (`timeout`, a CI
+cancel: fixtures tear down) and SIGKILL (nothing of pytest runs: tests/support/reaper.py does the
+work). And a pyenv rehash lock a shell it killed left is taken away (tests/support/pyenv_lock.py)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from support import pyenv_lock
 from support.helpers import wait_until
 from support.paths import ROOT
 from support.reaper import marked
@@ -93,3 +95,15 @@ def test_a_stopped_pytest_leaves_no_daemon_and_no_job(real_processes: None, tmp_
     if how == signal.SIGTERM:  # stopped like Ctrl-C: the fixture itself stopped the cluster
         assert "KeyboardInterrupt" in out and "pytest got SIGTERM" in out, out
         assert "reaper.py: the test run left" not in out, out
+
+
+def test_only_a_stale_pyenv_rehash_lock_this_run_left_is_taken_away(tmp_path: Path) -> None:
+    lock = tmp_path / "shims" / ".pyenv-shim"
+    lock.parent.mkdir()
+    assert pyenv_lock.lock_path({"PYENV_ROOT": str(tmp_path)}) == lock
+    assert not pyenv_lock.remove_if_left_by_this_run(1000.0, lock, now=2000.0)  # no lock: nothing to do
+    lock.write_text("#!/usr/bin/env bash\n")
+    os.utime(lock, (1500.0, 1500.0))
+    assert not pyenv_lock.remove_if_left_by_this_run(1600.0, lock, now=2000.0) and lock.exists()  # older than the run
+    assert not pyenv_lock.remove_if_left_by_this_run(1000.0, lock, now=1550.0) and lock.exists()  # a rehash may hold it
+    assert pyenv_lock.remove_if_left_by_this_run(1000.0, lock, now=2000.0) and not lock.exists()  # stale, and ours
