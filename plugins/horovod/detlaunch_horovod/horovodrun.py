@@ -15,6 +15,13 @@ nothing of horovod's launcher: the helper needs none of it, and each rank starts
 
 Which controller to probe comes in DETLAUNCH_HOROVOD_PROBE (gloo or mpi; the layer sets it), taken
 out of the environment at import: neither horovodrun's ranks nor its helpers see it.
+
+One difference: when a rank fails, horovodrun (gloo, not elastic) terminates every other rank at
+once, itself. Under detlaunch that is detlaunch's to do, for the whole job and after it has taken
+the survivors' stacks (the dump before kill); horovodrun racing it sent its SIGTERM first now and
+then, and the survivors' stacks were lost. So horovodrun here leaves the other ranks running
+(`_leave_the_other_ranks_to_detlaunch`) and ends when they have ended, with the exit code it
+would have had.
 """
 
 import os
@@ -38,9 +45,30 @@ if __name__ != "__mp_main__":  # not again in horovodrun's helper processes
     _start()
 
 
+class _AsIfElastic:
+    """horovodrun's settings, read by gloo_run._exec_command_fn, which makes its terminate-every-rank-on-a-
+    failure event only for a run that is not elastic (and reads nothing else of `elastic`)."""
+
+    elastic = True
+
+    def __init__(self, settings: object) -> None:
+        self._settings = settings
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._settings, name)
+
+
+def _leave_the_other_ranks_to_detlaunch() -> None:
+    from horovod.runner import gloo_run
+
+    make = gloo_run._exec_command_fn
+    gloo_run._exec_command_fn = lambda settings: make(_AsIfElastic(settings))
+
+
 def main() -> int | None:
     from horovod.runner.launch import run_commandline
 
+    _leave_the_other_ranks_to_detlaunch()
     sys.argv[0] = "horovodrun"  # what argparse names in its messages, as under the console script
     result: int | None = run_commandline()
     return result
