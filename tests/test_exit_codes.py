@@ -47,3 +47,21 @@ def test_the_rank_wrappers_codes_are_the_tables(capfd: pytest.CaptureFixture[str
         assert rank.cannot_start(OSError(error, "nope")) == code
         assert ProcessEnd.from_wait_status(rank.status or 0) == ProcessEnd(code)
 
+
+
+def test_isolation_is_stdlib_only_and_its_codes_are_the_tables() -> None:
+    """isolation.py runs as a lone file (tests/node/test_escape.py, as another user): it keeps its own copies."""
+    import ast
+    import sys
+
+    from detlaunch.system import isolation
+
+    tree = ast.parse(open(isolation.__file__).read())
+    imported = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)
+                for alias in node.names}
+    imported |= {node.module.split(".")[0] for node in ast.walk(tree)
+                 if isinstance(node, ast.ImportFrom) and node.module and node.level == 0}
+    assert imported - {"__future__"} <= set(sys.stdlib_module_names), imported
+    assert (isolation.INTERNAL, isolation.KILLED) == (exit_codes.INTERNAL, exit_codes.by_signal(signal.SIGKILL))
+    for status, code in ((0, 0), (3 << 8, 3), (signal.SIGKILL, 137)):
+        assert isolation._shell_code(status) == ProcessEnd.from_wait_status(status).code == code

@@ -199,3 +199,39 @@ def test_isolated_the_body_is_pid_1_its_code_comes_back_and_the_caller_can_go_on
     if pid == 0:
         os._exit(0)
     assert os.waitpid(pid, 0)[1] == 0
+
+
+HALF_MADE = '''
+def half_made():
+    """unshare works, the id maps are refused (Ubuntu's AppArmor): the namespace is half made."""
+    _libc.unshare(CLONE_NEWPID | (CLONE_NEWUSER if os.getuid() != 0 else 0))
+    raise Unavailable(1, "user namespace id maps: Permission denied")
+
+def body():
+    """Forks twice: in a half-made namespace the first child is its init, and the second fork fails."""
+    codes = []
+    for code in (3, 4):
+        pid = os.fork()
+        if pid == 0:
+            os._exit(code if os.getpid() != 1 else 99)
+        codes.append(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
+    return 10 * codes[0] + codes[1]
+
+print(run_isolated(body, warn=lambda line: print(line, file=sys.stderr), enter=half_made), probe(half_made))
+'''
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("as_user", [False, True], ids=["root", "user-namespace-root"])
+def test_a_namespace_refused_after_its_unshare_leaves_the_job_whole(real_processes: None, as_user: bool) -> None:
+    """Where the id maps are refused after the unshare, the job runs unisolated in a process that never
+    unshared (issue 24: its first child would be the init of a half-made namespace, the next fork ENOMEM)."""
+    from detlaunch.system import isolation
+
+    if as_user and shutil.which("unshare") is None:
+        pytest.skip("no unshare(1)")
+    code = Path(isolation.__file__).read_text() + HALF_MADE  # stdlib only: runs as it is
+    prefix = ["unshare", "--user", "--map-root-user"] if as_user else []
+    out = subprocess.run([*prefix, sys.executable, "-S", "-c", code], capture_output=True, text=True, timeout=30)
+    assert (out.returncode, out.stdout) == (0, "34 user namespace id maps: Permission denied\n"), out
+    assert out.stderr.startswith("cannot isolate the job in a PID namespace (user namespace id maps: "), out

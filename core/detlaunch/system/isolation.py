@@ -38,8 +38,10 @@ import sys
 import traceback
 from collections.abc import Callable
 
-import detlaunch.exit_codes as exit_codes
-from detlaunch.outcome import ProcessEnd
+# stdlib only: tests run this file as it is, as another user, with a Python that cannot see detlaunch.
+# The two codes are detlaunch.exit_codes' (tests/test_exit_codes.py checks they agree).
+INTERNAL = 70  # exit_codes.INTERNAL: the isolated child crashed
+KILLED = 128 + signal.SIGKILL  # exit_codes.by_signal(SIGKILL)
 
 CLONE_NEWNS, CLONE_NEWPID, CLONE_NEWUSER = 0x00020000, 0x20000000, 0x10000000
 MS_REC, MS_PRIVATE = 1 << 14, 1 << 18
@@ -74,7 +76,7 @@ def enter_new_pid_namespace() -> None:
 def _die_with_parent(parent_alive: int) -> None:
     _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     if select.select([parent_alive], [], [], 0)[0]:  # EOF: the parent died before prctl took effect
-        os._exit(exit_codes.by_signal(signal.SIGKILL))
+        os._exit(KILLED)
 
 
 def _become_init() -> None:
@@ -119,7 +121,8 @@ def run_isolated(body: Callable[[], int], *, warn: Callable[[str], None],
         try:
             try:
                 enter()
-            except Unavailable as e:
+            except Unavailable as e:  # it may have unshared before it failed: back first, then the child
+                _libc.setns(ns, CLONE_NEWPID)
                 why = e
                 return _in_child(without_ns(lambda: unisolated(why)))
             return _in_child(without_ns(init))
@@ -128,10 +131,20 @@ def run_isolated(body: Callable[[], int], *, warn: Callable[[str], None],
             os.close(ns)
 
     def make_namespaces_and_run() -> int:
+        # A user namespace's id maps are written after its unshare, and may then be refused (Ubuntu's
+        # AppArmor: apparmor_restrict_unprivileged_userns): the process that unshared would make a
+        # half-made namespace whose first child is its init (when that child exits, every other is
+        # killed and no fork works). So try it in a throwaway child first, and never run the job in a
+        # process that has unshared.
+        why = probe(enter)
+        if why is not None:
+            return unisolated(Unavailable(0, why))
         try:
             enter()
-        except Unavailable as e:
-            return unisolated(e)
+        except Unavailable as e:  # the probe could, this process cannot: it must not fork the job now
+            warn(f"cannot isolate the job in a PID namespace ({e.strerror}) although a moment ago it "
+                 f"could: run it again; see detlaunch doctor")
+            return INTERNAL
         return _in_child(init)
 
     return _in_child(lambda: _in_own_session(make_namespaces_and_run))
@@ -175,7 +188,7 @@ def _in_child(run: Callable[[], int]) -> int:
             code = e.code if isinstance(e.code, int) else int(e.code is not None)
         except BaseException:  # os._exit below would swallow it: say what broke
             traceback.print_exc()
-            code = exit_codes.INTERNAL
+            code = INTERNAL
         finally:
             for stream in (sys.stdout, sys.stderr):
                 try:
@@ -192,7 +205,7 @@ def _in_child(run: Callable[[], int]) -> int:
         for s, handler in old.items():
             signal.signal(s, handler)
         os.close(alive_w)
-    return ProcessEnd.from_wait_status(status).code
+    return _shell_code(status)
 
 
 def _relay(pid: int, signum: int) -> None:
@@ -202,20 +215,30 @@ def _relay(pid: int, signum: int) -> None:
         pass
 
 
-def probe() -> str | None:
+def probe(enter: Callable[[], None] = enter_new_pid_namespace) -> str | None:
     """Whether this user can make the namespaces here: None if so, else why not (for detlaunch doctor)."""
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:  # try in a throwaway child: unshare changes the process that calls it
         os.close(r)
+        code = 1
         try:
-            enter_new_pid_namespace()
-            os._exit(0)
+            enter()
+            code = 0
         except Unavailable as e:
             os.write(w, str(e.strerror).encode())
-            os._exit(1)
+        except BaseException as e:  # never let the throwaway child return into its parent's code
+            os.write(w, repr(e).encode())
+        finally:
+            os._exit(code)
     os.close(w)
     with os.fdopen(r, "rb") as f:
         why = f.read().decode(errors="replace")
     _, status = os.waitpid(pid, 0)
-    return None if ProcessEnd.from_wait_status(status).ok else (why or "unknown reason")
+    return None if _shell_code(status) == 0 else (why or "unknown reason")
+
+
+def _shell_code(status: int) -> int:
+    """os.waitpid's status as a shell reports it (128+N for a signal), like outcome.ProcessEnd's code."""
+    code = os.waitstatus_to_exitcode(status)
+    return 128 - code if code < 0 else code
