@@ -27,6 +27,7 @@ import sys
 import detlaunch.exit_codes as exit_codes
 from detlaunch.errors import ConfigError
 from detlaunch.options import Option, OptionGroup
+from detlaunch.planning.addresses import bind_host
 from detlaunch.planning.config import NUMBERS, Config
 from detlaunch.planning.doctor import Check, port_check
 from detlaunch.planning.stage import SOCKET_NAME, SSHD_SUPERVISOR_ENV, Command, Stage, StageContext
@@ -143,7 +144,7 @@ def sshd_config(ctx: StageContext, layout: SshLayout) -> str:
     addr = ctx.cluster.require_addresses("ssh")[node]
     socket_path = os.path.join(ctx.run_dir, SOCKET_NAME)
     return "\n".join([
-        f"ListenAddress {_ip_literal(addr)}:{layout.port}",
+        f"ListenAddress {_ip_literal(bind_host(addr, ctx.cluster.bind_any))}:{layout.port}",
         f"HostKey {layout.host_key(node)}",
         f"AuthorizedKeysFile {layout.client_key(node)}.pub",
         "PidFile none",

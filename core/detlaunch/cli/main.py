@@ -21,6 +21,7 @@ from detlaunch.planning.command_line import CommandLine, first_pass, truthy
 from detlaunch.planning.config import Parser, check_sections, split_argv
 
 if TYPE_CHECKING:
+    from detlaunch.planning.cluster import ClusterInfo
     from detlaunch.planning.config import Config
     from detlaunch.planning.plugin_manager import Hooks, PluginSet
 
@@ -138,14 +139,14 @@ def run(argv: list[str], env: dict[str, str], pre: argparse.Namespace | None = N
     options = config.options
 
     if subcommand == "info":
-        return print_info(hooks.discover_cluster(config), options.get("format", "text"))
+        return print_info(discover(hooks, config), options.get("format", "text"))
 
     if subcommand == "doctor":
         return doctor(hooks, config)
 
     from detlaunch.planning.plan import build_plan, render_json, render_text
 
-    cluster = hooks.discover_cluster(config)
+    cluster = discover(hooks, config)
     if cluster.num_nodes > 1 and not options.get("link_port") and options["master_port"] >= 65535:
         raise ConfigError(f"--master-port {options['master_port']} leaves no port for the link between nodes "
                           "(master port + 1): give --link-port PORT or a lower --master-port")
@@ -189,6 +190,17 @@ def run(argv: list[str], env: dict[str, str], pre: argparse.Namespace | None = N
     finally:
         if job_lock is not None:
             job_lock.release()
+
+
+def discover(hooks: Hooks, config: Config) -> ClusterInfo:
+    """The cluster as the providers see it, with addresses the other machines reach (planning/addresses.py)."""
+    from detlaunch.planning.addresses import settle
+
+    # detlaunch info and --dry-run wait for no name, and leave one that does not resolve as it is
+    wait = None if config.options.get("dry_run") or not config.options.get("start_timeout") \
+        else config.options["start_timeout"]
+    return settle(hooks.discover_cluster(config), wait=wait,
+                  say=lambda line: print(f"detlaunch: {line}", file=sys.stderr, flush=True))
 
 
 def _prepare_log_dir(path: str) -> None:

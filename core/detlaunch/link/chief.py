@@ -44,6 +44,7 @@ from detlaunch.link.messages import (
 from detlaunch.link.settings import LinkSettings
 from detlaunch.link.wire import HEARTBEAT, HEARTBEAT_MISSES, PeerConnection
 from detlaunch.outcome import Failure, RankStatus
+from detlaunch.planning.addresses import bind_host
 from detlaunch.system.eventloop import EventLoop, Priority, Timer
 from detlaunch.system.jobdir import SECRET_ENV, SECRET_FILE, create_secret
 
@@ -85,7 +86,7 @@ class ChiefLink:
         self.remote_ranks: dict[int, RankStatus] = {}
         self.stop_message: Stop | None = None
         self.addrs = {n: a for n, a in enumerate(settings.node_addrs) if a}  # + peers as they join
-        host, port = settings.chief_addr, settings.port
+        host, port = bind_host(settings.chief_addr, settings.bind_any), settings.port
         try:
             family, _, _, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
             self.listener = socket.socket(family, socket.SOCK_STREAM)

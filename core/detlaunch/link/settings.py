@@ -18,3 +18,4 @@ class LinkSettings:
     environ: Mapping[str, str]  # the job's environment: DETLAUNCH_JOB_SECRET when the scheduler sets one
     node_addrs: tuple[str, ...] = ()  # each node's address where known (""): how the chief names a node
     node_addr: str | None = None  # this node's own address: a worker dials the chief from it
+    bind_any: bool = False  # the chief listens on the wildcard (a job across machines: planning/addresses.py)

@@ -65,7 +65,8 @@ def link_settings(plan: LaunchPlan) -> LinkSettings:
     c = plan.cluster
     return LinkSettings(job_id=c.job_id, node=c.node_rank, num_nodes=c.num_nodes, chief_addr=c.chief_addr,
                         port=plan.link_port, heartbeat=plan.heartbeat, shared_dir=plan.shared_dir,
-                        environ=plan.environ, node_addrs=tuple(a or "" for a in c.node_addrs), node_addr=c.node_addr)
+                        environ=plan.environ, node_addrs=tuple(a or "" for a in c.node_addrs), node_addr=c.node_addr,
+                        bind_any=c.bind_any)
 
 
 class LinkEvents:

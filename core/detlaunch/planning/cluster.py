@@ -30,6 +30,10 @@ class ClusterInfo:
     job_id: str
     provider: str = "local"
     sources: Mapping[str, str] = dataclasses.field(default_factory=dict, compare=False)
+    # Listeners (the job link, a per-job sshd) bind the wildcard, not this node's address: the job spans
+    # real machines (planning/addresses.py sets it; False keeps each node on its own address, as the
+    # tests' 127.0.0.x nodes on one machine need).
+    bind_any: bool = False
 
     def __post_init__(self) -> None:
         if len(self.node_addrs) != len(self.slots) or not self.slots:

@@ -20,6 +20,7 @@ from detlaunch.errors import PluginLoadError
 from detlaunch.observe.events import node_events_path
 from detlaunch.options import Option
 from detlaunch.outcome import signal_name
+from detlaunch.planning.addresses import socket_ifname_env
 from detlaunch.planning.cluster import ClusterInfo
 from detlaunch.planning.config import Config, supervision_options
 from detlaunch.planning.plugin_manager import Hooks
@@ -185,6 +186,9 @@ def build_plan(hooks: Hooks, config: Config, cluster: ClusterInfo) -> LaunchPlan
 
     env = hooks.environment(ctx)
     env["DET_CHIEF_IP"] = cluster.chief_addr
+    for key, value in socket_ifname_env(cluster).items():  # unless the user or the layer chose one
+        if key not in config.env:
+            env.setdefault(key, value)
     env[SUPERVISOR_ENV] = os.path.join(run_dir, SOCKET_NAME)
     if "PYTHONUNBUFFERED" not in config.env:
         env["PYTHONUNBUFFERED"] = "1"  # the last line before a crash must reach the logs

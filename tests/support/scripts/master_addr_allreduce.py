@@ -8,5 +8,6 @@ import torch.distributed as dist
 dist.init_process_group("gloo")
 t = torch.ones(1)
 dist.all_reduce(t)
-print(f"rank {dist.get_rank()}: all_reduce sum = {t.item():g} MASTER_ADDR={os.environ['MASTER_ADDR']}")
+print(f"rank {dist.get_rank()}: all_reduce sum = {t.item():g} MASTER_ADDR={os.environ['MASTER_ADDR']}"
+      + (f" GLOO_SOCKET_IFNAME={os.environ['GLOO_SOCKET_IFNAME']}" if "GLOO_SOCKET_IFNAME" in os.environ else ""))
 dist.destroy_process_group()
