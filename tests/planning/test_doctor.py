@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from detlaunch import Check, Config, hookimpl
 from detlaunch.cli.main import doctor, main
-from detlaunch.planning.doctor import exit_code, ptrace_check, writable_dir_check
+from detlaunch.planning.doctor import exit_code, nvidia_uvm_check, ptrace_check, writable_dir_check
 from detlaunch.planning.plugin_manager import PluginSet
 from detlaunch.ssh import SSH_PORT_ENV
 from support.helpers import free_port
@@ -285,3 +285,15 @@ def test_a_stale_torch_build_lock_is_named_by_doctor_and_while_planning(launcher
     assert plan.stderr.splitlines()[-1] == (
         f"detlaunch: warning: deepspeed: torch's build lock {lock} exists: an op is being built, or a killed build "
         "left it, and then every rank waits for it forever: remove it if no build is running")
+
+
+@pytest.mark.timeout(10)
+def test_nvidia_uvm_not_loaded_is_named_for_a_user_whose_job_runs_in_a_user_namespace(tmp_path: Path) -> None:
+    assert nvidia_uvm_check(str(tmp_path)) is None  # no NVIDIA GPU: no check
+    (tmp_path / "nvidia0").touch()
+    user, root = nvidia_uvm_check(str(tmp_path), is_root=False), nvidia_uvm_check(str(tmp_path), is_root=True)
+    assert user is not None and root is not None and root.ok and not user.ok and not user.required
+    assert user.fix.startswith("load it once per boot: nvidia-modprobe -u -c=0")
+    (tmp_path / "nvidia-uvm").touch()
+    loaded = nvidia_uvm_check(str(tmp_path), is_root=False)
+    assert loaded is not None and loaded.ok and loaded.detail == "loaded"

@@ -9,6 +9,7 @@ doctor for free. Checks only look: they start no job and write nothing but a pro
 from __future__ import annotations
 
 import dataclasses
+import glob
 import importlib
 import os
 import shutil
@@ -147,9 +148,28 @@ def isolation_check() -> Check:
     why = probe()
     if why is None:
         return Check(name, True, "available" + ("" if os.getuid() == 0 else " (in a user namespace)"))
-    return Check(name, False, f"not available: {why}; a process that escapes its rank (setsid) can outlive a "
-                 "SIGKILL of detlaunch", "allow user namespaces (sysctl user.max_user_namespaces, "
-                 "kernel.unprivileged_userns_clone) or run as root", required=False)
+    return Check(name, False, f"not available: {why}; the job runs without it, and a process that escapes its "
+                 "rank (setsid) can outlive a SIGKILL of detlaunch", "allow user namespaces (sysctl "
+                 "user.max_user_namespaces, kernel.unprivileged_userns_clone; Ubuntu 23.10 and later: "
+                 "kernel.apparmor_restrict_unprivileged_userns=0 or an AppArmor profile for detlaunch) or run as root",
+                 required=False)
+
+
+def nvidia_uvm_check(dev: str = "/dev", is_root: bool | None = None) -> Check | None:
+    """CUDA needs /dev/nvidia-uvm; on a freshly booted node the first CUDA program loads it through the
+    setuid nvidia-modprobe, which cannot gain root inside the user namespace an ordinary user's job runs
+    in. None on a node without NVIDIA GPUs."""
+    if not glob.glob(os.path.join(dev, "nvidia[0-9]*")):
+        return None
+    name = "nvidia-uvm loaded (CUDA in the job's user namespace)"
+    if os.path.exists(os.path.join(dev, "nvidia-uvm")):
+        return Check(name, True, "loaded")
+    if (os.geteuid() == 0) if is_root is None else is_root:
+        return Check(name, True, "not loaded yet; as root the first CUDA program loads it")
+    return Check(name, False, "not loaded, and the setuid nvidia-modprobe cannot load it inside the job's user "
+                 "namespace: CUDA would fail with 'no CUDA-capable device'",
+                 "load it once per boot: nvidia-modprobe -u -c=0 (or any CUDA program run outside detlaunch), "
+                 "or run with --no-pid-namespace", required=False)
 
 
 def core_checks(config: Config) -> list[Check]:
@@ -168,6 +188,9 @@ def core_checks(config: Config) -> list[Check]:
         ptrace_check(),
         isolation_check(),
     ]
+    uvm = nvidia_uvm_check()
+    if uvm is not None:
+        checks.append(uvm)
     if o.get("log_dir"):
         checks.append(writable_dir_check("--log-dir writable", o["log_dir"], "pick a writable --log-dir"))
     return checks
