@@ -139,14 +139,14 @@ def run(argv: list[str], env: dict[str, str], pre: argparse.Namespace | None = N
     options = config.options
 
     if subcommand == "info":
-        return print_info(discover(hooks, config), options.get("format", "text"))
+        return print_info(discover(hooks, config, job=False), options.get("format", "text"))
 
     if subcommand == "doctor":
         return doctor(hooks, config)
 
     from detlaunch.planning.plan import build_plan, render_json, render_text
 
-    cluster = discover(hooks, config)
+    cluster = discover(hooks, config, job=not options.get("dry_run"))
     if cluster.num_nodes > 1 and not options.get("link_port") and options["master_port"] >= 65535:
         raise ConfigError(f"--master-port {options['master_port']} leaves no port for the link between nodes "
                           "(master port + 1): give --link-port PORT or a lower --master-port")
@@ -192,13 +192,14 @@ def run(argv: list[str], env: dict[str, str], pre: argparse.Namespace | None = N
             job_lock.release()
 
 
-def discover(hooks: Hooks, config: Config) -> ClusterInfo:
-    """The cluster as the providers see it, with addresses the other machines reach (planning/addresses.py)."""
+def discover(hooks: Hooks, config: Config, job: bool) -> ClusterInfo:
+    """The cluster as the providers see it, with addresses the other machines reach (planning/addresses.py).
+
+    Only a job waits for names that do not resolve yet: `detlaunch info` and --dry-run show them as they are.
+    """
     from detlaunch.planning.addresses import settle
 
-    # detlaunch info and --dry-run wait for no name, and leave one that does not resolve as it is
-    wait = None if config.options.get("dry_run") or not config.options.get("start_timeout") \
-        else config.options["start_timeout"]
+    wait = config.options.get("start_timeout") or 0.0 if job else None
     return settle(hooks.discover_cluster(config), wait=wait,
                   say=lambda line: print(f"detlaunch: {line}", file=sys.stderr, flush=True))
 
