@@ -10,15 +10,11 @@ import subprocess
 from collections.abc import Iterator
 
 import pytest
-from support.helpers import free_port, rank_lines, report_line
+from support.helpers import free_port, ip, rank_lines, report_line
 from support.jobs import SCRIPTS, Launcher
 
 pytestmark = pytest.mark.timeout(240)
 CHIEF, WORKER = "10.213.77.1", "10.213.77.2"
-
-
-def ip(*args: str) -> None:
-    subprocess.run(["ip", *args], check=True, capture_output=True, timeout=30)
 
 
 @pytest.fixture

@@ -12,15 +12,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from support.helpers import free_port
+from support.helpers import free_port, ip
 from support.jobs import SCRIPTS, Launcher
 
 pytestmark = pytest.mark.timeout(240)
 NET = "10.213.78"
-
-
-def ip(*args: str) -> None:
-    subprocess.run(["ip", *args], check=True, capture_output=True, timeout=30)
 
 
 @pytest.fixture

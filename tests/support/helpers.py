@@ -16,6 +16,11 @@ from detlaunch.testing.runner import rank_lines as rank_lines
 T = TypeVar("T")
 
 
+def ip(*args: str) -> None:
+    """iproute2, for the tests' network namespaces and veth pairs."""
+    subprocess.run(["ip", *args], check=True, capture_output=True, timeout=30)
+
+
 def report_line(stderr: str) -> str:
     m = re.search(r"^detlaunch: job failed: .*$", stderr, re.M)
     assert m, f"no root-cause line in:\n{stderr}"
