@@ -3,6 +3,8 @@ a NCCL watchdog timeout, a CUDA illegal memory access, a peer lost. Milliseconds
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from detlaunch.native_errors import Kind, NativeError, explaining_lines, of_tail, read, recognise
 from support.native_stderr import ILLEGAL_ACCESS, REMOTE_ERROR, REMOTE_ERROR_PYTHON, TIMEOUT, another_run, tail
@@ -40,8 +42,8 @@ def test_a_lost_peer_is_read_with_nccls_own_detail_line() -> None:
 
 
 @pytest.mark.parametrize("path", [TIMEOUT, ILLEGAL_ACCESS, REMOTE_ERROR])
-def test_the_same_failure_another_time_has_the_same_key(path: object) -> None:
-    lines = tail(path)  # type: ignore[arg-type]
+def test_the_same_failure_another_time_has_the_same_key(path: Path) -> None:
+    lines = tail(path)
     again = another_run(lines)
     assert again != lines
     first, second = read(lines), read(again)
