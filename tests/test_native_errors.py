@@ -72,6 +72,14 @@ def test_without_the_terminate_line_the_last_logged_failure_is_read() -> None:
                  "frame #0: f() + 0x1 (0x7f00 in lib.so)"]) == NativeError(Kind.CPP, "bad state", "std::runtime_error")
 
 
+def test_of_two_threads_terminating_the_one_that_said_what_is_read() -> None:
+    lines = tail(TIMEOUT)
+    at = next(i for i, line in enumerate(lines) if line.startswith("terminate called"))
+    twice = [*lines[:at], lines[at], *lines[at:], lines[at]]  # printed once more as the process died
+    error = read(twice)
+    assert error is not None and error.kind is Kind.TIMEOUT and error == read(lines)
+
+
 def test_a_hardware_cuda_error_counts_as_infrastructure() -> None:
     error = read(["terminate called after throwing an instance of 'c10::Error'",
                   "  what():  CUDA error: uncorrectable ECC error encountered"])

@@ -155,8 +155,10 @@ def explaining_lines(tail: Iterable[str]) -> list[str] | None:
 
 
 def _terminate_block(lines: list[str]) -> tuple[int, int] | None:
-    """Where the last `terminate called` line and its what() message are in `lines`: (start, end), end
-    excluded (the first line after the message: its C++ frames, or the next terminate)."""
+    """Where the last `terminate called` line with a what() message is in `lines` (two threads may both
+    print the first line, and the process die before the second what()), else the last one: (start,
+    end), end excluded (the first line after the message: its C++ frames, or the next terminate)."""
+    last = None
     for at in range(len(lines) - 1, -1, -1):
         if _TERMINATE.search(lines[at]) or _TERMINATE_BARE in lines[at]:
             end = at + 1
@@ -164,8 +166,9 @@ def _terminate_block(lines: list[str]) -> tuple[int, int] | None:
                 end += 1
                 while end < len(lines) and not _END_OF_MESSAGE.match(lines[end]):
                     end += 1
-            return at, end
-    return None
+                return at, end
+            last = last or (at, end)
+    return last
 
 
 def of_tail(tail: Iterable[str]) -> NativeError | None:
