@@ -95,3 +95,4 @@ def test_the_explaining_lines_are_the_terminate_line_its_message_and_where_it_wa
     assert lines[-1].startswith("Exception raised from c10_cuda_check_implementation at ")
     assert not any(line.startswith("frame #") for line in lines) and len(lines) == 7
     assert explaining_lines(tail(REMOTE_ERROR_PYTHON)) is None
+    assert explaining_lines(["work done", "terminate called without an active exception"]) is None

@@ -144,10 +144,10 @@ def read(tail: Iterable[str]) -> NativeError | None:
 def explaining_lines(tail: Iterable[str]) -> list[str] | None:
     """The lines that say why the C++ side ended the process, as printed: the last `terminate called`,
     its what() message and where it was raised (its C++ frames left out: they are in the log); None when
-    the tail has no `terminate called`."""
+    the tail has no `terminate called` with a what() (a bare one says less than the lines before it)."""
     raw = tracebacks.split_lines(tail)
     block = _terminate_block([strip_prefix(line) for line in raw])
-    if block is None:
+    if block is None or block[1] == block[0] + 1:
         return None
     start, end = block
     raised = [line for line in raw[end:] if strip_prefix(line).startswith("Exception raised from ")][:1]
