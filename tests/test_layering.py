@@ -23,7 +23,7 @@ PARTS: tuple[tuple[str, ...], ...] = (
     ("detlaunch.rank",),  # the wrapper and all it imports: stdlib only
     ("detlaunch.errors", "detlaunch.numbers", "detlaunch.options", "detlaunch.exit_codes", "detlaunch._lazy",
      "detlaunch.progress", "detlaunch.launcher_flags"),
-    ("detlaunch.tracebacks", "detlaunch.outcome"),
+    ("detlaunch.tracebacks", "detlaunch.native_errors", "detlaunch.outcome"),
     ("detlaunch.system",),
     ("detlaunch.observe",),
     ("detlaunch.stacks",),

@@ -207,8 +207,10 @@ class AttemptEnd:
     attempt: 1 for the first. exit_code: the attempt's (its root cause's). signature: its
     identity for the crash-loop breaker (how it ended and its last traceback line, see
     classify.signature). what: the root cause's line from the report ("rank 1 on node 0
-    (127.0.0.1) exited with code 3"). exception: the class its last traceback line names, ""
-    if none. Times are wall-clock seconds.
+    (127.0.0.1) exited with code 3"). exception: the class its last traceback line names (or, a rank
+    killed by a C++ exception, that class: "c10::DistBackendError"), "" if none. infrastructure: a NCCL
+    timeout or network error, which a broken link, switch, GPU or peer produces as readily as code:
+    never part of a crash loop (restarts/classify.py). Times are wall-clock seconds.
     """
 
     attempt: int
@@ -219,6 +221,7 @@ class AttemptEnd:
     exception: str = ""
     started_at: float = 0.0
     ended_at: float = 0.0
+    infrastructure: bool = False
 
     @property
     def cause(self) -> str:

@@ -60,6 +60,7 @@ from detlaunch.observe.console import FoldingConsole
 from detlaunch.observe.emitter import EventEmitter, EventHook
 from detlaunch.observe.events import EventKind
 from detlaunch.outcome import AttemptEnd, Failure, JobResult, RankStatus
+from detlaunch.planning import rank_defaults
 from detlaunch.planning.config import DEDUPE_MIN_RANKS
 from detlaunch.planning.plan import LaunchPlan
 from detlaunch.rank import protocol as rank_protocol
@@ -68,6 +69,7 @@ from detlaunch.restarts import per_attempt
 from detlaunch.restarts.attempts import Attempts, attempt_end_from_verdict
 from detlaunch.system.eventloop import EventLoop
 from detlaunch.system.rundirs import RunDir, create_run_dir
+from detlaunch.system.safefs import ensure_private_dir
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
@@ -85,6 +87,7 @@ class NodeSupervisor:
         self.loop = EventLoop()
         self.link: ChiefLink | WorkerLink | None = None
         self.prepared = False
+        self.rank_defaults: dict[str, str] = {}  # made ready by _prepare (the compile cache folder)
         # Job-wide restarts (restarts/): the chief keeps the history and decides; every node counts attempts.
         self.policy = plan.restarts
         self.attempts = Attempts(self.policy)
@@ -154,6 +157,7 @@ class NodeSupervisor:
         try:
             self.run_dir = create_run_dir(self.plan.run_dir)  # fails if anything already sits at this random path
             os.mkdir(os.path.join(self.plan.run_dir, "tmp"), 0o700)  # a private TMPDIR for the job
+            self.rank_defaults = self._ready_rank_defaults()
             write_job_file(self.plan.run_dir, self.plan.cluster.job_id, self.node)
             self.ranks.listen(self.plan.socket_path)
         except OSError as e:
@@ -219,7 +223,22 @@ class NodeSupervisor:
                                    "hold": self.hangs.hold_time()}
         if self.policy.enabled:  # the wrapper sets them in front of the rank, over torchrun's own count
             welcome["env"] = per_attempt.attempt_env(self.attempt, self.policy.max_restarts)
+        if self.rank_defaults:  # the wrapper sets each one the rank's environment does not have
+            welcome["defaults"] = self.rank_defaults
         return welcome
+
+    def _ready_rank_defaults(self) -> dict[str, str]:
+        """The plan's rank defaults, with the compile cache folder made (0700, the user's own): one that
+        cannot be (a read-only home, a folder of someone else's) is left to torch's default, said under --debug."""
+        defaults = dict(self.plan.rank_defaults)
+        cache = defaults.get(rank_defaults.COMPILE_CACHE_ENV)
+        if cache:
+            try:
+                ensure_private_dir(cache)
+            except (OSError, LaunchError) as e:
+                self.trace(f"no persistent compile cache for the ranks ({cache}: {getattr(e, 'strerror', None) or e})")
+                del defaults[rank_defaults.COMPILE_CACHE_ENV]
+        return defaults
 
     def _on_registered(self, entry: RankEntry) -> None:
         self.trace(f"rank {entry.rank} registered (wrapper pid {entry.peer_pid})")

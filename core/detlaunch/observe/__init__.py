@@ -6,5 +6,6 @@ Owns the typed event stream and its log (`events.py`), the one door every event 
 (`report.py`: the root cause, and each attempt's end) and how a set of ranks is written
 (`rank_sets.py`). Watching is a side channel: nothing here can stop a job.
 
-May import: `rank`, `system`, and the top-level `errors`, `numbers`, `exit_codes`, `tracebacks`, `outcome`.
+May import: `rank`, `system`, and the top-level `errors`, `numbers`, `exit_codes`, `tracebacks`, `native_errors`,
+`outcome`.
 """

@@ -6,6 +6,7 @@ from __future__ import annotations
 import signal
 from collections.abc import Sequence
 
+import detlaunch.native_errors as native_errors
 import detlaunch.tracebacks as tracebacks
 from detlaunch.outcome import AttemptEnd, Failure, FailureKind, JobResult, RankStatus, signal_name
 from detlaunch.rank import protocol as rank_protocol
@@ -18,16 +19,19 @@ def explaining_lines(tail: Sequence[str], limit: int = rank_protocol.SHOWN_LINES
     """The lines of a rank's stderr tail that explain its exit, for the report.
 
     The last Python traceback (tracebacks.py), from its first line through its exception line, if
-    there is one: what a library warned about after it is noise. Else the last `limit` lines; else
-    a note that the rank wrote nothing. A traceback whose first lines fell out of the tail starts at
-    its first frame left, marked as cut. Progress bars (\r) count as lines.
+    there is one: what a library warned about after it is noise. Else, a rank a C++ exception ended
+    (torch's NCCL watchdog, a CUDA error), the `terminate called` line, its what() and where it was
+    raised, without the C++ frames. Else the last `limit` lines; else a note that the rank wrote
+    nothing. A traceback whose first lines fell out of the tail starts at its first frame left, marked
+    as cut. Progress bars (\r) count as lines.
     """
     lines = tracebacks.split_lines(tail)
     if not lines:
         return (NO_STDERR,)
     tb = tracebacks.last_traceback(lines)
     if tb is None:
-        return tuple(lines[-limit:])
+        native = native_errors.explaining_lines(lines)  # a C++ abort: what() says why, its frames do not
+        return tuple(native[:limit] if native else lines[-limit:])
     picked = [CUT, *tb.lines] if tb.cut else list(tb.lines)
     return tuple(picked if len(picked) <= limit else [picked[0], "...", *picked[-(limit - 2):]])
 
@@ -70,11 +74,18 @@ def rank_note(r: RankStatus, failure: Failure | None) -> str:
     """Why a rank's line is not a cause of its own: detlaunch stopped it, or a stopping signal from
     elsewhere (its launcher, stopping its other ranks: horovodrun does, as soon as one of them fails)
     ended it after the root cause had already happened. A crash of its own (SIGSEGV, SIGABRT) is not
-    marked, whenever it came."""
+    marked, whenever it came, unless what it printed says its collective failed because a peer or the
+    network did (a NCCL timeout or network error, gloo's lost peer: native_errors.INFRASTRUCTURE): the
+    usual NCCL picture, every survivor aborting after the rank that failed first."""
     if failure and failure.rank and failure.rank.rank == r.rank:
         return " (root cause)"
     if r.stopped and not r.killed:
         return " (stopped by detlaunch)"
+    if failure and failure.rank and r.failed and not r.killed and not r.lost and r.wall >= failure.at > 0:
+        native = native_errors.of_tail(r.tail)
+        if native and native.kind in native_errors.INFRASTRUCTURE:
+            verb = "aborted" if r.signal == signal.SIGABRT else "failed"
+            return f" ({verb} after rank {failure.rank.rank} failed: {native.kind})"
     if failure and r.signal in STOPPING_SIGNALS and not r.killed and not r.lost and r.wall >= failure.at > 0:
         return " (after the root cause)"
     return ""

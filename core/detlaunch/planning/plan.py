@@ -24,6 +24,7 @@ from detlaunch.planning.addresses import socket_ifname_env
 from detlaunch.planning.cluster import ClusterInfo
 from detlaunch.planning.config import Config, supervision_options
 from detlaunch.planning.plugin_manager import Hooks
+from detlaunch.planning.rank_defaults import rank_defaults
 from detlaunch.planning.stage import SOCKET_NAME, SSHD_SUPERVISOR_ENV, Command, Stage, StageContext
 from detlaunch.restarts.options import OPTION_ENV, policy_from_options
 from detlaunch.restarts.policy import RestartPolicy
@@ -59,6 +60,8 @@ class LaunchPlan:
     # The supervision options (declared with supervision=True, planning/config.py), read as plan.NAME:
     # plan.grace_period, plan.hang_timeout... A new one is carried here with no change to this class.
     settings: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    # Set in each rank's environment where it is unset there (rank_defaults.py): the wrappers set them.
+    rank_defaults: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
     def __getattr__(self, name: str) -> Any:
         try:
@@ -138,6 +141,7 @@ class LaunchPlan:
             "command": list(self.user_command),
             "env": dict(self.env),
             "unset_env": list(self.unset_env),
+            "rank_defaults": dict(self.rank_defaults),
             "restarts": self.restarts.to_json(),
         }
 
@@ -209,6 +213,7 @@ def build_plan(hooks: Hooks, config: Config, cluster: ClusterInfo) -> LaunchPlan
         restarts=policy_from_options(config.options),
         events_path=node_events_path(config.options.get("events"), config.options.get("log_dir"), cluster.node_rank),
         settings=supervision_settings(config.options),
+        rank_defaults=rank_defaults(config.env),
     )
 
 
@@ -289,6 +294,9 @@ def render_text(plan: LaunchPlan) -> str:
     lines.extend(f"  {k}={_short(v)}" for k, v in sorted(plan.env.items()))
     if plan.unset_env:
         lines.append("environment removed: " + ", ".join(plan.unset_env))
+    if plan.rank_defaults:
+        lines.append("every rank gets, unless its environment has it:")
+        lines.extend(f"  {k}={_short(v)}" for k, v in sorted(plan.rank_defaults.items()))
     return "\n".join(lines)
 
 

@@ -105,6 +105,9 @@ def wrap(rank: int, command: list[str], opts: dict[str, Any]) -> int:
     log_dir = node.get("log_dir", opts["log_dir"])
     # This attempt's variables (DETLAUNCH_RESTART_COUNT...), over any a launcher set (torchrun's own count).
     os.environ.update({str(k): str(v) for k, v in (node.get("env") or {}).items()})
+    # Variables the rank gets where its environment does not have them (planning/rank_defaults.py).
+    for key, value in (node.get("defaults") or {}).items():
+        os.environ.setdefault(str(key), str(value))
     log = RankLog(log_dir, rank, warn_fd=console_fds[1])
     prefix = str(node.get("prefix") or opts["prefix"]).format(
         rank=rank, node=node.get("node", ""), host=node.get("host") or socket.gethostname())

@@ -7,5 +7,6 @@ next for the ranks (`per_attempt.py`: their restart count, their log folder) and
 as the supervisor counts them (`attempts.py`). The attempts' lines in the end report are the
 report's (observe/report.py). Unit-tested in milliseconds with scripted histories.
 
-May import: the top-level `errors`, `numbers`, `exit_codes`, `tracebacks`, `outcome`, and `observe.report`.
+May import: the top-level `errors`, `numbers`, `exit_codes`, `tracebacks`, `native_errors`, `outcome`, and
+`observe.report`.
 """

@@ -18,7 +18,7 @@ import random
 
 from detlaunch.observe.report import format_attempts
 from detlaunch.outcome import AttemptEnd, Failure, FailureKind, ProcessEnd, RestartClass, signal_name
-from detlaunch.restarts.classify import classify, exception_of, signature
+from detlaunch.restarts.classify import classify, exception_class, infrastructure, signature
 from detlaunch.restarts.policy import RestartDecision, RestartPolicy, Rng
 
 
@@ -77,4 +77,5 @@ def attempt_end_from_verdict(attempt: int, failure: Failure | None, interrupted_
     end, tail = ProcessEnd(exit_code, signum), failure.tail if failure else ()
     restart_class = classify(kind, end, tail, started=started, no_restart_exit_code=policy.no_restart_exit_code)
     return AttemptEnd(attempt, restart_class, exit_code, signature=signature(end, tail), what=what,
-                      exception=exception_of(tail)[1], started_at=started_at, ended_at=ended_at)
+                      exception=exception_class(tail), started_at=started_at, ended_at=ended_at,
+                      infrastructure=restart_class is RestartClass.RANK_FAILED and infrastructure(tail))

@@ -15,7 +15,10 @@ reader the end report uses too):
                                       RANK_FAILED  else
 
 The signature is the root cause's identity for the crash-loop breaker: how it ended and its
-exception line. Pure: no I/O.
+exception line, or, when the rank died in C++ without a Python traceback (SIGABRT from torch's NCCL
+watchdog, a CUDA error), what the C++ side printed (native_errors.py). The same reading says whether
+the failure is one a broken link, switch, GPU or peer produces (a NCCL timeout, a network error): those
+are retried without the crash-loop breaker. Pure: no I/O.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import re
 from collections.abc import Sequence
 
 import detlaunch.exit_codes as exit_codes
+import detlaunch.native_errors as native_errors
 import detlaunch.tracebacks as tracebacks
 from detlaunch.outcome import FailureKind, ProcessEnd, RestartClass
 
@@ -53,14 +57,30 @@ _PORT = re.compile(r"(\d{1,3}(?:\.\d{1,3}){3}\]?:)\d+")
 
 
 def short_name(exception: str) -> str:
-    """An exception class's last dotted part: "torch.OutOfMemoryError" -> "OutOfMemoryError"."""
-    return exception.rsplit(".", 1)[-1]
+    """An exception class's last dotted part: "torch.OutOfMemoryError" -> "OutOfMemoryError"; a C++ class's
+    last part too: "c10::DistBackendError" -> "DistBackendError" (torch.distributed.DistBackendError in Python)."""
+    return exception.rsplit(".", 1)[-1].rsplit("::", 1)[-1]
 
 
 def exception_of(tail: Sequence[str]) -> tuple[str, str]:
     """The exception line that ended the last traceback of `tail` and the class it names, or ("", "")."""
     tb = tracebacks.last_traceback(tail)
     return (tb.exception, tb.exception_name) if tb else ("", "")
+
+
+def exception_class(tail: Sequence[str]) -> str:
+    """The class that ended the rank: its last traceback's, else the C++ class it was terminated by ("")."""
+    name = exception_of(tail)[1]
+    if name:
+        return name
+    native = native_errors.read(tail)
+    return native.exception if native else ""
+
+
+def infrastructure(tail: Sequence[str]) -> bool:
+    """Whether the failure is one infrastructure produces as readily as code (native_errors.INFRASTRUCTURE)."""
+    native = native_errors.of_tail(tail)
+    return native is not None and native.infrastructure
 
 
 def classify(kind: FailureKind, end: ProcessEnd, tail: Sequence[str], *, started: bool,
@@ -82,10 +102,19 @@ def classify(kind: FailureKind, end: ProcessEnd, tail: Sequence[str], *, started
 
 
 def signature(end: ProcessEnd, tail: Sequence[str]) -> str:
-    """The root cause's identity for the crash-loop breaker: how it ended and its last traceback line.
+    """The root cause's identity for the crash-loop breaker: how it ended and its last traceback line, or
+    without one, the C++ class it was terminated by and the line that says what failed.
 
     Memory addresses and the ports of IPv4 addresses are blanked (they differ on every run); nothing
     else is, so a message that names a different step or file is a different failure (the job got further).
+    A NCCL, CUDA or gloo message has its run-to-run numbers blanked too (native_errors.normalise: sequence
+    numbers, durations, ranks, pids), so the same collective timing out twice reads the same.
     """
-    line = _PORT.sub(r"\1?", _ADDRESS.sub("0x?", exception_of(tail)[0]))
+    line = exception_of(tail)[0]
+    if line:
+        line = _PORT.sub(r"\1?", _ADDRESS.sub("0x?", line))
+        if native_errors.recognise(line):
+            line = native_errors.normalise(line)
+    elif native := native_errors.read(tail):
+        line = f"{native.exception}: {native.key}" if native.exception else native.key
     return f"{end.describe()}: {line}" if line else end.describe()

@@ -8,7 +8,8 @@ far: one count for the job, whatever the number of nodes and however fast a node
 
 A failure is retried unless retrying cannot help: the job never started, a user error that the
 same code will raise again, the script's own "do not restart me" exit code, or the user's signal.
-Two attempts in a row failing the same way (exit code and last traceback line) are a crash loop.
+Two attempts in a row failing the same way (exit code and last traceback line, or what the C++ side
+printed) are a crash loop; a lost node, a NCCL timeout or a network error never is.
 The options that make a policy are in options.py; the report of the attempts in observe/report.py.
 """
 
@@ -67,7 +68,7 @@ class RestartPolicy:
     Backoff before restart k (1-based): min(cap, initial * factor**(k-1)), less up to `jitter` of it
     at random (jitter 1 is "full jitter", 0 none): spreads the nodes of many jobs restarting at once.
     crash_loop_limit: that many attempts in a row failing the same way (by signature) stop the job
-    (0: never). A lost node is never part of a crash loop.
+    (0: never). A lost node, a NCCL timeout or a network error is never part of a crash loop (loops()).
     """
 
     max_restarts: int = 0
@@ -143,10 +144,9 @@ class RestartPolicy:
         ok, why = self.retryable(last)
         if not ok:
             return RestartDecision(False, why)
-        if self.crash_loop_limit and last.restart_class is not RestartClass.NODE_LOST:
+        if self.crash_loop_limit and loops(last):
             run = history[-self.crash_loop_limit :]
-            if len(run) == self.crash_loop_limit and all(
-                    e.signature == last.signature and e.restart_class is not RestartClass.NODE_LOST for e in run):
+            if len(run) == self.crash_loop_limit and all(e.signature == last.signature and loops(e) for e in run):
                 first = run[0].attempt
                 who = f"attempt {last.attempt} failed the same way as attempt {first}" if len(run) == 2 else \
                     f"attempts {first}-{last.attempt} failed the same way"
@@ -191,13 +191,21 @@ class RestartPolicy:
             lines.append(f"  --no-restart-on {','.join(map(str, self.no_restart_on))}")
         if self.crash_loop_limit:
             lines.append(f"  crash loop: {self.crash_loop_limit} attempts in a row failing the same way "
-                         "(exit code and last traceback line) end the job")
+                         "(exit code and last traceback line) end the job; a lost node, a NCCL timeout or "
+                         "network error never does")
         lo = 1 - self.backoff_jitter
         waits = [min(self.backoff_cap, self.backoff_initial * self.backoff_factor ** k) for k in range(3)]
         lines.append(f"  backoff: {self.backoff_initial:g} s, x{self.backoff_factor:g} per restart, at most "
                      f"{self.backoff_cap:g} s, up to {self.backoff_jitter:.0%} less at random ("
                      + ", ".join(f"restart {k + 1} after {w * lo:.3g}-{w:.3g} s" for k, w in enumerate(waits)) + ")")
         return lines
+
+
+def loops(end: AttemptEnd) -> bool:
+    """Whether an attempt that ended this way can be part of a crash loop: not a lost node, nor a NCCL timeout
+    or network error (AttemptEnd.infrastructure): a bad link or peer fails the same way on every attempt as
+    readily as code does, and --max-restarts is the user's bound for it."""
+    return end.restart_class is not RestartClass.NODE_LOST and not end.infrastructure
 
 
 def _label(item: Item) -> str:
