@@ -12,7 +12,7 @@ import pytest
 from support.helpers import free_port, rank_lines
 from support.jobs import SCRIPTS, Job, Launcher
 from support.nvidia_smi import FakeNvidiaSmi
-from support.stuck_fs import stuck_file
+from support.stuck_fs import needs_fuse, stuck_file
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -26,6 +26,7 @@ def attempt_2_starts(stdout: str, ranks: int) -> list[float]:
     return starts
 
 
+@needs_fuse
 def test_a_rank_whose_thread_is_stuck_in_a_driver_is_waited_for_before_the_next_attempt(
         launcher: Launcher, tmp_path: Path) -> None:
     """Rank 0's leader exits while its thread is inside a read; rank 1 fails; the stop's SIGTERM and SIGKILL
@@ -79,8 +80,8 @@ def test_past_the_release_timeout_the_next_attempt_starts_anyway(launcher: Launc
     done = job.wait(60)
     assert done.returncode == 0, done.output
     lines = [line for line in done.stderr.splitlines() if "GPU memory" in line]
-    assert lines == [f"detlaunch: waiting for GPU memory of the last attempt's pids {host} to be freed (up to 2.0 s)",
-                     f"detlaunch: GPU memory of the last attempt's pids {host} is still not freed after 2.0 s "
+    assert lines == [f"detlaunch: waiting for GPU memory of the last attempt's pids {host} to be freed (up to 2 s)",
+                     f"detlaunch: GPU memory of the last attempt's pids {host} is still not freed after 2 s "
                      "(--release-timeout): attempt 2 starts anyway"], done.stderr
     polls = smi.calls()
     assert len(polls) >= 3 and min(attempt_2_starts(done.stdout, 1)) > polls[0][0] + 1.9, (polls, done.output)

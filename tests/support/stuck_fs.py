@@ -21,6 +21,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
+
 LOOKUP, FORGET, GETATTR, OPEN, READ, RELEASE, FLUSH, INIT, INTERRUPT, DESTROY, BATCH_FORGET = \
     1, 2, 3, 14, 15, 18, 25, 26, 36, 38, 42
 NO_REPLY = {FORGET, BATCH_FORGET, INTERRUPT}  # the kernel waits for no answer to these
@@ -38,6 +40,10 @@ ROOT, FILE, NAME = 1, 2, b"stuck"
 MS_NOSUID, MS_NODEV, MNT_DETACH = 2, 4, 2
 
 _libc = ctypes.CDLL(None, use_errno=True)
+
+# The suite runs as root; a container without /dev/fuse cannot serve the file.
+needs_fuse = pytest.mark.skipif(not os.path.exists("/dev/fuse") or os.getuid() != 0,
+                                reason="a stuck read needs FUSE (/dev/fuse) and root")
 
 
 class StuckFile:

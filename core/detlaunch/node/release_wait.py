@@ -22,7 +22,6 @@ starts anyway, to succeed or fail on its own.
 from __future__ import annotations
 
 import functools
-import math
 import os
 import select
 import signal
@@ -34,11 +33,6 @@ from detlaunch.system.eventloop import EventLoop, Priority, Timer, cancel_timer
 
 FIRST_POLL, POLL_FACTOR, POLL_MAX = 0.25, 1.5, 2.0  # seconds between nvidia-smi's answers
 OUTPUT_MAX = 1 << 20  # what is kept of one answer
-
-
-def seconds(value: float) -> str:
-    """A wait's length as said: rounded up (what is left of 50 s just after its start is "50")."""
-    return f"{math.ceil(value * 10 - 1e-6) / 10:.1f}" if value < 10 else f"{math.ceil(value - 1e-6):d}"
 
 
 def pid_list(pids: Iterable[int]) -> str:
@@ -111,7 +105,7 @@ class ReleaseWait:
         self.bound = self.loop.call_at(self.deadline, self._timed_out)
         if self.waiting:
             self.say(f"waiting for every thread of the last attempt's process(es) {pid_list(self.waiting.values())} "
-                     f"to end (up to {seconds(self.timeout)} s)")
+                     f"to end (up to {self.timeout:g} s)")
         else:
             self._tasks_gone()
 
@@ -184,16 +178,15 @@ class ReleaseWait:
         if not self.held:
             self._finish()
             return
-        if first:
-            left = max(0.0, self.deadline - self.loop.clock())
+        if first:  # the bound is the whole wait's, from its start
             self.say(f"waiting for GPU memory of the last attempt's pids {pid_list(self.held)} to be freed "
-                     f"(up to {seconds(left)} s)")
+                     f"(up to {self.timeout:g} s)")
         self.next_query = self.loop.call_later(self.interval, self._query)
         self.interval = min(self.interval * POLL_FACTOR, POLL_MAX)
 
     def _timed_out(self) -> None:
         self.bound = None
-        after = f"after {seconds(self.timeout)} s (--release-timeout): attempt {self.attempt} starts anyway"
+        after = f"after {self.timeout:g} s (--release-timeout): attempt {self.attempt} starts anyway"
         if self.waiting:
             self.say(f"the last attempt's process(es) {pid_list(self.waiting.values())} still run {after}")
         elif self.held:
