@@ -353,6 +353,8 @@ def test_dry_run_text_shows_the_restart_policy(tmp_path: Path, capsys: pytest.Ca
     out, _ = capsys.readouterr()
     assert code == 0
     assert "restarts: at most 2 after failures, 2 after lost nodes (job-wide, counted by the chief)" in out.splitlines()
+    assert "  between attempts: at most 50 s for every thread of the last attempt's processes to end and, where " \
+           "nvidia-smi is found, their GPU memory to be freed (--release-timeout)" in out.splitlines()
 
 
 @pytest.mark.parametrize("flag", ["--max_restarts", "--max_restarts=3"])

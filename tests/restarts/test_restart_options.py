@@ -75,6 +75,6 @@ def test_the_options_are_a_group_of_their_own() -> None:
     group = [g for g in parser._action_groups if g.title and g.title.startswith("restarts")]
     assert {a.dest for a in group[0]._group_actions} == {
         "max_restarts", "max_node_restarts", "restart_on", "no_restart_on", "no_restart_exit_code",
-        "restart_backoff", "restart_backoff_max"}
+        "restart_backoff", "restart_backoff_max", "release_timeout"}
 
 

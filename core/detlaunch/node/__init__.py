@@ -2,7 +2,8 @@
 
 Owns the supervisor, the policy that ties the parts (`supervisor.py`), its state machine
 (`phase.py`), the root cause (`verdict.py`, pure), hangs (`hangs.py`, `progress_watch.py`), what
-happens between attempts (`attempt_driver.py`), the launchers and daemons it started
+happens between attempts (`attempt_driver.py`, and `release_wait.py`: the last attempt's threads and GPU
+memory gone before the next starts), the launchers and daemons it started
 (`process_table.py`, `standby.py`), the ranks' wrappers (`rank_registry.py`) and the stage's
 files (`stage_files.py`).
 

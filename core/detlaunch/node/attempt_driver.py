@@ -11,6 +11,9 @@ carry the restart's branches.
                                                     └─► await_rejoin ──(every node back)─┘ (--start-timeout)
     worker: the chief's "restart" ─► backoff ─(its delay, or the chief's "go")─► next_attempt
 
+On every node the backoff also starts release_wait.ReleaseWait: the last attempt's processes (every
+thread of them) gone and their GPU memory freed, within --release-timeout; next_attempt waits for it.
+
 A worker's link hands the chief's "restart" and "go" to the driver itself (worker.AttemptOrders:
 chief_restart, chief_go).
 """
@@ -23,6 +26,8 @@ from typing import Protocol
 from detlaunch.link.chief import ChiefLink
 from detlaunch.link.worker import WorkerLink
 from detlaunch.node.phase import Phase
+from detlaunch.node.process_table import ProcessTable
+from detlaunch.node.release_wait import ReleaseWait
 from detlaunch.node.verdict import NodeLost, VerdictEvent
 from detlaunch.outcome import AttemptEnd
 from detlaunch.planning.plan import LaunchPlan
@@ -36,6 +41,8 @@ class AttemptHost(Protocol):
     loop: EventLoop
     plan: LaunchPlan
     attempts: Attempts
+    env: dict[str, str]  # the job's environment
+    processes: ProcessTable  # the last attempt's, until the next one starts
 
     @property
     def phase(self) -> Phase: ...
@@ -44,6 +51,7 @@ class AttemptHost(Protocol):
     def link(self) -> ChiefLink | WorkerLink | None: ...
 
     def say(self, message: str) -> None: ...
+    def trace(self, message: str) -> None: ...
 
     def last_attempt_end(self) -> AttemptEnd:
         """How the attempt that just ended ended, as the restart policy reads it."""
@@ -65,6 +73,10 @@ class AttemptDriver:
         self.host = host
         self.backoff_timer: Timer | None = None
         self.rejoin_timer: Timer | None = None  # chief: the bound on lost nodes coming back (--start-timeout)
+        # The last attempt's processes and GPU memory, before the next starts (only with restarts on).
+        self.release = ReleaseWait(host.loop, timeout=host.plan.release_timeout if host.attempts.policy.enabled
+                                   else 0.0, env=host.env, say=host.say, trace=host.trace,
+                                   reap=lambda: self.host.processes.reap())
 
     # -- the chief decides ---------------------------------------------------------------------
     def restart_if_decided(self) -> bool:
@@ -90,12 +102,16 @@ class AttemptDriver:
         (None: a worker waiting for the chief's go, which comes once every lost node is back)."""
         self.host.enter_backoff()
         self.stop_waiting()
+        self.release.begin(attempt, self.host.processes.remaining())
         if delay is not None:
             self.backoff_timer = self.host.loop.call_later(delay, lambda: self.next_attempt(attempt))
 
     def next_attempt(self, attempt: int) -> None:
         h = self.host
         if h.phase is not Phase.BACKOFF:
+            return
+        if not self.release.done:  # the last attempt's processes or GPU memory: not free yet
+            self.release.then_run(lambda: self.next_attempt(attempt))
             return
         if isinstance(h.link, ChiefLink) and h.link.missing_nodes():
             self._await_rejoin(attempt)
@@ -106,6 +122,7 @@ class AttemptDriver:
         """A signal or a failure during the backoff: the next attempt never starts."""
         cancel_timer(self.backoff_timer)
         self.backoff_timer = None
+        self.release.cancel()
 
     # -- a worker follows ------------------------------------------------------------------------
     def chief_restart(self, attempt: int, delay: float | None) -> None:
@@ -117,7 +134,8 @@ class AttemptDriver:
             h.say(f"the chief restarts the job: attempt {attempt} {when}")
             self.begin_backoff(attempt, delay)
         elif h.phase is Phase.BACKOFF and delay is None and self.backoff_timer is not None:
-            self.stop_waiting()  # a node was lost during the backoff: wait for the chief's go
+            cancel_timer(self.backoff_timer)  # a node was lost during the backoff: wait for the chief's go
+            self.backoff_timer = None
             h.say(f"the chief holds attempt {attempt} until every lost node is back")
 
     def chief_go(self, attempt: int) -> None:

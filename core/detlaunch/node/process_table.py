@@ -188,8 +188,19 @@ class ProcessTable:
         return procs.kill_descendants(spare=self.spared)
 
     def leftovers(self) -> list[int]:
-        """Live (not zombie) processes still below the supervisor (but an idle standby)."""
+        """Live (not zombie) processes still below the supervisor (but an idle standby).
+
+        A process whose leader has exited is not one, though another of its threads may still run: after
+        a failure it was SIGKILLed with the rest, and one whose thread is stuck in a driver cannot be killed
+        harder. Before a restart, release_wait.py waits for every thread of what `remaining` lists; at the
+        job's end the kernel does (the init of a PID namespace, the supervisor, exits only once every task
+        in it has ended)."""
         return [pid for pid in procs.descendants() if not procs.is_zombie(pid) and pid not in self.spared]
+
+    def remaining(self) -> list[int]:
+        """Every process still below the supervisor, a zombie or a zombie leader with live threads too
+        (but an idle standby)."""
+        return [pid for pid in procs.descendants() if pid not in self.spared]
 
     def close(self) -> None:
         for child in self.children.values():

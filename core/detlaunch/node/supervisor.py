@@ -248,6 +248,8 @@ class NodeSupervisor:
 
     def _on_rank_started(self, entry: RankEntry) -> None:
         self.events.emit(EventKind.RANK_STARTED, entry.rank, pid=entry.rank_pid)
+        if entry.rank_pid:
+            self.driver.release.remember(entry.rank_pid)  # its pids as nvidia-smi may show them, after its end
 
     def _on_traceback(self, entry: RankEntry, message: dict[str, Any]) -> None:
         assert entry.rank is not None
@@ -377,6 +379,7 @@ class NodeSupervisor:
         if self.link is not None:
             self.link.close()
         self.startup.close()  # its probes, and a standby no attempt used
+        self.driver.release.cancel()
         if not self.phase.over:
             self.processes.kill_all()
         self.processes.reap()

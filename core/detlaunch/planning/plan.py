@@ -290,6 +290,10 @@ def render_text(plan: LaunchPlan) -> str:
     if rank_commands:
         lines.extend(_render_rank_commands(plan, rank_commands))
     lines.extend(plan.restarts.describe())
+    if plan.restarts.enabled:
+        lines.append(f"  between attempts: at most {plan.release_timeout:g} s for every thread of the last "
+                     "attempt's processes to end and, where nvidia-smi is found, their GPU memory to be freed "
+                     "(--release-timeout)")
     lines.append("environment added for every process:")
     lines.extend(f"  {k}={_short(v)}" for k, v in sorted(plan.env.items()))
     if plan.unset_env:

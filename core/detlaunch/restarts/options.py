@@ -52,6 +52,8 @@ item_list.__name__ = "list of exit codes (3, SIGKILL), restart classes (" + ", "
     ") or exception classes (ValueError)"
 
 
+# How long the next attempt may wait for the last one's processes and GPU memory (node/release_wait.py).
+RELEASE_TIMEOUT = 50.0
 # Bounded so that no wait overflows a timer (select refuses ~25 days) and no count is silly: a day, a million.
 _D = RestartPolicy()
 RESTARTS = OptionGroup("restarts (job-wide, decided by the chief; see docs/RESTARTS.md)", (
@@ -72,6 +74,10 @@ RESTARTS = OptionGroup("restarts (job-wide, decided by the chief; see docs/RESTA
            help=f"wait before the first restart, doubled for each next one (default {_D.backoff_initial:g})"),
     Option("--restart-backoff-max", type=Number(float, 0, 86400, _D.backoff_cap, "s"), metavar="S",
            help=f"the longest wait between attempts (default {_D.backoff_cap:g})"),
+    Option("--release-timeout", type=Number(float, 0, 86400, RELEASE_TIMEOUT, "s"), metavar="S", supervision=True,
+           help="before the next attempt, wait at most S seconds for every thread of the last attempt's processes "
+           "to end and, where nvidia-smi is found, for their GPU memory to be freed; then start it anyway "
+           f"(default {RELEASE_TIMEOUT:g}, as NVIDIA's resiliency extension; 0: do not wait)"),
 ))
 NUMBERS = numbers_of([RESTARTS])
 

@@ -79,10 +79,29 @@ def _die_with_parent(parent_alive: int) -> None:
         os._exit(KILLED)
 
 
+_outer_proc: int | None = None
+
+
+def outer_proc() -> int | None:
+    """The /proc this process was started with, once it has mounted its namespace's own over it (else None).
+
+    Its pids are those outside the job's namespace: the host's where detlaunch runs in the host's, as the GPU
+    driver, and so nvidia-smi, reports them (procs.nspids reads a process's pids there)."""
+    return _outer_proc
+
+
 def _become_init() -> None:
     """pid 1 of the new namespace: see only the job's processes in /proc (psutil walks it)."""
+    global _outer_proc
     if _libc.unshare(CLONE_NEWNS) == 0 and _libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None) == 0:
-        _libc.mount(b"proc", b"/proc", b"proc", 0, None)
+        try:
+            outer = os.open("/proc", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError:
+            outer = None
+        if _libc.mount(b"proc", b"/proc", b"proc", 0, None) == 0:
+            _outer_proc = outer
+        elif outer is not None:
+            os.close(outer)
 
 
 def run_isolated(body: Callable[[], int], *, warn: Callable[[str], None],

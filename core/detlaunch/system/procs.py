@@ -30,10 +30,11 @@ def become_subreaper() -> None:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_CHILD_SUBREAPER) failed")
 
 
-def spawn(argv: Sequence[str], env: Mapping[str, str], *, output_fd: int | None = None) -> int:
+def spawn(argv: Sequence[str], env: Mapping[str, str], *, output_fd: int | None = None,
+          error_fd: int | None = None) -> int:
     """Fork and exec `argv` in a new session, dying with its parent; return its pid.
 
-    stdin is /dev/null; stdout and stderr go to `output_fd` when given.
+    stdin is /dev/null; stdout and stderr go to `output_fd` when given (stderr to `error_fd` if given).
 
     Raises LaunchError when the program cannot be found or executed.
     """
@@ -58,7 +59,7 @@ def spawn(argv: Sequence[str], env: Mapping[str, str], *, output_fd: int | None 
             os.close(null)
             if output_fd is not None:
                 os.dup2(output_fd, 1)
-                os.dup2(output_fd, 2)
+                os.dup2(output_fd if error_fd is None else error_fd, 2)
             os.execve(path, list(argv), dict(env))
         except BaseException as e:  # report to the parent, never return into its code
             try:
@@ -120,6 +121,62 @@ def is_zombie(pid: int) -> bool:
             return f.read().rsplit(b")", 1)[1].split()[0] in (b"Z", b"X")
     except (OSError, IndexError):
         return True
+
+
+def task_states(pid: int, proc: str = "/proc") -> dict[int, bytes]:
+    """Each task (thread) of process `pid` with its state letter (R, S, D, Z...); {} once it has gone."""
+    states: dict[int, bytes] = {}
+    try:
+        tids = os.listdir(f"{proc}/{pid}/task")
+    except OSError:
+        return states
+    for tid in tids:
+        try:
+            with open(f"{proc}/{pid}/task/{tid}/stat", "rb") as f:
+                states[int(tid)] = f.read().rsplit(b")", 1)[1].split()[0]
+        except (OSError, IndexError, ValueError):
+            continue  # this thread has gone
+    return states
+
+
+def alive(pid: int, proc: str = "/proc") -> bool:
+    """Whether a task of `pid` still runs. A zombie leader whose other threads live is alive: a rank killed
+    while a thread was stuck in a driver, whose thread still holds the device (is_zombie says "exited" for
+    it); a zombie with no other task is not: it only waits to be reaped."""
+    return any(state not in (b"Z", b"X") for state in task_states(pid, proc).values())
+
+
+def parse_nspid(text: str) -> tuple[int, ...]:
+    """The pids on the `NSpid:` line of a /proc status or pidfd fdinfo text, outermost namespace first;
+    () when there is none or the process has gone (a pidfd's fdinfo then says -1)."""
+    for line in text.splitlines():
+        if line.startswith("NSpid:"):
+            try:
+                pids = tuple(int(p) for p in line.split()[1:])
+            except ValueError:
+                return ()
+            return pids if pids and all(p > 0 for p in pids) else ()
+    return ()
+
+
+def nspids(pidfd: int, proc_fd: int | None = None) -> tuple[int, ...]:
+    """The pid of the process `pidfd` refers to in every PID namespace, from that of the /proc open at
+    `proc_fd` (default: this process's /proc) down to its own; () once it has gone.
+
+    Inside the job's PID namespace /proc is the namespace's own, whose NSpid lines show only its own pids;
+    read through the /proc detlaunch was started with (isolation.outer_proc), a pidfd's fdinfo also gives the
+    pid outside, the one the GPU driver, and so nvidia-smi, reports where that /proc is the host's."""
+    try:
+        fd = os.open(f"self/fdinfo/{pidfd}", os.O_RDONLY | os.O_CLOEXEC, dir_fd=proc_fd) if proc_fd is not None \
+            else os.open(f"/proc/self/fdinfo/{pidfd}", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return ()
+    try:
+        return parse_nspid(os.read(fd, 4096).decode(errors="replace"))
+    except OSError:
+        return ()
+    finally:
+        os.close(fd)
 
 
 def signal_pid(pid: int, sig: int) -> None:
