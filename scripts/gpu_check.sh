@@ -37,19 +37,6 @@ props = torch.cuda.get_device_properties(local)
 print(f"rank {os.environ['RANK']} local {local} sees {torch.cuda.device_count()} device(s), uses {props.uuid}"
       f" CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '-')}")
 EOF
-cat >"$WORK/hog_then_killed.py" <<'EOF'
-import os, signal, threading, torch
-attempt = int(os.environ["DETLAUNCH_RESTART_COUNT"]) + 1
-free, total = torch.cuda.mem_get_info()
-hog = torch.empty(int(free * 0.95), dtype=torch.uint8, device="cuda")  # 95% of what is free
-print(f"attempt {attempt}: holding {hog.numel() >> 20} MiB", flush=True)
-if not os.path.exists(os.environ["MARK"]):
-    open(os.environ["MARK"], "w").close()
-    threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGKILL)).start()  # killed while a kernel runs
-    torch.cuda._sleep(10**11)
-    torch.cuda.synchronize()
-print("second attempt got its memory", flush=True)
-EOF
 cat >"$WORK/cuda_sync_hang.py" <<'EOF'
 import torch
 print("spinning on the GPU", flush=True)
@@ -77,8 +64,11 @@ if [ "$NGPU" -gt 1 ]; then
     [ "$n" = "$NGPU" ] && echo "ok every rank on its own device" || { echo "FAILED own devices: $n distinct of $NGPU"; FAILED=1; }
 fi
 check own-device-slots 0 "sees 1 device" -- --layer direct --nproc-per-node 1 "$WORK/own_device.py"
-MARK="$WORK/killed-once" check restart-waits-for-memory 0 "second attempt got its memory" -- \
-    --layer torchrun --nproc-per-node 1 --max-restarts 1 --restart-backoff 0 "$WORK/hog_then_killed.py"
+if "$PY" "$ROOT/scripts/gpu_check_restart.py" >"$WORK/restart.log" 2>&1; then
+    sed -n 's/^/ok /;1p' "$WORK/restart.log"
+else
+    echo "FAILED $(head -n 1 "$WORK/restart.log")"; tail -n +2 "$WORK/restart.log" | tail -n 15 | sed 's/^/    /'; FAILED=1
+fi
 check hang-in-cuda-sync 124 "rank 0.*(cuda|synchronize|_sleep)" -- \
     --layer torchrun --nproc-per-node 1 --hang-timeout 20 "$WORK/cuda_sync_hang.py"
 if [ "$NGPU" -gt 1 ]; then
