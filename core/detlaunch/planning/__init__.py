@@ -2,7 +2,7 @@
 
 Owns the options (`config.py`), the plugins and the typed facade over their hooks
 (`plugin_manager.py`, `hookspecs.py`), what a layer returns (`stage.py`), the cluster and how it is
-discovered (`cluster.py`, `discovery.py`, `providers/`), the plan and its dry-run rendering
+discovered (`cluster.py`, `discovery.py`, `providers/`; a node's GPUs, `gpus.py`), the plan and its dry-run rendering
 (`plan.py`) and `detlaunch doctor`'s checks (`doctor.py`).
 
 May import: `rank`, `system`, `observe`, `restarts` and the top-level `errors`, `numbers`,

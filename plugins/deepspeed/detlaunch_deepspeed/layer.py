@@ -64,6 +64,7 @@ from detlaunch import (
     Stage,
     StageContext,
     check_port_free,
+    cuda_visible_devices,
     hookimpl,
 )
 from detlaunch.launcher_flags import add_launcher_flags, check_launcher_args
@@ -154,8 +155,8 @@ def pdsh_ssh_args_append(existing: str | None, ssh_config: str, port: int) -> st
 
 
 def visible_devices(env: Mapping[str, str]) -> list[str]:
-    value = env.get("CUDA_VISIBLE_DEVICES")
-    return [d.strip() for d in value.split(",") if d.strip() and d.strip() != "-1"] if value else []
+    """The devices CUDA_VISIBLE_DEVICES lists, as CUDA reads it (``0,-1,2`` is one); [] when unset."""
+    return cuda_visible_devices(env) or []
 
 
 def has_accelerator(env: Mapping[str, str], devices: Sequence[str]) -> bool:
