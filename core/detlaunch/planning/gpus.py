@@ -51,7 +51,7 @@ def _shown(name: str, value: str, limit: int = 80) -> str:
 def _ordinal(entry: str) -> int:
     """strtoul as CUDA applies it: the leading digits (``1gpu`` is 1), -1 when there are none or a sign is -."""
     text = entry.strip()
-    sign, digits = (text[0], text[1:]) if text[:1] in "+-" and text else ("", text)
+    sign, digits = (text[:1], text[1:]) if text.startswith(("+", "-")) else ("", text)
     n = len(digits) - len(digits.lstrip("0123456789"))
     if n == 0 or sign == "-":
         return -1
@@ -137,8 +137,8 @@ def device_gpus(env: Mapping[str, str], glob: Glob = globbing.glob) -> GpuCount:
         mig = sorted(glob(MIG_INSTANCES))
         if mig:
             raise ClusterError(f"this node's GPUs are split into MIG instances ({mig[0]}): detlaunch does not "
-                              "guess how many ranks they take; give --nproc-per-node N, or list the MIG devices "
-                              "in CUDA_VISIBLE_DEVICES (nvidia-smi -L)")
+                               "guess how many ranks they take; give --nproc-per-node N, or list the MIG devices "
+                               "in CUDA_VISIBLE_DEVICES (nvidia-smi -L)")
     return GpuCount(nodes, f"{nodes} {DEVICES_SHOWN}")
 
 
