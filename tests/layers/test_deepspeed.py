@@ -395,7 +395,10 @@ def test_each_nodes_ranks_see_that_nodes_own_cuda_visible_devices(launcher: Laun
     indices: each node's ranks get their indices into that node's own list, from its sshd."""
     args = hosts_args()
     show = {"SHOW_ENV": f"CUDA_VISIBLE_DEVICES,{rank_shim.NODE_DEVICES}", "DS_ACCELERATOR": "cpu"}
-    worker = launcher.start(*args, "--node-rank", "1", RANKS, env={**show, "CUDA_VISIBLE_DEVICES": "GPU-w1,GPU-w2"})
+    # --grace-period: these ranks end at once, and under load (8 on 2 cores) deepspeed's launch on the worker
+    # took more than the default 5 s after them to end its ssh session, which the worker then killed (pdsh: 255)
+    worker = launcher.start(*args, "--node-rank", "1", "--grace-period", "30", RANKS,
+                            env={**show, "CUDA_VISIBLE_DEVICES": "GPU-w1,GPU-w2"})
     chief = launcher.start(*args, "--node-rank", "0", RANKS, env={**show, "CUDA_VISIBLE_DEVICES": "3,2"})
     rc, rw = chief.wait(240), worker.wait(60)
     assert (rc.returncode, rw.returncode) == (0, 0), rc.output + rw.output
