@@ -34,6 +34,7 @@ _EXPORTS = {
     "ClusterError": "errors",
     "LaunchError": "errors",
     "check_port_free": "system.ports",
+    "cuda_visible_devices": "planning.gpus",
     "Check": "planning.doctor",
     "Event": "observe.events",
     "EventKind": "observe.events",
@@ -55,6 +56,7 @@ if TYPE_CHECKING:  # `X as X`: an explicit re-export, for type checkers
     from detlaunch.planning.cluster import ClusterInfo as ClusterInfo
     from detlaunch.planning.config import Config as Config
     from detlaunch.planning.doctor import Check as Check
+    from detlaunch.planning.gpus import cuda_visible_devices as cuda_visible_devices
     from detlaunch.planning.hookspecs import hookimpl as hookimpl
     from detlaunch.planning.stage import Command as Command
     from detlaunch.planning.stage import RankWrapper as RankWrapper

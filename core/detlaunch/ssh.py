@@ -11,7 +11,10 @@ the host keys the nodes just made (even when a launcher passes StrictHostKeyChec
 no password, ever.
 
 A rank that arrives over ssh finds its node's supervisor through DETLAUNCH_SSHD_SUPERVISOR,
-which that node's sshd sets (SetEnv) for every session.
+which that node's sshd sets (SetEnv) for every session. The same way it gets its node's own
+CUDA_VISIBLE_DEVICES (NODE_OWN_ENV: the value the node's detlaunch was started with; unset where it
+had none): the launchers export the chief's environment to every node but leave that one out
+(horovod's exporter, deepspeed's env file), so without it a rank would see every GPU of a shared node.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import os
 import shlex
 import shutil
 import sys
+from collections.abc import Mapping
 
 import detlaunch.exit_codes as exit_codes
 from detlaunch.errors import ConfigError
@@ -34,10 +38,12 @@ from detlaunch.planning.stage import SOCKET_NAME, SSHD_SUPERVISOR_ENV, Command, 
 from detlaunch.system.safefs import write_private_file
 
 __all__ = ["SshLayout", "SshParts", "add_ssh_options", "sshd_parts", "ssh_client_parts", "ssh_port_check",
-           "DEFAULT_SSH_PORT", "SSH_PORT_ENV"]
+           "DEFAULT_SSH_PORT", "SSH_PORT_ENV", "NODE_OWN_ENV"]
 
 DEFAULT_SSH_PORT = 12350
 SSH_PORT_ENV = "DTRAIN_SSH_PORT"
+# A node's own variables, which its ssh sessions get from its detlaunch (see the module docstring).
+NODE_OWN_ENV = ("CUDA_VISIBLE_DEVICES",)
 
 
 SSH_OPTIONS = (
@@ -139,10 +145,23 @@ def sshd_binary() -> str:
     return found or "/usr/sbin/sshd"
 
 
-def sshd_config(ctx: StageContext, layout: SshLayout) -> str:
+def session_env(ctx: StageContext, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """What every ssh session of this node gets (sshd's SetEnv): its supervisor, its own NODE_OWN_ENV, `extra`."""
+    env = {SSHD_SUPERVISOR_ENV: os.path.join(ctx.run_dir, SOCKET_NAME)}
+    env.update({name: ctx.env[name] for name in NODE_OWN_ENV if name in ctx.env})
+    env.update(extra or {})
+    for name, value in env.items():
+        if any(c in value for c in '"\\') or not value.isprintable():
+            raise ConfigError(f"{name}={value!r}: this node's sshd cannot pass a value holding a quote, a "
+                              "backslash or a control character on to the ranks it starts; fix the value")
+    return env
+
+
+def sshd_config(ctx: StageContext, layout: SshLayout, extra_env: Mapping[str, str] | None = None) -> str:
     node = ctx.cluster.node_rank
     addr = ctx.cluster.require_addresses("ssh")[node]
-    socket_path = os.path.join(ctx.run_dir, SOCKET_NAME)
+    # sshd keeps the first SetEnv line only: every variable goes on one
+    set_env = " ".join(f'{name}="{value}"' for name, value in session_env(ctx, extra_env).items())
     return "\n".join([
         f"ListenAddress {_ip_literal(bind_host(addr, ctx.cluster.bind_any))}:{layout.port}",
         f"HostKey {layout.host_key(node)}",
@@ -168,20 +187,23 @@ def sshd_config(ctx: StageContext, layout: SshLayout) -> str:
         "MaxStartups 256",
         "MaxSessions 256",
         "LogLevel ERROR",
-        f'SetEnv {SSHD_SUPERVISOR_ENV}="{socket_path}"',
+        f"SetEnv {set_env}",
         "",
     ])
 
 
-def sshd_parts(ctx: StageContext, layout: SshLayout | None = None) -> SshParts:
-    """This node's sshd: a fresh folder with new keys, then ``sshd -D`` as a daemon of the job."""
+def sshd_parts(ctx: StageContext, layout: SshLayout | None = None, env: Mapping[str, str] | None = None) -> SshParts:
+    """This node's sshd: a fresh folder with new keys, then ``sshd -D`` as a daemon of the job.
+
+    env: more variables for every session (and so every rank) it starts, beside session_env's.
+    """
     layout = layout or SshLayout.for_job(ctx)
     node = ctx.cluster.node_rank
     config = os.path.join(layout.node_dir(node), "sshd_config")
     keygen = ("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C")
     return SshParts(
         dirs=(layout.node_dir(node),),
-        files={config: sshd_config(ctx, layout)},
+        files={config: sshd_config(ctx, layout, env)},
         setup=(
             (*keygen, f"detlaunch-{ctx.cluster.job_id}-host{node}", "-f", layout.host_key(node)),
             (*keygen, f"detlaunch-{ctx.cluster.job_id}-client{node}", "-f", layout.client_key(node)),

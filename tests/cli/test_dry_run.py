@@ -88,7 +88,7 @@ def check_text(text: str, plan: Any, json_run_dir: str) -> None:
     plan = json.loads(json.dumps(plan).replace(json_run_dir, "RUN"))
 
     assert lines[0] == (f"node {c['node_rank']} of 2 ({plan['role']}) · layer torchrun · job {c['job_id']} · "
-                        "2 rank(s) here, 4 in all · chief 127.0.0.1 (discovered by static)")
+                        "2 rank(s) here [--nproc-per-node], 4 in all · chief 127.0.0.1 (discovered by static)")
     assert lines[1] == "detlaunch supervisor  [socket RUN/supervisor.sock; grace 5 s; start timeout 300 s; " \
                        "expects 2 rank(s)]"
     [cmd] = plan["commands"]
@@ -128,6 +128,29 @@ def test_chief_and_worker_derive_the_same_job_id(launcher: Launcher, script: Pat
         assert r.returncode == 0, r.output
         ids.append(json.loads(r.stdout)["cluster"]["job_id"])
     assert ids[0] == ids[1] and ids[0].startswith("dl-")
+    assert_nothing_started(launcher, script)
+
+
+def test_the_plan_says_where_the_ranks_a_node_came_from(launcher: Launcher, script: Path) -> None:
+    # the recommended step (--ntasks-per-node=1) on an 8-GPU node of a cluster that gives GPUs
+    step = {"SLURM_JOB_ID": "41", "SLURM_STEP_ID": "0", "SLURM_JOB_NODELIST": "localhost",
+            "SLURM_STEP_NODELIST": "localhost", "SLURM_NODEID": "0", "SLURM_NTASKS_PER_NODE": "1",
+            "SLURM_STEP_TASKS_PER_NODE": "1", "SLURM_STEP_GPUS": "0,1,2,3,4,5,6,7"}
+    args = ("--layer", "torchrun", "--master-port", str(free_port()), "--dry-run")
+    unset = ("env", "-u", "CUDA_VISIBLE_DEVICES")
+    t = launcher.start(*args, str(script), env=step, prefix=unset).wait(30)
+    assert t.returncode == 0, t.output
+    assert " · 8 rank(s) here [SLURM_STEP_GPUS=0,1,2,3,4,5,6,7], 8 in all · " in t.stdout.splitlines()[0]
+    j = launcher.start(*args, "--format", "json", str(script), env=step, prefix=unset).wait(30)
+    assert j.returncode == 0, j.output
+    cluster = json.loads(j.stdout)["cluster"]
+    assert (cluster["slots"], cluster["sources"]["slots"]) == ([8], "SLURM_STEP_GPUS=0,1,2,3,4,5,6,7")
+    # CUDA reads "0,-1,2" as one device
+    r = launcher.run("--layer", "torchrun", "--dry-run", str(script), env={"CUDA_VISIBLE_DEVICES": "0,-1,2"},
+                     timeout=30)
+    assert r.returncode == 0, r.output
+    assert " · 1 rank(s) here [CUDA_VISIBLE_DEVICES=0,-1,2: 1 device(s) as CUDA reads it], 1 in all · " in \
+        r.stdout.splitlines()[0]
     assert_nothing_started(launcher, script)
 
 

@@ -106,8 +106,20 @@ def test_env_file_keeps_everything_but_the_deny_list() -> None:
         ("MULTI", "its value holds a newline, and deepspeed reads the env file line by line"),
     ]
     # The node-local ones: a chief-side value must never reach a worker's ranks.
-    for name in ("DETLAUNCH_SUPERVISOR", "DETLAUNCH_SSHD_SUPERVISOR", "DETLAUNCH_NODE_RANK"):
+    for name in ("DETLAUNCH_SUPERVISOR", "DETLAUNCH_SSHD_SUPERVISOR", "DETLAUNCH_NODE_RANK", "CUDA_VISIBLE_DEVICES",
+                 rank_shim.NODE_DEVICES):
         assert envfile.is_denied(name)
+
+
+@pytest.mark.timeout(10)
+def test_a_ranks_devices_are_deepspeeds_indices_into_its_nodes_own_list() -> None:
+    # deepspeed's launch sets the hostfile's slots as indices; the node's sshd gave its own list
+    assert rank_shim.node_devices("0,1", "4,5,6,7") == "4,5"
+    assert rank_shim.node_devices("0,1", "GPU-aa,GPU-bb") == "GPU-aa,GPU-bb"
+    assert rank_shim.node_devices("0,1,2", "3") == "3"  # more slots than devices: CUDA sees what there is
+    assert rank_shim.node_devices("0,1", "") == ""  # the node has no GPU for its ranks
+    assert rank_shim.node_devices("0,1", None) is None  # the node had no list: deepspeed's own stands
+    assert rank_shim.node_devices("GPU-x", "4,5") == "4,5"  # not indices: the node's own list
 
 
 @pytest.mark.timeout(10)
@@ -375,6 +387,27 @@ def test_two_nodes_all_reduce_over_pdsh_and_the_per_job_sshd(launcher: Launcher,
     assert "job finished: 4 rank(s) exited 0" in rc.stderr
     assert "job finished: 2 rank(s) on node 1 exited 0" in rw.stderr
     assert launcher.leftovers() == []  # both sshds and their sessions are gone
+
+
+@pytest.mark.timeout(300)
+def test_each_nodes_ranks_see_that_nodes_own_cuda_visible_devices(launcher: Launcher) -> None:
+    """deepspeed leaves CUDA_VISIBLE_DEVICES out of its env file and its launch sets the hostfile's slot
+    indices: each node's ranks get their indices into that node's own list, from its sshd."""
+    args = hosts_args()
+    show = {"SHOW_ENV": f"CUDA_VISIBLE_DEVICES,{rank_shim.NODE_DEVICES}", "DS_ACCELERATOR": "cpu"}
+    # --grace-period: these ranks end at once, and under load (8 on 2 cores) deepspeed's launch on the worker
+    # took more than the default 5 s after them to end its ssh session, which the worker then killed (pdsh: 255)
+    worker = launcher.start(*args, "--node-rank", "1", "--grace-period", "30", RANKS,
+                            env={**show, "CUDA_VISIBLE_DEVICES": "GPU-w1,GPU-w2"})
+    chief = launcher.start(*args, "--node-rank", "0", RANKS, env={**show, "CUDA_VISIBLE_DEVICES": "3,2"})
+    rc, rw = chief.wait(240), worker.wait(60)
+    assert (rc.returncode, rw.returncode) == (0, 0), rc.output + rw.output
+    own = {0: "3,2", 1: "3,2", 2: "GPU-w1,GPU-w2", 3: "GPU-w1,GPU-w2"}
+    for job, ranks in ((rc, (0, 1)), (rw, (2, 3))):
+        for r in ranks:
+            assert [line for line in rank_lines(job.stdout, r) if " env " in line] == [
+                f"rank {r} env CUDA_VISIBLE_DEVICES={own[r]!r}", f"rank {r} env {rank_shim.NODE_DEVICES}=None"]
+    assert launcher.leftovers() == []
 
 
 @pytest.mark.timeout(300)

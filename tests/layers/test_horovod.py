@@ -76,6 +76,29 @@ def test_two_nodes_four_ranks_over_the_workers_sshd(launcher: Launcher) -> None:
     assert launcher.leftovers() == []  # the worker's sshd and its sessions are gone
 
 
+@pytest.mark.parametrize("worker_devices", ["2,3", None], ids=["own-list", "none"])
+def test_each_nodes_ranks_see_that_nodes_own_cuda_visible_devices(launcher: Launcher,
+                                                                   worker_devices: str | None) -> None:
+    """horovodrun exports the chief's environment to the worker's ranks, but not CUDA_VISIBLE_DEVICES:
+    they get their own node's from its sshd, and none where that node's detlaunch had none."""
+    args = hosts_args(free_port("127.0.0.2"))
+    show = {"SHOW_ENV": "CUDA_VISIBLE_DEVICES"}
+    if worker_devices is None:
+        unset = ("env", "-u", "CUDA_VISIBLE_DEVICES")
+        worker = launcher.start(*args, "--node-rank", "1", RANKS, env=show, prefix=unset)
+    else:
+        worker = launcher.start(*args, "--node-rank", "1", RANKS, env={**show, "CUDA_VISIBLE_DEVICES": worker_devices})
+    chief = launcher.start(*args, "--node-rank", "0", RANKS, env={**show, "CUDA_VISIBLE_DEVICES": "0,1"})
+    rc, rw = chief.wait(180), worker.wait(60)
+    assert (rc.returncode, rw.returncode) == (0, 0), rc.output + rw.output
+    seen = {r: [line for line in rank_lines(job.stdout, r) if " env " in line]
+            for job, ranks in ((rc, (0, 1)), (rw, (2, 3))) for r in ranks}
+    assert seen == {0: ["rank 0 env CUDA_VISIBLE_DEVICES='0,1'"], 1: ["rank 1 env CUDA_VISIBLE_DEVICES='0,1'"],
+                    2: [f"rank 2 env CUDA_VISIBLE_DEVICES={worker_devices!r}"],
+                    3: [f"rank 3 env CUDA_VISIBLE_DEVICES={worker_devices!r}"]}
+    assert launcher.leftovers() == []
+
+
 def test_a_failing_rank_on_the_worker_node_stops_both_nodes(launcher: Launcher) -> None:
     args = hosts_args(free_port("127.0.0.2"))
     env = {"FAIL_RANK": "2", "FAIL_CODE": "3", "SLEEP": "200"}

@@ -154,7 +154,8 @@ def test_static_from_hosts() -> None:
     c = discover("--hosts", "10.0.0.1:2,10.0.0.2:4", "--node-rank", "1")
     assert (c.node_addrs, c.slots, c.node_rank, c.chief_addr, c.provider) == (
         ("10.0.0.1", "10.0.0.2"), (2, 4), 1, "10.0.0.1", "static")
-    assert c.sources == {"nodes": "--hosts", "node_rank": "--node-rank", "chief": "first host of --hosts"}
+    assert c.sources == {"nodes": "--hosts", "node_rank": "--node-rank", "chief": "first host of --hosts",
+                         "slots": "--hosts"}
 
 
 def test_static_hosts_without_slots_take_nproc_per_node() -> None:

@@ -27,6 +27,7 @@ import os
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import tempfile
 import time
@@ -41,6 +42,9 @@ from detlaunch.testing.runner import processes_with_marker
 from support import reaper
 
 NODES = {"n1": "127.0.0.1", "n2": "127.0.0.2"}
+# Each node's fake GPUs (gres): SLURM wants character devices, so copies of /dev/null (1,3) that nothing
+# opens (task/none constrains no device); a step given some gets CUDA_VISIBLE_DEVICES, SLURM_STEP_GPUS...
+GPUS = 4
 MARKER_ENV = "DETLAUNCH_SLURM_CLUSTER"
 
 
@@ -126,16 +130,21 @@ class SlurmCluster:
         os.chmod(r, 0o755)
         os.chmod(r / "munge", 0o755)  # munged refuses a socket dir others may write to
         (r / "plugstack.conf").write_text("")
+        (r / "dev").mkdir(exist_ok=True)
+        for i in range(GPUS):
+            os.mknod(r / "dev" / f"nvidia{i}", stat.S_IFCHR | 0o666, os.makedev(1, 3))
+        (r / "gres.conf").write_text(f"Name=gpu File={r}/dev/nvidia[0-{GPUS - 1}]\n")
         hosts = Path("/etc/hosts").read_text()
         lines = "".join(f"{addr} {name}\n" for name, addr in NODES.items())
         (r / "hosts").write_text(hosts.rstrip("\n") + "\n" + lines)
         nodes = "\n".join(
             f"NodeName={name} NodeHostname={name} NodeAddr={addr} Port={self.node_ports[name]} "
-            "CPUs=2 State=UNKNOWN"
+            f"CPUs=2 Gres=gpu:{GPUS} State=UNKNOWN"
             for name, addr in NODES.items()
         )
         self.conf.write_text(f"""\
 ClusterName=detlaunchtest
+GresTypes=gpu
 SlurmctldHost={self.hostname}(127.0.0.1)
 SlurmctldPort={self.ctld_port}
 SlurmUser=root

@@ -8,28 +8,20 @@ come next, local is ``trylast`` and always answers.
 
 from __future__ import annotations
 
-import glob
 import hashlib
-from collections.abc import Mapping
 
 from detlaunch.errors import ClusterError, ConfigError
 from detlaunch.planning.cluster import ClusterInfo, Host, parse_hostfile, parse_hosts
 from detlaunch.planning.config import Config
+from detlaunch.planning.gpus import one_per_gpu, visible_gpus
 from detlaunch.planning.hookspecs import hookimpl
 from detlaunch.system.safefs import random_hex, read_regular_file
 
 
-def visible_gpus(env: Mapping[str, str]) -> int:
-    """GPUs this node may use: CUDA_VISIBLE_DEVICES when set, else /dev/nvidiaN devices."""
-    visible = env.get("CUDA_VISIBLE_DEVICES")
-    if visible is not None:
-        ids = [d for d in visible.split(",") if d.strip() and d.strip() != "-1"]
-        return len(ids)
-    return len(glob.glob("/dev/nvidia[0-9]*"))
-
-
-def default_slots(config: Config) -> int:
-    return config.options.get("nproc_per_node") or visible_gpus(config.env) or 1
+def default_slots(config: Config) -> tuple[int, str]:
+    """Ranks a node, and where from: --nproc-per-node, else one a GPU this node may use (gpus.py), else 1."""
+    given = config.options.get("nproc_per_node")
+    return (given, "--nproc-per-node") if given else one_per_gpu(visible_gpus(config.env))
 
 
 def random_job_id() -> str:
@@ -103,7 +95,7 @@ class StaticProvider:
         if not 0 <= node_rank < len(hosts):
             raise ConfigError(f"--node-rank {node_rank} is outside {source} "
                               f"({len(hosts)} hosts: valid ranks 0..{len(hosts) - 1})")
-        slots = default_slots(config)
+        slots, slots_from = default_slots(config)
         here = hosts[node_rank]
         if o.get("nproc_per_node") and here.slots and here.slots != o["nproc_per_node"]:
             raise ConfigError(f"--nproc-per-node {o['nproc_per_node']} disagrees with {source}, which gives "
@@ -120,7 +112,8 @@ class StaticProvider:
             job_id=job_id_for(config, derived_job_id(*addrs, o.get("master_port"), *given_link_port(config))
                               if len(hosts) > 1 else random_job_id()),
             provider=self.name,
-            sources={"nodes": source, "node_rank": "--node-rank", "chief": f"first host of {source}"},
+            sources={"nodes": source, "node_rank": "--node-rank", "chief": f"first host of {source}",
+                     "slots": source if here.slots else slots_from},
         )
 
     def _from_flags(self, config: Config) -> ClusterInfo:
@@ -141,20 +134,21 @@ class StaticProvider:
         addrs[0] = chief
         if node_rank > 0:
             addrs[node_rank] = o.get("node_addr")
+        slots, slots_from = default_slots(config)
         return ClusterInfo(
             node_addrs=tuple(addrs),
-            slots=(default_slots(config),) * nnodes,
+            slots=(slots,) * nnodes,
             node_rank=node_rank,
             chief_addr=chief,
             job_id=job_id_for(config, derived_job_id(chief, o.get("master_port"), nnodes, *given_link_port(config))
                               if nnodes > 1 else random_job_id()),
             provider=self.name,
-            sources={"nodes": "--nnodes", "node_rank": "--node-rank", "chief": chief_source},
+            sources={"nodes": "--nnodes", "node_rank": "--node-rank", "chief": chief_source, "slots": slots_from},
         )
 
 
 class LocalProvider:
-    """One node: this one. Slots from --nproc-per-node, else the visible GPUs, else 1."""
+    """One node: this one. Slots from --nproc-per-node, else one a GPU this node may use (gpus.py), else 1."""
 
     name = "local"
 
@@ -164,14 +158,16 @@ class LocalProvider:
             return None
         chief = config.env.get("DET_CHIEF_IP")
         addr = config.options.get("node_addr") or chief or "127.0.0.1"
+        slots, slots_from = default_slots(config)
         return ClusterInfo(
             node_addrs=(addr,),
-            slots=(default_slots(config),),
+            slots=(slots,),
             node_rank=0,
             chief_addr=chief or addr,
             job_id=job_id_for(config, random_job_id()),
             provider=self.name,
-            sources={"nodes": "this machine", "chief": "DET_CHIEF_IP" if chief else "this machine"},
+            sources={"nodes": "this machine", "chief": "DET_CHIEF_IP" if chief else "this machine",
+                     "slots": slots_from},
         )
 
 

@@ -245,9 +245,10 @@ def _split_rank_command(cmd: Command, plan: LaunchPlan) -> tuple[tuple[str, ...]
 
 def render_text(plan: LaunchPlan) -> str:
     c = plan.cluster
+    slots_from = f" [{c.sources['slots']}]" if c.sources.get("slots") else ""
     lines = [
         f"node {c.node_rank} of {c.num_nodes} ({plan.role}) · layer {plan.layer} · job {c.job_id} · "
-        f"{c.local_slots} rank(s) here, {c.total_slots} in all · chief {c.chief_addr} "
+        f"{c.local_slots} rank(s) here{slots_from}, {c.total_slots} in all · chief {c.chief_addr} "
         f"(discovered by {c.provider})",
         f"detlaunch supervisor  [socket {plan.socket_path}; "
         + "".join(f"{o.shown.format(plan.settings[o.dest])}; " for o in SUPERVISION_OPTIONS if o.shown)

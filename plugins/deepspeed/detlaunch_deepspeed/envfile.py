@@ -22,10 +22,12 @@ from collections.abc import Iterable, Mapping
 
 # The seed's deny-list (variables unsafe to share between nodes), and detlaunch's node-local ones:
 # a rank finds its node's supervisor through DETLAUNCH_SSHD_SUPERVISOR, which that node's sshd sets;
-# an `export` of the chief's value would run after it and point the rank at the wrong socket.
+# an `export` of the chief's value would run after it and point the rank at the wrong socket. The same
+# sshd gives each node's ranks that node's own CUDA_VISIBLE_DEVICES (and its copy for rank_shim.py).
 SEED_DENY = ("BASH_FUNC_.*", "OLDPWD", "HOSTNAME", ".*CUDA_VISIBLE_DEVICES", "SLURM_PROCID",
              "DET_SLOT_IDS", "DET_AGENT_ID")
-NODE_LOCAL_DENY = ("DETLAUNCH_SUPERVISOR", "DETLAUNCH_SSHD_SUPERVISOR", "DETLAUNCH_NODE_RANK")
+NODE_LOCAL_DENY = ("DETLAUNCH_SUPERVISOR", "DETLAUNCH_SSHD_SUPERVISOR", "DETLAUNCH_NODE_RANK",
+                   "DETLAUNCH_NODE_CUDA_VISIBLE_DEVICES")
 DENY = SEED_DENY + NODE_LOCAL_DENY
 
 # How deepspeed's MultiNodeRunner.add_export treats a value read from the file (it strips it first):

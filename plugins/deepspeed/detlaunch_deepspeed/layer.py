@@ -32,7 +32,9 @@ in the user's directories, where two jobs would overwrite each other's and a cra
 behind. It is written by a step the chief's supervisor runs just before deepspeed, from the
 environment deepspeed really gets (a stage hook sees only the user's, not what detlaunch and other
 plugins add). deepspeed puts every exported value on pdsh's command line, visible in ``ps`` on
-the chief, as it does without detlaunch.
+the chief, as it does without detlaunch. What the file leaves out as node-local comes from each
+node's own sshd (detlaunch.ssh): its supervisor's socket, and the node's own CUDA_VISIBLE_DEVICES,
+which rank_shim.py puts back after deepspeed's launch has overwritten it with slot indices.
 
 Stopping: deepspeed's runner answers SIGINT/SIGTERM by running ``pkill -f <python> -u -m
 deepspeed.launcher.launch`` on every host through pdsh, which kills every deepspeed job on those
@@ -64,6 +66,7 @@ from detlaunch import (
     Stage,
     StageContext,
     check_port_free,
+    cuda_visible_devices,
     hookimpl,
 )
 from detlaunch.launcher_flags import add_launcher_flags, check_launcher_args
@@ -154,8 +157,8 @@ def pdsh_ssh_args_append(existing: str | None, ssh_config: str, port: int) -> st
 
 
 def visible_devices(env: Mapping[str, str]) -> list[str]:
-    value = env.get("CUDA_VISIBLE_DEVICES")
-    return [d.strip() for d in value.split(",") if d.strip() and d.strip() != "-1"] if value else []
+    """The devices CUDA_VISIBLE_DEVICES lists, as CUDA reads it (``0,-1,2`` is one); [] when unset."""
+    return cuda_visible_devices(env) or []
 
 
 def has_accelerator(env: Mapping[str, str], devices: Sequence[str]) -> bool:
@@ -179,6 +182,13 @@ def network_env(env: Mapping[str, str]) -> dict[str, str]:
     if visible_devices(env) and nic and not (env.get("NCCL_SOCKET_IFNAME") or "").strip():
         return {"NCCL_SOCKET_IFNAME": nic}
     return {}
+
+
+def node_devices_env(env: Mapping[str, str]) -> dict[str, str]:
+    """This node's own CUDA_VISIBLE_DEVICES for rank_shim.py, which its sshd's sessions get (deepspeed's
+    launch overwrites the variable itself); nothing where the node has none."""
+    value = env.get("CUDA_VISIBLE_DEVICES")
+    return {} if value is None else {rank_shim.NODE_DEVICES: value}
 
 
 def one_node_gpu_args(env: Mapping[str, str], devices: Sequence[str], slots: int) -> int | None:
@@ -361,9 +371,9 @@ def detlaunch_chief_stage(ctx: StageContext) -> Stage:
     env = {"DS_ENV_FILE": env_file,
            "PDSH_SSH_ARGS_APPEND": pdsh_ssh_args_append(ctx.env.get("PDSH_SSH_ARGS_APPEND"), ssh_config, layout.port)}
     launcher = _launch_command(ctx, argv, env=env)
-    return (sshd_parts(ctx, layout) + client + own).stage(launcher)
+    return (sshd_parts(ctx, layout, node_devices_env(ctx.env)) + client + own).stage(launcher)
 
 
 @hookimpl
 def detlaunch_worker_stage(ctx: StageContext) -> Stage:
-    return sshd_parts(ctx).stage()
+    return sshd_parts(ctx, env=node_devices_env(ctx.env)).stage()

@@ -8,11 +8,19 @@ RANK_COMMAND with ``--local_rank=N`` inserted at AT, so the script sees ``train.
 --local_rank=N ARGS`` exactly as under deepspeed alone, while the rank wrapper (which would take
 ``--local_rank`` for one of its own options) stays in front. On one node deepspeed's runner
 always exports MASTER_ADDR=127.0.0.1; a ``--master-addr`` the user gave is put back here.
+
+Devices: deepspeed's launch sets CUDA_VISIBLE_DEVICES to the node's slots from the hostfile, as
+indices (``0,1`` for ``slots=2``), whatever the node had. On several nodes each node's sshd gives its
+sessions that node's own list in NODE_DEVICES (its detlaunch's CUDA_VISIBLE_DEVICES): deepspeed's
+indices pick from it (``0,1`` of ``4,5,6,7`` is ``4,5``), as they would have picked from the node's GPUs.
+A node that had no list keeps deepspeed's, as deepspeed alone would give it.
 Stdlib only; it replaces itself, so no process is left between the launcher and the wrapper.
 """
 
 import os
 import sys
+
+NODE_DEVICES = "DETLAUNCH_NODE_CUDA_VISIBLE_DEVICES"
 
 
 def rank_command(argv: list[str]) -> tuple[list[str], str]:
@@ -22,10 +30,28 @@ def rank_command(argv: list[str]) -> tuple[list[str], str]:
     return [*command[:at], *local_rank, *command[at:]], "" if master_addr == "-" else master_addr
 
 
+def node_devices(deepspeeds: str | None, own: str | None) -> str | None:
+    """The rank's CUDA_VISIBLE_DEVICES: deepspeed's indices into the node's own list; None: keep deepspeed's."""
+    if own is None or deepspeeds is None:
+        return None
+    listed = [d.strip() for d in own.split(",")] if own.strip() else []
+    picked = []
+    for index in deepspeeds.split(","):
+        index = index.strip()
+        if not index.isdigit():
+            return own  # not deepspeed's indices: the node's own list
+        if int(index) < len(listed):
+            picked.append(listed[int(index)])
+    return ",".join(picked)
+
+
 def main() -> None:
     command, master_addr = rank_command(sys.argv[1:])
     if master_addr:
         os.environ["MASTER_ADDR"] = master_addr
+    devices = node_devices(os.environ.get("CUDA_VISIBLE_DEVICES"), os.environ.pop(NODE_DEVICES, None))
+    if devices is not None:
+        os.environ["CUDA_VISIBLE_DEVICES"] = devices
     os.execv(command[0], command)
 
 

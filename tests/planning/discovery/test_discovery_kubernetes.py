@@ -48,8 +48,8 @@ def test_variable_combinations(extra: dict[str, str], nodes: int, rank: int, use
 @pytest.mark.parametrize(("extra", "argv", "slots", "source"), [
     ({"PET_NPROC_PER_NODE": "4"}, [], 4, "PET_NPROC_PER_NODE=4"),
     ({"LOCAL_WORLD_SIZE": "2"}, [], 2, "LOCAL_WORLD_SIZE=2"),
-    ({"PET_NPROC_PER_NODE": "auto"}, [], 1, "default (1)"),
-    ({"PET_NPROC_PER_NODE": "auto", "CUDA_VISIBLE_DEVICES": "0,1,2"}, [], 3, "visible GPUs"),
+    ({"PET_NPROC_PER_NODE": "auto"}, [], 1, "default (1), no GPU: CUDA_VISIBLE_DEVICES="),
+    ({"PET_NPROC_PER_NODE": "auto", "CUDA_VISIBLE_DEVICES": "0,1,2"}, [], 3, "CUDA_VISIBLE_DEVICES=0,1,2"),
     ({"PET_NPROC_PER_NODE": "4"}, ["--nproc-per-node", "2"], 2, "--nproc-per-node"),
 ])
 def test_slots(extra: dict[str, str], argv: list[str], slots: int, source: str) -> None:

@@ -12,18 +12,20 @@ from support.discovery import clean_env, discover
 pytestmark = pytest.mark.timeout(60)
 
 
-def srun_env(node_id: int = 1, nodes: str = "127.0.0.[1-2]", changes: dict[str, str] | None = None,
+def srun_env(node_id: int = 1, nodes: str = "127.0.0.[1-2]", changes: dict[str, str | None] | None = None,
              **extra: str) -> dict[str, str]:
-    """What `srun -N2 --ntasks-per-node=1` sets on node `node_id` (checked on the real cluster)."""
+    """What `srun -N2 --ntasks-per-node=1` sets on node `node_id` (checked on the real cluster); a None in
+    `changes` unsets that variable."""
     names = {0: "127.0.0.1", 1: "127.0.0.2"}
-    env = {"SLURM_JOB_ID": "12", "SLURM_JOBID": "12", "SLURM_STEP_ID": "0", "SLURM_STEPID": "0",
+    env: dict[str, str | None] = {"SLURM_JOB_ID": "12", "SLURM_JOBID": "12", "SLURM_STEP_ID": "0", "SLURM_STEPID": "0",
            "SLURM_JOB_NODELIST": nodes, "SLURM_NODELIST": nodes, "SLURM_STEP_NODELIST": nodes,
            "SLURM_NODEID": str(node_id), "SLURMD_NODENAME": names.get(node_id, "x"), "SLURM_NNODES": "2",
            "SLURM_NTASKS": "2", "SLURM_NTASKS_PER_NODE": "1", "SLURM_TASKS_PER_NODE": "1(x2)",
            "SLURM_STEP_TASKS_PER_NODE": "1(x2)", "SLURM_PROCID": str(node_id), "SLURM_LOCALID": "0"}
     env.update(changes or {})
     env.update(extra)
-    return clean_env(os.environ, **{k: v for k, v in env.items() if v is not None})
+    out = clean_env(os.environ, **{k: v for k, v in env.items() if v is not None})
+    return {k: v for k, v in out.items() if env.get(k, v) is not None}
 
 
 def without(env: dict[str, str], *names: str) -> dict[str, str]:
@@ -63,14 +65,25 @@ def test_a_single_node_batch_script_uses_the_jobs_tasks_per_node() -> None:
         (4,), "5", "SLURM_TASKS_PER_NODE=4", "SLURM_JOB_ID=5")
 
 
+# clean_env's CUDA_VISIBLE_DEVICES="" says "no GPU here"; these steps say nothing of it
+NO_CUDA_VAR: dict[str, str | None] = {"CUDA_VISIBLE_DEVICES": None}
+
+
 @pytest.mark.parametrize(("extra", "argv", "slots", "source"), [
-    ({"SLURM_GPUS_ON_NODE": "4"}, [], (4, 4), "SLURM_GPUS_ON_NODE=4"),
+    ({**NO_CUDA_VAR, "SLURM_GPUS_ON_NODE": "4"}, [], (4, 4), "SLURM_GPUS_ON_NODE=4"),
+    # the recommended step (--ntasks-per-node=1) on 8-GPU nodes: one rank a GPU, not 1
+    ({**NO_CUDA_VAR, "SLURM_STEP_GPUS": "0,1,2,3,4,5,6,7", "SLURM_JOB_GPUS": "0,1,2,3,4,5,6,7"}, [], (8, 8),
+     "SLURM_STEP_GPUS=0,1,2,3,4,5,6,7"),
+    ({**NO_CUDA_VAR, "SLURM_JOB_GPUS": "4,5"}, [], (2, 2), "SLURM_JOB_GPUS=4,5"),
+    # SLURM sets CUDA_VISIBLE_DEVICES in a step with GPUs; a user who narrows it gets what CUDA will see
+    ({"CUDA_VISIBLE_DEVICES": "0,1", "SLURM_STEP_GPUS": "0,1,2,3"}, [], (2, 2), "CUDA_VISIBLE_DEVICES=0,1"),
     ({"SLURM_NTASKS_PER_NODE": "3"}, [], (3, 3), "SLURM_NTASKS_PER_NODE=3"),
-    ({"SLURM_NTASKS_PER_NODE": ""}, [], (1, 1), "default (1)"),
-    ({"SLURM_NTASKS_PER_NODE": "", "CUDA_VISIBLE_DEVICES": "0,1"}, [], (2, 2), "visible GPUs"),
-    ({"SLURM_GPUS_ON_NODE": "4"}, ["--nproc-per-node", "2"], (2, 2), "--nproc-per-node"),
+    ({"SLURM_NTASKS_PER_NODE": "3", "SLURM_STEP_GPUS": "0,1", **NO_CUDA_VAR}, [], (2, 2), "SLURM_STEP_GPUS=0,1"),
+    ({"SLURM_NTASKS_PER_NODE": ""}, [], (1, 1), "default (1), no GPU: CUDA_VISIBLE_DEVICES="),
+    ({"SLURM_NTASKS_PER_NODE": "", "CUDA_VISIBLE_DEVICES": "0,1"}, [], (2, 2), "CUDA_VISIBLE_DEVICES=0,1"),
+    ({**NO_CUDA_VAR, "SLURM_GPUS_ON_NODE": "4"}, ["--nproc-per-node", "2"], (2, 2), "--nproc-per-node"),
 ])
-def test_slots_precedence(extra: dict[str, str], argv: list[str], slots: tuple[int, ...], source: str) -> None:
+def test_slots_precedence(extra: dict[str, str | None], argv: list[str], slots: tuple[int, ...], source: str) -> None:
     c = discover(*argv, env=srun_env(changes=extra))
     assert (c.slots, c.sources["slots"]) == (slots, source)
 
@@ -120,8 +133,8 @@ def test_a_nested_detlaunch_does_not_read_the_outer_jobs_slurm_variables() -> No
     ([], {"SLURM_STEP_TASKS_PER_NODE": "1(x3)"}, "SLURM_STEP_TASKS_PER_NODE=1(x3) gives 3 count(s) for 2 node(s)"),
     ([], {"SLURM_STEP_NODELIST": "127.0.0.1,127.0.0.1"},
      "SLURM_STEP_NODELIST=127.0.0.1,127.0.0.1 lists node 127.0.0.1 twice"),
-    ([], {"SLURM_GPUS_ON_NODE": "lots"}, "SLURM_GPUS_ON_NODE='lots' is not a number of slots; fix it, or give "
-     "--nproc-per-node N"),
+    ([], {"SLURM_GPUS_ON_NODE": "lots", **NO_CUDA_VAR},
+     "SLURM_GPUS_ON_NODE='lots' is not a number of GPUs; fix it, or give --nproc-per-node N"),
     ([], {"SLURM_STEP_NODELIST": "n[1-2]", "SLURMD_NODENAME": "n2"},
      "cannot resolve node 'n1' (from SLURM_STEP_NODELIST=n[1-2]): Name or service not known; every node's name "
      "must resolve on every node (DNS or /etc/hosts), or give --hosts ADDR:SLOTS,..."),
@@ -129,7 +142,7 @@ def test_a_nested_detlaunch_does_not_read_the_outer_jobs_slurm_variables() -> No
      "--cluster slurm takes the nodes from slurm, but --nnodes was given too: drop --nnodes, or drop --cluster to "
      "use the flags"),
 ])
-def test_bad_slurm_input_is_one_clear_line(argv: list[str], extra: dict[str, str], message: str) -> None:
+def test_bad_slurm_input_is_one_clear_line(argv: list[str], extra: dict[str, str | None], message: str) -> None:
     with pytest.raises(ConfigError) as e:
         discover(*argv, env=srun_env(changes=extra))
     assert str(e.value) == message

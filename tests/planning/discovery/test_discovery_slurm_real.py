@@ -70,6 +70,19 @@ def test_info_shows_what_each_node_found_and_from_where(slurm: SlurmCluster, tmp
             "addresses": "getaddrinfo: n1=127.0.0.1, n2=127.0.0.2", "chief": "first node of SLURM_STEP_NODELIST (n1)"}
 
 
+def test_a_step_given_gpus_runs_one_rank_a_gpu(slurm: SlurmCluster, tmp_path: Path) -> None:
+    """The recommended step (one detlaunch a node, --ntasks-per-node=1) given 3 of each node's fake GPUs
+    (gres): 3 ranks a node, not 1, from what SLURM set; without GPUs, the step's 1."""
+    out = tmp_path / "info-%t.json"
+    r = slurm.run(["srun", "-N2", "--ntasks-per-node=1", "--gres=gpu:3", "--time=1", "-o", str(out),
+                   *DETLAUNCH, "info", "--format", "json"], cwd=ROOT)
+    assert r.returncode == 0, r.stdout + r.stderr
+    for task in (0, 1):
+        info = json.loads((tmp_path / f"info-{task}.json").read_text())
+        assert ([n["slots"] for n in info["nodes"]], info["sources"]["slots"]) == (
+            [3, 3], "CUDA_VISIBLE_DEVICES=0,1,2"), info
+
+
 def test_sbatch_job(slurm: SlurmCluster, tmp_path: Path) -> None:
     script = tmp_path / "job.sh"
     command = " ".join(["srun", *torchrun_args(ALLREDUCE)])

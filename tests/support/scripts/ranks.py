@@ -9,6 +9,7 @@ Environment knobs (all optional):
                             the test writes to the FIFO (so every rank is up when the fault hits)
   SAME=N                    every rank prints the same N lines ("warning: the same on every rank, i")
   IGNORE_TERM=1             the ranks ignore SIGTERM (so a stopping job lasts its grace period)
+  SHOW_ENV=A,B              every rank prints "rank N env A=<repr of its value, None when unset>", each
 """
 
 import os
@@ -24,6 +25,8 @@ for i in range(int(os.environ.get("SAME", "0"))):
 if os.environ.get("IGNORE_TERM"):
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
 print(f"rank {rank} started pid={os.getpid()}", flush=True)
+for name in filter(None, os.environ.get("SHOW_ENV", "").split(",")):
+    print(f"rank {rank} env {name}={os.environ.get(name)!r}", flush=True)
 
 def wait_for_trigger() -> None:
     if os.environ.get("TRIGGER"):

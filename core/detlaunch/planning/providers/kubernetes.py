@@ -11,8 +11,9 @@ few variables, under several names. The first name that is set wins:
   ``WORLD_SIZE`` comes last: PyTorchJob sets it to the number of pods only when
   each pod runs one process, and torchelastic sets it to the number of processes.
 - node rank: ``NODE_RANK``, ``PET_NODE_RANK``, ``GROUP_RANK``, ``RANK``.
-- slots: ``--nproc-per-node``, ``PET_NPROC_PER_NODE``, ``LOCAL_WORLD_SIZE``, the
-  visible GPUs, 1.
+- slots: ``--nproc-per-node``, ``PET_NPROC_PER_NODE``, ``LOCAL_WORLD_SIZE``, one a
+  GPU this pod may use (planning/gpus.py: ``NVIDIA_VISIBLE_DEVICES`` limits what a
+  privileged pod's /dev/nvidiaN show), 1.
 
 Only the chief's address is known (other pods' addresses are not in the environment);
 this node's own is ``--node-addr`` when given. The job id is derived from the chief's
@@ -33,7 +34,8 @@ from collections.abc import Mapping
 from detlaunch.errors import ClusterError, ConfigError
 from detlaunch.planning.cluster import ClusterInfo
 from detlaunch.planning.config import Config
-from detlaunch.planning.discovery import derived_job_id, visible_gpus
+from detlaunch.planning.discovery import derived_job_id
+from detlaunch.planning.gpus import one_per_gpu, visible_gpus
 from detlaunch.planning.hookspecs import hookimpl
 from detlaunch.planning.providers.precedence import KUBERNETES_CHIEF_VARS as CHIEF_VARS
 from detlaunch.planning.providers.precedence import KUBERNETES_NNODES_VARS as NNODES_VARS
@@ -81,8 +83,7 @@ def _slots(env: Mapping[str, str], nproc_per_node: int | None) -> tuple[int, str
             return int(text), shown(env, var)
         if text and text not in ("auto", "gpu", "cpu"):  # torchrun's own words mean "look at the machine"
             raise ClusterError(f"{var}={text!r} is not a number of ranks; fix it, or give --nproc-per-node N")
-    gpus = visible_gpus(env)
-    return (gpus, "visible GPUs") if gpus else (1, "default (1)")
+    return one_per_gpu(visible_gpus(env))
 
 
 def read_torch_env(env: Mapping[str, str], nproc_per_node: int | None = None) -> ClusterInfo:

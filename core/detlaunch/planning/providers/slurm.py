@@ -8,9 +8,14 @@ the ranks itself, so the SLURM step that runs it must have exactly one task per 
   compressed host list is expanded (:mod:`.hostlist`) and each name is resolved with
   getaddrinfo (:mod:`.resolve`). The first node is the chief.
 - node rank: ``SLURM_NODEID``, checked against ``SLURMD_NODENAME`` when both are set.
-- slots, first that is set: ``--nproc-per-node``; ``SLURM_GPUS_ON_NODE``; the job's
-  ``SLURM_NTASKS_PER_NODE``; ``SLURM_TASKS_PER_NODE`` (``2(x3),1``, per node) outside a
-  step; the visible GPUs; 1.
+- slots, first that is set: ``--nproc-per-node``; one a GPU this node was given
+  (``CUDA_VISIBLE_DEVICES``, ``SLURM_STEP_GPUS``, ``SLURM_GPUS_ON_NODE``, ``SLURM_JOB_GPUS``:
+  planning/gpus.py); SLURM's task count when above 1 (``SLURM_NTASKS_PER_NODE``, or
+  ``SLURM_TASKS_PER_NODE``, ``2(x3),1``, per node, outside a step); one a GPU the machine shows
+  (/dev/nvidiaN, limited by ``NVIDIA_VISIBLE_DEVICES``), when nothing above said this node has
+  none; then the task count of 1 (the recommended ``--ntasks-per-node=1`` step: one detlaunch a
+  node, which says nothing about its ranks), else 1. A SLURM job that asked for
+  ``--ntasks-per-node=8`` and no GPU gets 8 ranks a node, even where the machine's GPUs show.
 - job id: ``--job-id`` if given, else ``SLURM_JOB_ID``, with ``.STEP`` inside a step
   (SLURM's own notation) so two detlaunch steps of one allocation never share a job
   directory.
@@ -23,12 +28,13 @@ processes on one node.
 from __future__ import annotations
 
 import dataclasses
+import glob as globbing
 from collections.abc import Mapping
 
 from detlaunch.errors import ClusterError
 from detlaunch.planning.cluster import ClusterInfo
 from detlaunch.planning.config import Config
-from detlaunch.planning.discovery import visible_gpus
+from detlaunch.planning.gpus import Glob, device_gpus, given_gpus, one_per_gpu
 from detlaunch.planning.hookspecs import hookimpl
 from detlaunch.planning.providers.hostlist import expand_counts, expand_hostlist
 from detlaunch.planning.providers.precedence import job_id_override, should_answer, shown
@@ -121,15 +127,11 @@ def _positive(env: Mapping[str, str], name: str) -> int | None:
     return int(text) or None
 
 
-def _slots(env: Mapping[str, str], nodes: list[str], in_step: bool,
-           nproc_per_node: int | None) -> tuple[tuple[int, ...], str]:
-    n = len(nodes)
-    if nproc_per_node:
-        return (nproc_per_node,) * n, "--nproc-per-node"
-    for var in ("SLURM_GPUS_ON_NODE", "SLURM_NTASKS_PER_NODE"):
-        value = _positive(env, var)
-        if value:
-            return (value,) * n, shown(env, var)
+def _tasks(env: Mapping[str, str], n: int, in_step: bool) -> tuple[tuple[int, ...], str] | None:
+    """SLURM's task count a node: the job's SLURM_NTASKS_PER_NODE, or SLURM_TASKS_PER_NODE outside a step."""
+    value = _positive(env, "SLURM_NTASKS_PER_NODE")
+    if value:
+        return (value,) * n, shown(env, "SLURM_NTASKS_PER_NODE")
     if not in_step and env.get("SLURM_TASKS_PER_NODE", "").strip():
         counts = expand_counts(env["SLURM_TASKS_PER_NODE"], "SLURM_TASKS_PER_NODE")
         if len(counts) != n:
@@ -137,13 +139,31 @@ def _slots(env: Mapping[str, str], nodes: list[str], in_step: bool,
                                f"for {n} node(s)")
         if min(counts) > 0:
             return tuple(counts), shown(env, "SLURM_TASKS_PER_NODE")
-    gpus = visible_gpus(env)
-    if gpus:
-        return (gpus,) * n, "visible GPUs"
-    return (1,) * n, "default (1)"
+    return None
 
 
-def read_slurm_env(env: Mapping[str, str], nproc_per_node: int | None = None) -> SlurmJob:
+def _slots(env: Mapping[str, str], nodes: list[str], in_step: bool, nproc_per_node: int | None,
+           glob: Glob = globbing.glob) -> tuple[tuple[int, ...], str]:
+    n = len(nodes)
+    if nproc_per_node:
+        return (nproc_per_node,) * n, "--nproc-per-node"
+    given = given_gpus(env, glob)  # CUDA_VISIBLE_DEVICES, else SLURM_STEP_GPUS, SLURM_GPUS_ON_NODE, SLURM_JOB_GPUS
+    if given is not None and given.count:
+        return (given.count,) * n, given.source
+    tasks = _tasks(env, n, in_step)
+    if tasks and max(tasks[0]) > 1:  # the user's own task count: 1 is the one-detlaunch-a-node step itself
+        return tasks
+    if given is None:  # nothing said whether this node has GPUs: the ones the machine shows
+        devices = device_gpus(env, glob)
+        if devices.count:
+            return (devices.count,) * n, devices.source
+    if tasks:
+        return tasks
+    return (1,) * n, one_per_gpu(given or device_gpus(env, glob))[1]
+
+
+def read_slurm_env(env: Mapping[str, str], nproc_per_node: int | None = None,
+                   glob: Glob = globbing.glob) -> SlurmJob:
     """The SLURM job as this node sees it, from its variables alone (pure: no name is resolved)."""
     job_var = _first(env, "SLURM_JOB_ID", "SLURM_JOBID")
     if job_var is None:
@@ -155,7 +175,7 @@ def read_slurm_env(env: Mapping[str, str], nproc_per_node: int | None = None) ->
     node_id = _node_id(env, nodes, list_var, in_step)
     if in_step:
         _check_one_per_node(env, nodes, node_id)
-    slots, slots_from = _slots(env, nodes, in_step, nproc_per_node)
+    slots, slots_from = _slots(env, nodes, in_step, nproc_per_node, glob)
     job_id = env[job_var].strip()
     job_from = shown(env, job_var)
     if step_var is not None:
