@@ -28,7 +28,7 @@ SUSPECT = "suspect: rank 1 (node 0): never entered all_reduce #4 (flight recorde
 
 def start(launcher: Launcher, layer: str, job: str, events: Path, mode: str) -> Job:
     return launcher.start("--layer", layer, "--nproc-per-node", "2", "--master-port", str(free_port()),
-                          "--job-id", job, "--hang-timeout", "8", "--events", str(events), HANG,
+                          "--job-id", job, "--hang-timeout", "12", "--events", str(events), HANG,
                           env={"HANG": mode, "STEPS": "3"})
 
 

@@ -145,7 +145,9 @@ def verdict(flights: Mapping[RankKey, Mapping[str, Any]]) -> FlightVerdict:
                          f"which {every} entered")
     if len(lines) > MAX_GROUP_LINES:
         lines[MAX_GROUP_LINES:] = [f"flight recorder: and {len(lines) - MAX_GROUP_LINES} more process group(s)"]
-    if findings and not lines:
+    if findings and not lines and silent:
+        lines.append("flight recorder: every rank that answered completed every collective it entered")
+    elif findings and not lines:
         last = f" ({findings[0].ops[0]} #{findings[0].seq})" if len(findings) == 1 else ""
         lines.append(f"flight recorder: every rank completed every collective it entered{last}: "
                      "the hang is not in a collective")
