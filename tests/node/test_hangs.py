@@ -457,15 +457,17 @@ def test_on_two_nodes_the_chief_finds_a_sigstopped_rank_of_the_worker_and_both_e
 
 @pytest.mark.timeout(200)
 def test_a_rank_asleep_before_the_collective_is_the_suspect(launcher: Launcher, tmp_path: Path) -> None:
+    """The stack rule, with torch's Flight Recorder off (with it on, its suspect wins: test_flight_job.py)."""
     events = tmp_path / "events.jsonl"
     r = launcher.start(*torchrun(launcher, job_id(), "--hang-timeout", "10", "--events", str(events)), HANG,
-                       env={"HANG": "sleep"}).wait(150)
+                       env={"HANG": "sleep", "DETLAUNCH_FLIGHT_RECORDER": "0"}).wait(150)
     assert r.returncode == 124, r.output
     [hang] = [e for e in map(json.loads, events.read_text().splitlines()) if e["kind"] == "hang_detected"]
     assert 10 <= hang["details"]["silent_for"] < 60 and hang["rank"] is None, hang
     assert "suspect: rank 1 (node 0): not in the collective the others wait in" in report_line(r.stderr)
     assert re.search(r"^detlaunch:   rank 1 \(node 0\): time\.sleep <- <module> \(hang\.py:\d+\)", r.stderr, re.M)
     assert r.rank_lines(0)[-1].startswith("rank 0 steady")  # what it printed last before the hang
+    assert "flight recorder" not in r.stderr  # turned off: not a word of it
 
 
 @pytest.mark.timeout(200)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import select
 import socket
+import stat
 import subprocess
 import sys
 import threading
@@ -229,6 +230,7 @@ def test_a_wrapper_in_a_job_imports_nothing_heavy(real_processes: None, node: No
             wrapper.wait()
     assert wrapper.returncode == 0 and [(s.rank, s.exit_code) for s in node.exits] == [(2, 0)], err
     assert os.path.exists(os.path.dirname(node.path) + "/progress-2"), "the common path was not taken"
+    assert stat.S_ISFIFO(os.stat(os.path.dirname(node.path) + "/flight-2").st_mode)  # flightrec's FIFO
     imported = {line.rsplit("|", 1)[-1].strip() for line in err.splitlines() if line.startswith("import time:")}
-    assert {"protocol", "progress", "faultdump"} <= imported, sorted(imported)
+    assert {"protocol", "progress", "faultdump", "flightrec"} <= imported, sorted(imported)
     assert not imported & HEAVY, sorted(imported & HEAVY)

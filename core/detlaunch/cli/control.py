@@ -20,7 +20,8 @@ import detlaunch.exit_codes as exit_codes
 from detlaunch.errors import ConfigError, one_line
 
 CONTROL_COMMANDS = ("status", "stacks")  # questions to a running job (control.py): no plugin is loaded for them
-CONTROL_ARGS = {"stacks": {"budget": 2.0}}  # py-spy's budget on every node (the answer comes within it + 2 s)
+# py-spy's budget on every node (the answer comes within it + 2 s); the ranks' Flight Recorders are asked too
+CONTROL_ARGS: dict[str, dict[str, Any]] = {"stacks": {"budget": 2.0, "flight": True}}
 
 
 class _Parser(argparse.ArgumentParser):

@@ -5,8 +5,8 @@ Three things, each a few timers and questions on the parts that already exist:
 - the hang watch (chief only, `--hang-timeout S`, from its first rank's start): a timer at the job's
   last known progress + S;
   when it fires, the chief asks every node for its ranks' progress (progress_watch.py); if none
-  moved, it asks every node for its ranks' stacks, prints them grouped with the suspects, and
-  fails the job with a `Hung` verdict event (exit code 124);
+  moved, it asks every node for its ranks' stacks and their Flight Recorders (stacks/flight.py),
+  prints them grouped with the suspects, and fails the job with a `Hung` verdict event (exit code 124);
 - a rank that printed a whole Python traceback and is still running TRACEBACK_DELAY seconds
   later (it hangs in atexit, destroy_process_group, a non-daemon thread) fails the job
   (`StuckAfterTraceback`): its traceback is the root cause;
@@ -71,7 +71,7 @@ class HangPolicy:
         if args.get("before_stop"):  # the chief's dump before kill: this node's stop waits for the answer
             self.own_dumps += 1
             done = self._then_stops(done)
-        node_answer(self.collector, self.host, self.live_ranks(), budget, done, self.run_dir)
+        node_answer(self.collector, self.host, self.live_ranks(), budget, done, self.run_dir, bool(args.get("flight")))
 
     def _then_stops(self, done: Answer) -> Answer:
         """`done`, then the stops that waited for this node's stacks (once the last such answer is out)."""
@@ -151,7 +151,7 @@ class HangPolicy:
         self.say(f"no rank has shown progress for {idle:.1f} s (--hang-timeout {self.hang_timeout:g}): "
                  "taking every rank's stack")
         then = self._of_this_attempt(lambda answer: self._on_hang_stacks(answer, idle))
-        self.ask_job("stacks", {"budget": DEFAULT_BUDGET}, then)
+        self.ask_job("stacks", {"budget": DEFAULT_BUDGET, "flight": True}, then)
 
     def _on_hang_stacks(self, answer: dict[str, Any], idle: float) -> None:
         from detlaunch.stacks.groups import format_text, format_who

@@ -3,8 +3,8 @@
 Owns the wrapper (`wrapper.py`, started as ``python -S run_wrapper.py`` in front of every rank, and
 its parts: `options.py`, `connection.py`, `output.py`, `wrapped_rank.py`), the messages it sends its
 node's supervisor (`protocol.py`), the heartbeat file a rank writes (`progress.py`, public as
-``detlaunch.progress``) and the faulthandler fallback a rank is started with (`faultdump.py`,
-`faultsite/`).
+``detlaunch.progress``), the faulthandler fallback a rank is started with (`faultdump.py`,
+`faultsite/`) and torch's Flight Recorder, asked through a FIFO (`flightrec.py`).
 
 May import: the standard library only, and only what the wrapper can afford (it runs once per
 rank: no typing, dataclasses, json or re at run time). Nothing else of detlaunch: every other part

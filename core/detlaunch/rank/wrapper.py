@@ -53,7 +53,7 @@ if TYPE_CHECKING:  # never at run time: the typing module alone costs about 1 MB
 
 
 def sibling(name: str) -> Any:
-    """A module next to this one (progress, faultdump), imported only where a rank has a supervisor
+    """A module next to this one (progress, faultdump, flightrec), imported only where a rank has a supervisor
     (a wrapper that only prefixes output never loads them): as detlaunch.NAME, or by file as a script."""
     return __import__(f"{__package__}.{name}" if __package__ else name, fromlist=["_"])
 
@@ -79,6 +79,16 @@ def offer_faulthandler(run_dir: str, rank: int) -> None:
         sibling("faultdump").prepare(run_dir, rank, os.environ)
     except OSError as e:
         os.write(2, f"detlaunch rank wrapper: warning: no faulthandler file for rank {rank}: {e}\n".encode())
+
+
+def offer_flight_recorder(run_dir: str, rank: int) -> None:
+    """torch's Flight Recorder on in the rank, and its FIFO for detlaunch's questions (flightrec.py): the
+    thread that answers them lives in detlaunch's sitecustomize, so only where that runs (faultdump's file)."""
+    try:
+        listener = bool(os.environ.get(sibling("faultdump").ENV))  # the sitecustomize will run in the rank
+        sibling("flightrec").prepare(run_dir, rank, os.environ, listener=listener)
+    except OSError as e:
+        os.write(2, f"detlaunch rank wrapper: warning: no flight recorder FIFO for rank {rank}: {e}\n".encode())
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -116,6 +126,7 @@ def wrap(rank: int, command: list[str], opts: dict[str, Any]) -> int:
     if supervisor and path:
         wrapper.output_mark = watch_progress(os.path.dirname(path), rank)
         offer_faulthandler(os.path.dirname(path), rank)
+        offer_flight_recorder(os.path.dirname(path), rank)
     return wrapper.run()
 
 

@@ -61,6 +61,7 @@ class StackReport:
     groups: tuple[Group, ...]  # largest first
     unavailable: tuple[UnavailableGroup, ...]
     suspects: tuple[Suspect, ...]  # by rank
+    flight: tuple[str, ...] = ()  # what torch's Flight Recorder says (flight.py), shown before the stacks
 
 
 def is_library(file: str) -> bool:
@@ -126,14 +127,20 @@ def _callee(frame: Frame) -> str:
 
 
 def group_stacks(results: Mapping[RankKey, StackResult], last_progress: Mapping[int, float] | None = None,
-                 tolerance: float = 1.0) -> StackReport:
+                 tolerance: float = 1.0, named: Mapping[RankKey, str] | None = None) -> StackReport:
     """Group ranks by stack signature and name the suspects.
 
     Suspects: SIGSTOPped ranks; the ranks outside the majority's group (when one group is larger than
     every other); with no majority, ranks outside a collective that other ranks wait in; and, given
     each rank's last progress (wall time), the ranks whose progress stopped first, more than
     `tolerance` seconds before the others'.
+
+    named: the suspects torch's Flight Recorder names ({key: why}, flight.py). When there are any, they
+    win over the rules read from the stacks (on GPUs a stack shows the next sync point, not the
+    collective): they and the SIGSTOPped ranks are the suspects, and only they are marked.
     """
+    if named:
+        return _with_named(group_stacks(results), named)
     by_sig: dict[tuple[object, ...], list[RankKey]] = {}
     stacks: dict[tuple[object, ...], ProcessStack] = {}
     via: dict[tuple[object, ...], dict[str, list[RankKey]]] = {}
@@ -170,6 +177,21 @@ def group_stacks(results: Mapping[RankKey, StackResult], last_progress: Mapping[
     return StackReport(groups, unavailable, tuple(suspects[k] for k in sorted(suspects)))
 
 
+def _with_named(report: StackReport, named: Mapping[RankKey, str]) -> StackReport:
+    """The report with the Flight Recorder's suspects instead of the stack rules' (SIGSTOPped ranks stay)."""
+    groups = []
+    for g in report.groups:
+        reasons = {named.get(k, "") for k in g.ranks}
+        why = "SIGSTOPped" if g.stack.stopped else reasons.pop() if len(reasons) == 1 else ""
+        groups.append(dataclasses.replace(g, suspect=why))
+    suspects = {k: why for k, why in named.items()}
+    for g in groups:
+        if g.stack.stopped:
+            suspects.update({k: f"{named[k]}; SIGSTOPped" if k in named else "SIGSTOPped" for k in g.ranks})
+    return dataclasses.replace(report, groups=tuple(groups),
+                               suspects=tuple(Suspect(k[0], k[1], suspects[k]) for k in sorted(suspects)))
+
+
 def _stalled_first(results: Mapping[RankKey, StackResult], last: Mapping[int, float],
                    tolerance: float) -> dict[RankKey, str]:
     known = {key: last[key[0]] for key in results if key[0] in last}
@@ -200,11 +222,12 @@ def format_unavailable(ranks: Iterable[RankKey], reason: str) -> str:
 
 
 def format_text(report: StackReport, full: bool = False) -> list[str]:
-    """A line per group (largest first), then a line per reason a stack could not be had.
+    """The Flight Recorder's lines, a line per group (largest first), then a line per reason a stack could
+    not be had.
 
     full: under each group, its main thread's frames, innermost first.
     """
-    lines: list[str] = []
+    lines: list[str] = list(report.flight)
     for g in report.groups:
         mark = f"  [suspect: {g.suspect}]" if g.suspect else ""
         lines.append(f"{format_who(g.ranks)}: {describe_stack(g.stack)}{mark}")
@@ -228,4 +251,5 @@ def format_json(report: StackReport) -> dict[str, Any]:
         "unavailable": [{"ranks": [r for r, _ in u.ranks], "nodes": sorted({n for _, n in u.ranks}),
                          "kind": u.kind, "reason": u.reason} for u in report.unavailable],
         "suspects": [dataclasses.asdict(s) for s in report.suspects],
+        "flight_recorder": list(report.flight),
     }

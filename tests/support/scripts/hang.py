@@ -8,6 +8,9 @@ HANG (what HANG_RANK does after its steps, while the others wait in the next all
   loop     (every rank) all_reduces forever, printing each step: a test SIGSTOPs one from outside
   beat     rank 0 calls detlaunch.progress() every 0.2 s for BEAT_FOR s, then prints a line every
            0.2 s without beating; the other ranks wait in the collective, silent
+  sync     the others enter the next all_reduce asynchronously (a NCCL collective returns at once on a
+           GPU) and block at their next sync point (`sync_point`: a sleep, where `.item()` would wait
+           on the GPU); HANG_RANK sleeps in `load_batch` before it: no stack is in a collective
   (none)   every rank does one more all_reduce and prints "rank N done"
 BEAT=1: every step also calls detlaunch.progress(step) on rank 0 only, and only rank 0 prints.
 HANG_UNTIL=FIFO: `sleep` waits until a byte comes through FIFO instead (then the job ends normally).
@@ -31,6 +34,14 @@ import torch.distributed as dist  # noqa: E402
 
 def linger() -> None:
     time.sleep(300)  # an atexit handler that never returns (destroy_process_group, a thread's join)
+
+
+def load_batch() -> None:
+    time.sleep(300)
+
+
+def sync_point() -> None:
+    time.sleep(300)
 
 
 dist.init_process_group("gloo", timeout=timedelta(seconds=600))
@@ -68,6 +79,12 @@ if mode == "beat" and rank == 0:
     while True:
         print("rank 0 still printing", flush=True)
         time.sleep(0.2)
+if mode == "sync":
+    print(f"rank {rank} at the sync point", flush=True)
+    if rank == who:
+        load_batch()
+    work = dist.all_reduce(torch.ones(1), async_op=True)
+    sync_point()
 if rank == who:
     if mode == "sleep" and os.environ.get("HANG_UNTIL"):
         print(f"rank {rank} waiting for the trigger", flush=True)

@@ -3,8 +3,10 @@
 The rank wrapper put this folder first on PYTHONPATH and named a private file in
 DETLAUNCH_FAULTHANDLER_FILE. Here: register faulthandler for SIGRTMIN+7 into that file (unless the
 signal has a handler already), write a header line saying so; arrange for the rank's progress file
-(DETLAUNCH_PROGRESS_FILE) to be marked once the script has ended (`_mark_the_end`); then undo the
-wrapper's changes (this folder off PYTHONPATH and sys.path, the variable gone: the rank's children do
+(DETLAUNCH_PROGRESS_FILE) to be marked once the script has ended (`_mark_the_end`); arrange for a
+thread that answers detlaunch's questions to torch's Flight Recorder to start once the rank imports
+torch.distributed (`_listen_for_flight_questions`, see detlaunch/rank/flightrec.py); then undo the
+wrapper's changes (this folder off PYTHONPATH and sys.path, the variables gone: the rank's children do
 not register) and import the sitecustomize this one shadows (the user's, or the distribution's), as
 site would.
 """
@@ -74,6 +76,94 @@ def _mark_the_end() -> None:
         register(ended)
 
 
+class _FlightWatch:
+    """On sys.meta_path until the rank's first import of torch.distributed: then it starts the thread that
+    answers (and leaves). It finds no module itself; until then each import costs one call of it."""
+
+    def __init__(self, fifo: str) -> None:
+        self.fifo = fifo
+
+    def find_spec(self, name: str, path: object = None, target: object = None) -> None:
+        if name != "torch.distributed" or self not in sys.meta_path:
+            return
+        sys.meta_path.remove(self)
+        try:
+            import _thread
+
+            fd = os.open(self.fifo, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)  # read-write: open() never blocks
+            os.register_at_fork(after_in_child=lambda: os.close(fd))  # a forked child (a DataLoader worker): not it
+            _thread.start_new_thread(_answer_flight_questions, (fd, self.fifo))
+        except Exception:  # noqa: BLE001 - never break the rank's import for it: detlaunch then says it is absent
+            pass
+
+
+def _listen_for_flight_questions() -> None:
+    fifo = os.environ.pop("DETLAUNCH_FLIGHT_FIFO", None)  # flightrec.ENV
+    if fifo:
+        sys.meta_path.insert(0, _FlightWatch(fifo))
+
+
+def _answer_flight_questions(fd: int, fifo: str) -> None:
+    """The thread: blocked in read(2) (the GIL released) until the supervisor writes `NONCE\\n`; then torch's
+    Flight Recorder dumps into the reply FIFO `fifo.NONCE`, which the supervisor made and reads. SIGPIPE is
+    blocked in this thread: a reply whose asker gave up fails with EPIPE, even where the script set SIGPIPE's
+    default action (which would end the rank)."""
+    try:
+        import _signal
+
+        _signal.pthread_sigmask(_signal.SIG_BLOCK, [13])  # SIGPIPE, for this thread only
+    except Exception:  # noqa: BLE001
+        return  # without it, an answer could kill the rank: rather none
+    while True:
+        try:
+            questions = os.read(fd, 4096)
+        except OSError:
+            return
+        for nonce in questions.split():
+            if not nonce.isalnum() or len(nonce) > 32:
+                continue
+            try:  # the reply FIFO first: a question whose asker gave up (no reader, or gone) costs no dump
+                out = os.open(f"{fifo}.{nonce.decode()}", os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOFOLLOW)
+            except OSError:
+                continue
+            try:
+                os.set_blocking(out, True)
+                answer = memoryview(_flight_dump())
+                while answer:
+                    answer = answer[os.write(out, answer):]
+            except Exception:  # noqa: BLE001 - the asker gave up meanwhile (EPIPE): never break the rank
+                pass
+            finally:
+                os.close(out)
+
+
+def _flight_dump() -> bytes:
+    """torch's dumps as one JSON object, {"fr": ..., "nccl": ...}, or {"error": why}. Never imports torch."""
+    dist = sys.modules.get("torch.distributed")
+    c10d = sys.modules.get("torch._C._distributed_c10d")
+    if dist is None or c10d is None:
+        return b'{"error": "torch.distributed is not imported"}'
+    try:
+        if not dist.is_available() or not dist.is_initialized():
+            return b'{"error": "torch.distributed is not initialized (no process group yet)"}'
+    except Exception:  # noqa: BLE001 - a half-imported torch.distributed
+        return b'{"error": "torch.distributed is not ready"}'
+    parts = []
+    for key, name in ((b"fr", "_dump_fr_trace_json"), (b"nccl", "_dump_nccl_trace_json")):
+        dump = getattr(c10d, name, None)
+        if dump is None:
+            continue
+        try:
+            try:
+                body = dump(True, False)  # includeCollectives, onlyActive
+            except TypeError:  # a torch whose dump takes no arguments
+                body = dump()
+            parts.append(b'"' + key + b'": ' + (body.encode() if isinstance(body, str) else bytes(body)))
+        except Exception as e:  # noqa: BLE001
+            parts.append(b'"' + key + b'": {"error": "' + type(e).__name__.encode() + b'"}')
+    return b"{" + b", ".join(parts) + b"}"
+
+
 def _undo_path() -> None:
     here = os.path.dirname(os.path.abspath(__file__))
     old = os.environ.get("PYTHONPATH")
@@ -91,6 +181,10 @@ except Exception as e:  # never break the rank for a fallback
 try:
     _mark_the_end()
 except Exception:  # noqa: BLE001 - never break the rank for a mark; without it, its end reads as before
+    pass
+try:
+    _listen_for_flight_questions()
+except Exception:  # noqa: BLE001 - never break the rank for it; without it, the hang report has stacks only
     pass
 _undo_path()
 _this = sys.modules.pop("sitecustomize")
