@@ -46,14 +46,14 @@ EOF
 cat >"$WORK/nccl_one_late.py" <<'EOF'
 import os, time, datetime, torch, torch.distributed as dist
 local = int(os.environ["LOCAL_RANK"]); torch.cuda.set_device(local)
-dist.init_process_group("nccl", timeout=datetime.timedelta(seconds=30))
+dist.init_process_group("nccl", timeout=datetime.timedelta(seconds=int(os.environ["PG_TIMEOUT"])))
 t = torch.ones(1, device="cuda")
 for _ in range(3):
     dist.all_reduce(t)
 torch.cuda.synchronize()
 print(f"rank {dist.get_rank()} before the late collective", flush=True)
 if dist.get_rank() == 1:
-    time.sleep(120)  # past the process group's 30 s timeout: NCCL's watchdog aborts rank 0
+    time.sleep(120)  # past a 30 s process-group timeout: NCCL's watchdog aborts rank 0
 dist.all_reduce(t)
 torch.cuda.synchronize()
 EOF
@@ -72,10 +72,14 @@ fi
 check hang-in-cuda-sync 124 "rank 0.*(cuda|synchronize|_sleep)" -- \
     --layer torchrun --nproc-per-node 1 --hang-timeout 20 "$WORK/cuda_sync_hang.py"
 if [ "$NGPU" -gt 1 ]; then
-    check nccl-timeout-flight-recorder 1 "flight recorder: rank 1 never entered" -- \
-        --layer torchrun --nproc-per-node 2 --max-restarts 2 "$WORK/nccl_one_late.py"
-    grep -E "restart|crash loop|flight recorder|job failed" "$WORK/nccl-timeout-flight-recorder.log" | head -n 8 | sed 's/^/    /'
+    # a hang detlaunch sees first (NCCL's timeout is longer): the Flight Recorder names the late rank
+    PG_TIMEOUT=300 check nccl-hang-flight-recorder 124 "flight recorder: rank 1 never entered all_reduce" -- \
+        --layer torchrun --nproc-per-node 2 --hang-timeout 20 "$WORK/nccl_one_late.py"
+    # NCCL's watchdog first (30 s): an infrastructure failure, restarted, the survivor marked as following it
+    PG_TIMEOUT=30 check nccl-timeout-restarted 1 "restart 1 of 1" -- \
+        --layer torchrun --nproc-per-node 2 --max-restarts 1 "$WORK/nccl_one_late.py"
+    grep -E "restart|crash loop|aborted after|Watchdog|job failed" "$WORK/nccl-timeout-restarted.log" | head -n 8 | sed 's/^/    /'
 else
-    echo "skipped nccl-timeout-flight-recorder: needs 2 GPUs"
+    echo "skipped nccl-hang-flight-recorder, nccl-timeout-restarted: need 2 GPUs"
 fi
 exit "$FAILED"
