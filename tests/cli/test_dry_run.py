@@ -67,7 +67,7 @@ def check_json(plan: Any, port: int, node_rank: int, script: Path, tmpdir: Path)
     [torchrun] = plan["commands"]
     assert torchrun["argv"] == expected_torchrun(port, node_rank) + wrapper + command
     assert (torchrun["name"], torchrun["daemon"], torchrun["stop_signal"]) == ("torchrun", False, 15)
-    assert torchrun["env"] == {"TMPDIR": f"{run_dir}/tmp"}
+    assert torchrun["env"] == {"TMPDIR": f"{run_dir}/tmp", "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "35"}  # grace + 5 s
     assert plan["supervisor"]["expected_ranks"] == 2 and plan["supervisor"]["grace_period"] == 30.0
     env = plan["env"]
     assert {k: env[k] for k in ("DET_CHIEF_IP", "USE_TORCH_DISTRIBUTED", "DETLAUNCH_SUPERVISOR")} == {
@@ -95,8 +95,9 @@ def check_text(text: str, plan: Any, json_run_dir: str) -> None:
     own = cmd["argv"][: cmd["argv"].index("--no-python") + 1]
     branch = next(i for i, line in enumerate(lines) if line.endswith(f"{q(own)}  [stop with SIGTERM]"))
     assert lines[branch] == f"└── {q(own)}  [stop with SIGTERM]"  # the last (only) command of the node
-    assert lines[branch + 1: branch + 4] == [
+    assert lines[branch + 1: branch + 5] == [
         "        env TMPDIR=RUN/tmp",
+        "        env TORCH_ELASTIC_SHUTDOWN_TIMEOUT=35",
         f"    └── {q(plan['rank_wrapper'])}  [one per rank]",
         f"        └── {q(plan['command'])}",
     ]
