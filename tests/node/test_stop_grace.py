@@ -1,6 +1,7 @@
 """A stop no harsher than torchrun's (rank/stopping.py): the rank's own process is asked first, so a
 checkpoint-on-SIGTERM handler finishes while the processes it started (a DataLoader's workers) still
 serve it; the default grace is torchrun's 30 s, yet a rank that ignores SIGTERM is SIGKILLed at once.
+Under torchrun and horovod, the launcher's own SIGKILL of its ranks waits past detlaunch's grace.
 Real jobs; nothing of them may be left (the `launcher` fixture's check)."""
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ RANKS = str(SCRIPTS / "ranks.py")
 # for about 2 s, asking the worker for each piece, then dies of the signal as the default would.
 CHECKPOINTS = """
 import os, signal, subprocess, sys, time
-rank = int(os.environ["RANK"])
+rank = int(os.environ.get("HOROVOD_RANK") or os.environ["RANK"])
 if rank == 0:
     worker = subprocess.Popen(
         [sys.executable, "-c", "import sys, time\\nfor line in sys.stdin:\\n"
@@ -58,7 +59,7 @@ def layer_args(layer: str) -> list[str]:
 
 
 @pytest.mark.parametrize("ending", ["rank_fails", "sigterm"])
-@pytest.mark.parametrize("layer", ["direct", "torchrun"])
+@pytest.mark.parametrize("layer", ["direct", "torchrun", "horovod"])
 def test_a_checkpoint_handler_finishes_while_its_workers_still_answer(launcher: Launcher, tmp_path: Path,
                                                                      layer: str, ending: str) -> None:
     script, trigger, checkpoint = tmp_path / "checkpoints.py", tmp_path / "trigger", tmp_path / "ckpt"

@@ -37,6 +37,7 @@ from detlaunch.launcher_flags import add_launcher_flags, check_launcher_args
 from detlaunch.ssh import SshLayout, add_ssh_options, ssh_client_parts, ssh_port_check, sshd_parts
 
 from .flags import TABLE
+from .grace import GRACE_ENV
 
 # horovodrun.py's names, written out: importing it imports horovod.
 HOROVODRUN_MODULE = "detlaunch_horovod.horovodrun"
@@ -263,8 +264,10 @@ def detlaunch_chief_stage(ctx: StageContext) -> Stage:
     # Naming the controller spares horovodrun its probe for an MPI build (seconds at every start).
     argv.append(f"--{controller}")
     # The seed: SIGINT, since horovodrun misbehaves on SIGTERM.
+    # And it waits out detlaunch's grace period before it SIGKILLs a rank (grace.py).
+    env = {PROBE_ENV: controller, GRACE_ENV: f"{float(ctx.option('grace_period') or 0):g}"}
     horovodrun = Command((*argv, *ctx.rank_command), name="horovodrun", stop_signal=signal.SIGINT,
-                         env={PROBE_ENV: controller}, standby=f"{HOROVODRUN_MODULE}:main")
+                         env=env, standby=f"{HOROVODRUN_MODULE}:main")
     # SLURM_JOBID would make horovod/mpirun ignore -H and pack every rank here.
     unset = ("SLURM_JOBID",)
     if not multi:
