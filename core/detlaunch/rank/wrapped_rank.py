@@ -86,7 +86,7 @@ class WrappedRank:
         self.poller = select.poll()  # every fd the loop waits on
         self.events_only = select.poll()  # the rank's exit and the supervisor: while output gathers
 
-    # -- signals ---------------------------------------------------------------
+    # -- signals --------------------------------------------------------------
     def on_signal(self, signum: int, frame: FrameType | None) -> None:
         self.asked_to_stop = True
         if self.pid is None:
@@ -135,7 +135,11 @@ class WrappedRank:
     def stop_rank(self) -> None:
         """Ask the rank to stop now (its supervisor is gone) and make sure it is gone after the grace period."""
         self.asked_to_stop = True
-        self.pass_on(signal.SIGTERM)
+        if self.status is None:
+            self.pass_on(signal.SIGTERM)
+        else:  # it has ended (and its pid may be another's): what it left behind in its group
+            self.signal_group(signal.SIGTERM)
+            self.signal_group(signal.SIGCONT)
         if self.kill_deadline is None and not self.killed:
             self.kill_deadline = time.monotonic() + self.grace
 
