@@ -157,4 +157,3 @@ def test_slurm_jobid_never_reaches_horovodrun(launcher: Launcher, tmp_path) -> N
                      env={"SLURM_JOBID": "42"})
     assert r.returncode == 0, r.output
     assert rank_lines(r.stdout, 0) == rank_lines(r.stdout, 1) == ["False 1"]
-
