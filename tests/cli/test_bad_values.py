@@ -132,7 +132,7 @@ def test_defaults_come_from_the_table(capsys: pytest.CaptureFixture[str], script
     # (the plan went to stdout; read it again)
     main(["--layer", "torchrun", "--dry-run", "--format", "json", script], env={"PATH": os.environ["PATH"]})
     plan = json.loads(capsys.readouterr().out)
-    assert plan["supervisor"]["grace_period"] == NUMBERS["grace_period"].default == 5.0
+    assert plan["supervisor"]["grace_period"] == NUMBERS["grace_period"].default == 30.0
     assert plan["supervisor"]["start_timeout"] == NUMBERS["start_timeout"].default == 300.0
     assert plan["supervisor"]["heartbeat"] == NUMBERS["heartbeat"].default == 1.0
     assert NUMBERS["master_port"].default == 29500

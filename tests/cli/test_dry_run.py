@@ -61,14 +61,14 @@ def check_json(plan: Any, port: int, node_rank: int, script: Path, tmpdir: Path)
     assert {k: plan["cluster"][k] for k in ("node_addrs", "slots", "node_rank", "chief_addr", "provider")} == {
         "node_addrs": ["127.0.0.1", "127.0.0.2" if node_rank else None], "slots": [2, 2],
         "node_rank": node_rank, "chief_addr": "127.0.0.1", "provider": "static"}
-    wrapper = [sys.executable, "-S", WRAPPER, "--job", job, "--grace", "5", "--rank-env", "RANK", "--"]
+    wrapper = [sys.executable, "-S", WRAPPER, "--job", job, "--grace", "30", "--rank-env", "RANK", "--"]
     command = [sys.executable, "-u", str(script), "--epochs", "3"]
     assert (plan["rank_wrapper"], plan["command"]) == (wrapper, command)
     [torchrun] = plan["commands"]
     assert torchrun["argv"] == expected_torchrun(port, node_rank) + wrapper + command
     assert (torchrun["name"], torchrun["daemon"], torchrun["stop_signal"]) == ("torchrun", False, 15)
-    assert torchrun["env"] == {"TMPDIR": f"{run_dir}/tmp"}
-    assert plan["supervisor"]["expected_ranks"] == 2 and plan["supervisor"]["grace_period"] == 5.0
+    assert torchrun["env"] == {"TMPDIR": f"{run_dir}/tmp", "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "35"}  # grace + 5 s
+    assert plan["supervisor"]["expected_ranks"] == 2 and plan["supervisor"]["grace_period"] == 30.0
     env = plan["env"]
     assert {k: env[k] for k in ("DET_CHIEF_IP", "USE_TORCH_DISTRIBUTED", "DETLAUNCH_SUPERVISOR")} == {
         "DET_CHIEF_IP": "127.0.0.1", "USE_TORCH_DISTRIBUTED": "1", "DETLAUNCH_SUPERVISOR": f"{run_dir}/supervisor.sock"}
@@ -89,14 +89,15 @@ def check_text(text: str, plan: Any, json_run_dir: str) -> None:
 
     assert lines[0] == (f"node {c['node_rank']} of 2 ({plan['role']}) · layer torchrun · job {c['job_id']} · "
                         "2 rank(s) here [--nproc-per-node], 4 in all · chief 127.0.0.1 (discovered by static)")
-    assert lines[1] == "detlaunch supervisor  [socket RUN/supervisor.sock; grace 5 s; start timeout 300 s; " \
+    assert lines[1] == "detlaunch supervisor  [socket RUN/supervisor.sock; grace 30 s; start timeout 300 s; " \
                        "expects 2 rank(s)]"
     [cmd] = plan["commands"]
     own = cmd["argv"][: cmd["argv"].index("--no-python") + 1]
     branch = next(i for i, line in enumerate(lines) if line.endswith(f"{q(own)}  [stop with SIGTERM]"))
     assert lines[branch] == f"└── {q(own)}  [stop with SIGTERM]"  # the last (only) command of the node
-    assert lines[branch + 1: branch + 4] == [
+    assert lines[branch + 1: branch + 5] == [
         "        env TMPDIR=RUN/tmp",
+        "        env TORCH_ELASTIC_SHUTDOWN_TIMEOUT=35",
         f"    └── {q(plan['rank_wrapper'])}  [one per rank]",
         f"        └── {q(plan['command'])}",
     ]

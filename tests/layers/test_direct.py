@@ -35,6 +35,8 @@ NOT_THE_SAME = {
     "TORCHELASTIC_USE_AGENT_STORE",
     # Each run gets its own free port.
     "MASTER_PORT",
+    # torchrun's own shutdown timeout, set for torchrun past --grace-period (no launcher, no such timeout).
+    "TORCH_ELASTIC_SHUTDOWN_TIMEOUT",
 }
 
 

@@ -95,9 +95,11 @@ def test_a_signal_to_detlaunch_reaches_every_rank(launcher: Launcher, sig: signa
 
 def test_a_second_ctrl_c_kills_at_once(launcher: Launcher, tmp_path) -> None:
     stubborn = tmp_path / "stubborn.py"
-    stubborn.write_text("import signal, time\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\n"
-                        "signal.signal(signal.SIGTERM, signal.SIG_IGN)\nprint('ignoring', flush=True)\n"
-                        "time.sleep(300)\n")
+    # It catches the signals and carries on: it gets the grace period (one that ignores them would be
+    # SIGKILLed at once, with no grace to cut short).
+    stubborn.write_text("import signal, time\nsignal.signal(signal.SIGINT, lambda *a: None)\n"
+                        "signal.signal(signal.SIGTERM, lambda *a: None)\nprint('ignoring', flush=True)\n"
+                        "while True:\n    time.sleep(1)\n")
     job = launcher.start(*torchrun("--nproc-per-node", "2", "--grace-period", "100", str(stubborn)))
     job.wait_for_output("[rank=1] ignoring")
     job.wait_for_output("[rank=0] ignoring")

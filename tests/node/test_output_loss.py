@@ -52,7 +52,7 @@ def test_a_rank_that_leaves_a_daemon_holding_its_output_stops_the_job_at_once(la
     assert "detlaunch:   rank 0 (node 0): killed by SIGTERM (stopped by detlaunch)" in done.stderr
     (line,) = [x for x in done.rank_lines(1) if x.startswith("rank 1 leaves a daemon and fails at ")]
     failed_at = float(line.rsplit(" ", 1)[1])
-    # The grace period is 5 s: waiting for the daemon to close the rank's output would take that long.
+    # Waiting for the daemon to close the rank's output would take 5 s (what an ended rank's leftovers get).
     assert ended_at - failed_at < 3.0, done.output
 
 

@@ -49,7 +49,7 @@ def test_a_failing_two_node_job_logs_its_events_in_order_and_status_shows_the_ca
               "--master-port", str(free_port()), "--log-dir", str(logs), "--grace-period", "30", "--job-id", job_id]
     fifo = tmp_path / "trigger"
     subprocess.run(["mkfifo", str(fifo)], check=True)
-    env = {"SLEEP": "300", "FAIL_RANK": "3", "FAIL_CODE": "7", "TRIGGER": str(fifo), "IGNORE_TERM": "1"}
+    env = {"SLEEP": "300", "FAIL_RANK": "3", "FAIL_CODE": "7", "TRIGGER": str(fifo), "TRAP_TERM": "1"}
     jobs = [launcher.start(*common, "--node-rank", str(n), "--node-addr", f"127.0.0.{n + 1}", RANKS, env=env)
             for n in (0, 1)]
     for rank in range(3):
@@ -71,7 +71,7 @@ def test_a_failing_two_node_job_logs_its_events_in_order_and_status_shows_the_ca
         (2, 1, "127.0.0.2", "running"), (3, 1, "127.0.0.2", "running")]
     assert all(r["started_at"] and r["last_output"] and r["restarts"] == 0 for r in rows), rows
 
-    fifo.write_text("x")  # rank 3 fails; the others ignore SIGTERM, so the job stops for its grace period
+    fifo.write_text("x")  # rank 3 fails; the others catch SIGTERM and carry on: the job stops for its grace period
     jobs[1].wait_for_output("[rank=3] rank 3 failing", timeout=60)
     jobs[0].wait_for_output("stopping the job", timeout=60)
     after = status(launcher, job_id)

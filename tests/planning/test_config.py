@@ -46,13 +46,13 @@ def parse_options(
 
 def test_defaults() -> None:
     o, launcher_args, command = parse_options(["train.py"])
-    assert (o["nproc_per_node"], o["master_port"], o["grace_period"], o["start_timeout"]) == (None, 29500, 5.0, 300.0)
+    assert (o["nproc_per_node"], o["master_port"], o["grace_period"], o["start_timeout"]) == (None, 29500, 30.0, 300.0)
     assert (o["dry_run"], o["format"], o["ranks"], o["log_dir"]) == (False, "text", None, None)
     assert (launcher_args, command) == ([], ["train.py"])
 
 
 @pytest.mark.parametrize(("flag", "env", "file", "expected"), [
-    (None, None, None, 5.0),
+    (None, None, None, 30.0),
     (None, None, 7, 7.0),
     (None, "8", 7, 8.0),
     ("9", "8", 7, 9.0),

@@ -25,6 +25,7 @@ from detlaunch.observe.emitter import EventEmitter
 from detlaunch.observe.events import EventKind
 from detlaunch.outcome import signal_name
 from detlaunch.planning.plan import LaunchPlan
+from detlaunch.rank import protocol as rank_protocol
 from detlaunch.system.eventloop import EventLoop, Timer, cancel_timer
 
 
@@ -134,7 +135,8 @@ class Shutdown:
             self.kill_all()
         if h.phase.stopping and not h.processes.live() and not h.ranks.wrappers_connected():
             h.enter(Phase.SWEEPING)
-            self.sweep_timer = h.loop.call_later(max(h.plan.grace_period, 1.0), self.sweep_deadline)
+            wait = max(min(h.plan.grace_period, rank_protocol.LEFTOVER_WAIT), 1.0)  # no rank is left to save anything
+            self.sweep_timer = h.loop.call_later(wait, self.sweep_deadline)
         if h.phase is Phase.SWEEPING:
             self._sweep()
 
@@ -150,7 +152,8 @@ class Shutdown:
         """The job is over on this node (SWEEPING): nothing it started may outlive it.
 
         After a clean end, leftovers (an sshd session delivering its rank's exit status) get
-        the grace period to finish on their own; after a failure they are killed now. Orphans
+        the grace period, at most LEFTOVER_WAIT (5 s), to finish on their own; after a failure
+        they are killed now. Orphans
         are re-parented to this subreaper, so each exit wakes the loop and this runs again;
         whatever is still there at the deadline is SIGKILLed (see sweep_deadline).
         """

@@ -221,6 +221,8 @@ class NodeSupervisor:
         welcome: dict[str, Any] = {"log_dir": log_dir, "console_ranks": list(ranks) if ranks is not None else None,
                                    "prefix": self.plan.prefix, "node": self.node, "host": self.ranks.host,
                                    "hold": self.hangs.hold_time()}
+        if self.plan.not_progress:  # the wrapper does not mark these as progress (RankWrapper.not_progress)
+            welcome["not_progress"] = list(self.plan.not_progress)
         if self.policy.enabled:  # the wrapper sets them in front of the rank, over torchrun's own count
             welcome["env"] = per_attempt.attempt_env(self.attempt, self.policy.max_restarts)
         if self.rank_defaults:  # the wrapper sets each one the rank's environment does not have

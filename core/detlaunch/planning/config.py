@@ -120,7 +120,8 @@ CLUSTER = OptionGroup("cluster (torchrun-style flags, or --hosts/--hostfile)", (
 SUPERVISION = OptionGroup("supervision", (
     Option("--grace-period", type=Number(float, 0, 3600, DEFAULT_GRACE, "s"), metavar="S", supervision=True,
            shown="grace {:g} s",
-           help="after asking processes to stop, SIGKILL them this many seconds later (default %(default)g)"),
+           help="after asking processes to stop, SIGKILL them this many seconds later (default %(default)g, as "
+           "torchrun's; a rank that ignores the signal is SIGKILLed at once)"),
     Option("--start-timeout", type=Number(float, 0.001, 7 * 86400, 300.0, "s"), metavar="S", supervision=True,
            shown="start timeout {:g} s",
            help="give up when the ranks (or peers) have not started after this long, or when a lost node has not "

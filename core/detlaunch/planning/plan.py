@@ -57,6 +57,7 @@ class LaunchPlan:
     link_port: int = 0  # the chief's port for the job link
     restarts: RestartPolicy = RestartPolicy()  # job-wide restarts: the chief's policy (restarts/policy.py)
     events_path: str | None = None  # the event log (--events, else events.jsonl in --log-dir)
+    not_progress: tuple[str, ...] = ()  # output the hang watch does not count (RankWrapper.not_progress)
     # The supervision options (declared with supervision=True, planning/config.py), read as plan.NAME:
     # plan.grace_period, plan.hang_timeout... A new one is carried here with no change to this class.
     settings: Mapping[str, Any] = dataclasses.field(default_factory=dict)
@@ -138,6 +139,7 @@ class LaunchPlan:
                 for cmd in self.stage.commands
             ],
             "rank_wrapper": list(self.wrapper_argv),
+            "not_progress": list(self.not_progress),
             "command": list(self.user_command),
             "env": dict(self.env),
             "unset_env": list(self.unset_env),
@@ -214,6 +216,7 @@ def build_plan(hooks: Hooks, config: Config, cluster: ClusterInfo) -> LaunchPlan
         events_path=node_events_path(config.options.get("events"), config.options.get("log_dir"), cluster.node_rank),
         settings=supervision_settings(config.options),
         rank_defaults=rank_defaults(config.env),
+        not_progress=tuple(dict.fromkeys(str(text) for p in pieces for text in p.not_progress if text)),
     )
 
 
@@ -295,6 +298,8 @@ def render_text(plan: LaunchPlan) -> str:
         lines.append(f"  between attempts: at most {plan.release_timeout:g} s for every thread of the last "
                      "attempt's processes to end and, where nvidia-smi is found, their GPU memory to be freed "
                      "(--release-timeout)")
+    if plan.not_progress:
+        lines.append("output that is not progress (hang watch): " + "; ".join(map(repr, plan.not_progress)))
     lines.append("environment added for every process:")
     lines.extend(f"  {k}={_short(v)}" for k, v in sorted(plan.env.items()))
     if plan.unset_env:

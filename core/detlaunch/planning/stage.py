@@ -29,10 +29,15 @@ class RankWrapper:
     rank_env: environment variables holding the global rank, in the order to try
     (horovod: HOROVOD_RANK, OMPI_COMM_WORLD_RANK, PMI_RANK).
     argv: a command to run between the wrapper and the user's command (numactl ...).
+    not_progress: text of output lines that are not progress for the hang watch, though a rank prints
+    them while it waits (horovod's stall warning, every 60 s while ranks wait in a collective): a read of
+    a rank's output whose first line holds one of them, and what the same stream brings right after it
+    (the rest of that message), does not count as progress (docs/HANGS.md).
     """
 
     rank_env: tuple[str, ...] = ()
     argv: tuple[str, ...] = ()
+    not_progress: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,8 +1,8 @@
 """The rank's side: the per-rank wrapper and everything it imports.
 
 Owns the wrapper (`wrapper.py`, started as ``python -S run_wrapper.py`` in front of every rank, and
-its parts: `options.py`, `connection.py`, `output.py`, `wrapped_rank.py`), the messages it sends its
-node's supervisor (`protocol.py`), the heartbeat file a rank writes (`progress.py`, public as
+its parts: `options.py`, `connection.py`, `output.py`, `wrapped_rank.py`, `stopping.py`), the messages
+it sends its node's supervisor (`protocol.py`), the heartbeat file a rank writes (`progress.py`, public as
 ``detlaunch.progress``), the faulthandler fallback a rank is started with (`faultdump.py`,
 `faultsite/`) and torch's Flight Recorder, asked through a FIFO (`flightrec.py`).
 

@@ -4,9 +4,11 @@ One JSON object per line over the supervisor's Unix socket:
 
     wrapper -> supervisor   {"t": "hello", "job": ID, "rank": N, "pid": P}
     supervisor -> wrapper   {"t": "ok", "log_dir": DIR|null, "console_ranks": [..]|null,
-                             "prefix": "[rank={rank}] ", "node": N, "host": H, "hold": S}  + 2 fds (SCM_RIGHTS);
+                             "prefix": "[rank={rank}] ", "node": N, "host": H, "hold": S,
+                             "not_progress": [TEXT, ...] (only when a layer declares some)}  + 2 fds (SCM_RIGHTS);
                             hold: after a failure of its own rank, the wrapper stays up to S seconds, until
-                            the supervisor's {"t": "release"} (the others' stacks are taken)
+                            the supervisor's {"t": "release"} (the others' stacks are taken);
+                            not_progress: output lines the wrapper does not mark as progress (RankWrapper)
                             {"t": "reject", "why": "..."}
     wrapper -> supervisor   {"t": "started", "pid": RANK_PID}
     wrapper -> supervisor   {"t": "traceback", "tail": [...], "wall": T}   (the rank printed a whole Python
@@ -41,7 +43,8 @@ TAIL_BYTES = 16384  # how much of a stream is kept to find those lines in
 
 # Defaults the stdlib-only wrapper shares with the CLI (config.py takes them from here).
 DEFAULT_PREFIX = "[rank={rank}] "  # each output line's prefix
-DEFAULT_GRACE = 5.0  # seconds between SIGTERM and SIGKILL
+DEFAULT_GRACE = 30.0  # seconds between SIGTERM and SIGKILL: torchrun's and SLURM's (KillWait); stopping.py
+LEFTOVER_WAIT = 5.0  # at most this of the grace for what an ended rank left (its output's holders, the sweep)
 
 HELLO, OK, REJECT, STARTED, EXIT = "hello", "ok", "reject", "started", "exit"
 TRACEBACK, RELEASE = "traceback", "release"

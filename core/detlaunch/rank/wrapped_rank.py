@@ -15,9 +15,11 @@ import time
 
 try:  # imported as detlaunch.rank.wrapped_rank
     from . import protocol as rank_protocol
+    from . import stopping
     from .output import PIPE_BUF, LinePrefixer, Output
 except ImportError:  # by file, from the wrapper's folder (python -S run_wrapper.py)
     import protocol as rank_protocol  # type: ignore[no-redef]
+    import stopping  # type: ignore[no-redef]
     from output import PIPE_BUF, LinePrefixer, Output  # type: ignore[no-redef]
 
 TYPE_CHECKING = False
@@ -33,15 +35,17 @@ PIPE_SIZE = 1 << 18  # the rank's stdout pipe holds this much while the wrapper 
 GATHER = 0.002  # after a read of less than PIPE_BUF bytes, let output gather this long (seconds)
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT,
                      signal.SIGUSR1, signal.SIGUSR2)
+NOT_PROGRESS_BURST = 0.1  # seconds: what a stream brings this soon after output that is not progress is its rest
 
 
 class Stream:
     """One of the rank's output pipes: what it reads, prefixed, goes to `output`."""
 
-    __slots__ = ("prefixer", "output", "is_stderr")
+    __slots__ = ("prefixer", "output", "is_stderr", "quiet_until")
 
     def __init__(self, prefix: bytes, output: Output, is_stderr: bool) -> None:
         self.prefixer, self.output, self.is_stderr = LinePrefixer(prefix), output, is_stderr
+        self.quiet_until = 0.0  # until then (monotonic), a read continues a message that is not progress
 
 
 class WrappedRank:
@@ -66,9 +70,11 @@ class WrappedRank:
         self.log = log
         self.reported = False
         self.output_mark: OutputMark | None = None  # the time of the last output: for status and the hang watch
+        self.not_progress: tuple[bytes, ...] = ()  # output that does not count as progress (RankWrapper.not_progress)
         self.traceback_started = self.told_traceback = False
         self.hold = 0.0  # seconds to stay after a failure of the rank's own, while the others' stacks are taken
         self.asked_to_stop = False  # a signal came: the rank's end is not a failure of its own
+        self.asked_once = False  # a stop signal was passed on: the next one is not (stopping.py)
         self.released = False  # the supervisor let it go already
         out, err = console if console else (None, None)
         self.outputs = {1: Output(out, log), 2: Output(err, log)}
@@ -86,9 +92,33 @@ class WrappedRank:
         if self.pid is None:
             self.pending_signal = signum
         elif self.status is None:
-            self.signal_rank(signum)
+            self.pass_on(signum)
 
-    def signal_rank(self, signum: int) -> None:
+    def pass_on(self, signum: int) -> None:
+        """A signal for the rank, to its own process; a stop signal once, with the rule of stopping.py."""
+        if signum not in stopping.STOP_SIGNALS:
+            self.signal_leader(signum)
+        elif not self.asked_once:  # a second stop signal would enter its handler again, or end its checkpoint
+            self.asked_once = True
+            if signum in stopping.GROUP_SIGNALS:
+                self.signal_group(signum)
+            else:
+                self.signal_leader(signum)
+            self.signal_group(signal.SIGCONT)  # a SIGSTOPped rank (a hung one, stopped to look at) can take it now
+            assert self.pid is not None
+            why = stopping.why_kill_now(self.pid, signum)
+            if why:
+                self.kill_now(why)
+
+    def signal_leader(self, signum: int) -> None:
+        """The rank's own process, while it has not been reaped (its pid is then free for another)."""
+        if self.pid is not None and self.status is None:
+            try:
+                os.kill(self.pid, signum)
+            except ProcessLookupError:
+                pass
+
+    def signal_group(self, signum: int) -> None:
         if self.pid is None:
             return
         try:
@@ -96,10 +126,20 @@ class WrappedRank:
         except ProcessLookupError:
             pass
 
+    def kill_now(self, why: str) -> None:
+        """SIGKILL the rank's group now, saying why on its stderr (console and log): it would only waste the grace."""
+        self.outputs[2].write(self.prefix + f"detlaunch: {why}: SIGKILLed now, not after the grace period\n".encode())
+        self.signal_group(signal.SIGKILL)
+        self.killed, self.kill_deadline = True, None
+
     def stop_rank(self) -> None:
-        """Ask the rank's group to stop now and make sure it is gone after the grace period."""
-        self.signal_rank(signal.SIGTERM)
-        self.signal_rank(signal.SIGCONT)  # a SIGSTOPped rank (a hung one, stopped to look at) can take it now
+        """Ask the rank to stop now (its supervisor is gone) and make sure it is gone after the grace period."""
+        self.asked_to_stop = True
+        if self.status is None:
+            self.pass_on(signal.SIGTERM)
+        else:  # it has ended (and its pid may be another's): what it left behind in its group
+            self.signal_group(signal.SIGTERM)
+            self.signal_group(signal.SIGCONT)
         if self.kill_deadline is None and not self.killed:
             self.kill_deadline = time.monotonic() + self.grace
 
@@ -148,7 +188,7 @@ class WrappedRank:
                 self.supervisor = None
                 self.stop_rank()
         if self.pending_signal is not None:
-            self.signal_rank(self.pending_signal)
+            self.pass_on(self.pending_signal)
 
     def watch(self) -> None:
         """Until the rank has ended and its output is closed: pass output on, take its exit, heed the
@@ -204,7 +244,7 @@ class WrappedRank:
 
     def kill_when_due(self) -> None:
         if self.kill_deadline is not None and time.monotonic() >= self.kill_deadline:
-            self.signal_rank(signal.SIGKILL)
+            self.signal_group(signal.SIGKILL)
             self.killed, self.kill_deadline = True, None
 
     def take(self, fd: int, data: bytes) -> None:
@@ -216,11 +256,27 @@ class WrappedRank:
             os.close(fd)
             del self.streams[fd]
             return
+        mark = self.output_mark
+        if mark is not None and (not self.not_progress or self.is_progress(stream, data)):  # before feed: its pending
+            mark.touch()
         stream.output.write(stream.prefixer.feed(data))
-        if self.output_mark is not None:
-            self.output_mark.touch()
         if stream.is_stderr:
             self.took_stderr(data)
+
+    def is_progress(self, stream: Stream, data: bytes) -> bool:
+        """Under a layer that declares output not progress: whether this read shows progress. It does when
+        it ends a line of the rank's own; not when its first line holds a declared text, nor when the same
+        stream brings it right after such a read (the rest of that message). A read that ends no line waits
+        for the one that does: horovod writes a log line's header a piece at a time (std::cerr)."""
+        head = stream.prefixer.pending + data
+        ends = [i for i in (head.find(b"\n"), head.find(b"\r")) if i >= 0]
+        if not ends:
+            return False
+        now = time.monotonic()
+        if any(text in head[:min(ends)] for text in self.not_progress):
+            stream.quiet_until = now + NOT_PROGRESS_BURST
+            return False
+        return now >= stream.quiet_until
 
     def took_stderr(self, data: bytes) -> None:
         """Keep the tail for the report; tell the supervisor of a whole traceback while the rank runs on."""
@@ -252,8 +308,11 @@ class WrappedRank:
         # Report now: a process the rank left behind may hold its output open for long,
         # and the job must not wait for that to learn how the rank ended.
         self.report()
-        if self.streams:  # something the rank started still holds its output open
-            self.stop_rank()
+        if self.asked_to_stop or self.streams:  # what it left behind in its group: asked now
+            self.signal_group(signal.SIGTERM)
+            self.signal_group(signal.SIGCONT)
+        if self.streams and self.kill_deadline is None and not self.killed:  # something still holds its output
+            self.kill_deadline = time.monotonic() + min(self.grace, rank_protocol.LEFTOVER_WAIT)
 
     def give_up_output(self) -> None:
         """The rank's group is dead, yet its output is still open: a process that left the group

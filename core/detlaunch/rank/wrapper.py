@@ -4,7 +4,8 @@ It plays the seed's pid_client and wrap_rank roles in one process:
 
 - registers with its node's supervisor over a Unix socket and reports the rank's
   exit status (with the last lines of its stderr) before it exits;
-- runs the rank in its own process group and forwards signals to that group;
+- runs the rank in its own process group and forwards signals to it (to the rank's own process
+  first: stopping.py says how a rank is stopped, and when it gets no grace period);
 - prefixes every stdout/stderr line with ``[rank=N] `` or the node's --prefix (``\\r`` ends a line too,
   so progress bars work), keeps the two streams apart, passes bytes through
   unchanged, and splits lines longer than PIPE_BUF so no write is ever torn;
@@ -24,7 +25,8 @@ prefixes output.
 
 The wrapper's parts, each a module of this folder: options.py (its argv, the rank), connection.py
 (the supervisor socket), output.py (prefixed lines, the console and the log file) and
-wrapped_rank.py (the rank's process and the loop that watches it). Each is importable as
+wrapped_rank.py (the rank's process and the loop that watches it), stopping.py (how it is asked to
+stop). Each is importable as
 ``detlaunch.rank.NAME`` and, when run as a script, by file from this folder (sys.path[0]).
 """
 
@@ -123,6 +125,7 @@ def wrap(rank: int, command: list[str], opts: dict[str, Any]) -> int:
         rank=rank, node=node.get("node", ""), host=node.get("host") or socket.gethostname())
     wrapper = WrappedRank(rank, command, supervisor, console, log, opts["grace"], prefix.encode())
     wrapper.hold = float(node.get("hold") or 0)
+    wrapper.not_progress = tuple(str(text).encode() for text in node.get("not_progress") or () if text)
     if supervisor and path:
         wrapper.output_mark = watch_progress(os.path.dirname(path), rank)
         offer_faulthandler(os.path.dirname(path), rank)

@@ -81,6 +81,8 @@ def wrapper_problems(wrappers: Sequence[Any]) -> list[str]:
                 problems.append(f"RankWrapper.rank_env: {name!r} is not an environment variable name")
         if not all(isinstance(a, str) for a in w.argv):
             problems.append(f"RankWrapper.argv must hold str only: {w.argv!r}")
+        if not all(isinstance(t, str) and t.strip() and "\n" not in t for t in w.not_progress):
+            problems.append(f"RankWrapper.not_progress must hold text of one line each: {w.not_progress!r}")
     if not any(isinstance(w, RankWrapper) and w.rank_env for w in wrappers):
         problems.append("detlaunch_rank_wrappers: the layer names no rank variable (RankWrapper(rank_env=...)); "
                         "the wrapper would guess, and could read an outer job's RANK")

@@ -22,6 +22,8 @@ the survivors' stacks (the dump before kill); horovodrun racing it sent its SIGT
 then, and the survivors' stacks were lost. So horovodrun here leaves the other ranks running
 (`_leave_the_other_ranks_to_detlaunch`) and ends when they have ended, with the exit code it
 would have had.
+
+And its helper for each rank waits out detlaunch's grace period before it SIGKILLs the rank (grace.py).
 """
 
 import os
@@ -65,10 +67,19 @@ def _leave_the_other_ranks_to_detlaunch() -> None:
     gloo_run._exec_command_fn = lambda settings: make(_AsIfElastic(settings))
 
 
+def _wait_out_the_grace() -> None:
+    from horovod.runner.common.util import safe_shell_exec
+
+    from detlaunch_horovod import grace
+
+    safe_shell_exec._exec_middleman = grace.exec_middleman  # what execute() starts in each helper, by name
+
+
 def main() -> int | None:
     from horovod.runner.launch import run_commandline
 
     _leave_the_other_ranks_to_detlaunch()
+    _wait_out_the_grace()
     sys.argv[0] = "horovodrun"  # what argparse names in its messages, as under the console script
     result: int | None = run_commandline()
     return result

@@ -37,6 +37,7 @@ from detlaunch.launcher_flags import add_launcher_flags, check_launcher_args
 from detlaunch.ssh import SshLayout, add_ssh_options, ssh_client_parts, ssh_port_check, sshd_parts
 
 from .flags import TABLE
+from .grace import GRACE_ENV
 
 # horovodrun.py's names, written out: importing it imports horovod.
 HOROVODRUN_MODULE = "detlaunch_horovod.horovodrun"
@@ -50,6 +51,14 @@ FUSION_THRESHOLD_MB = 64
 CYCLE_TIME_MS = 1
 CACHE_CAPACITY = 1024
 RANK_ENV = ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "DETLAUNCH_RANK")
+# What horovod's stall inspector logs (horovod/common/stall_inspector.cc, on the coordinator, rank 0) every
+# HOROVOD_STALL_CHECK_TIME_SECONDS (60) while ranks wait in a collective for the others: a hung job's only
+# output, so not progress (else --hang-timeout above 60 would never fire). Each is the first line of one
+# message, written at once ("Missing ranks:" and one line per rank follow it).
+STALL_WARNINGS = (
+    "One or more tensors were submitted to be reduced, gathered or broadcasted by subset of ranks",
+    "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS is less than HOROVOD_STALL_CHECK_TIME_SECONDS",
+)
 REBUILD = ("HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_GLOO=1 pip install --no-build-isolation --no-cache-dir "
            "--force-reinstall horovod (with torch installed first; see scripts/setup.sh)")
 # Symbols of horovod's controllers in its torch extension: how a build shows what it was built with.
@@ -208,7 +217,7 @@ def detlaunch_doctor_checks(config: Config) -> list[Check]:
 
 @hookimpl
 def detlaunch_rank_wrappers(ctx: StageContext) -> RankWrapper:
-    return RankWrapper(rank_env=RANK_ENV)
+    return RankWrapper(rank_env=RANK_ENV, not_progress=STALL_WARNINGS)
 
 
 @hookimpl
@@ -255,8 +264,10 @@ def detlaunch_chief_stage(ctx: StageContext) -> Stage:
     # Naming the controller spares horovodrun its probe for an MPI build (seconds at every start).
     argv.append(f"--{controller}")
     # The seed: SIGINT, since horovodrun misbehaves on SIGTERM.
+    # And it waits out detlaunch's grace period before it SIGKILLs a rank (grace.py).
+    env = {PROBE_ENV: controller, GRACE_ENV: f"{float(ctx.option('grace_period') or 0):g}"}
     horovodrun = Command((*argv, *ctx.rank_command), name="horovodrun", stop_signal=signal.SIGINT,
-                         env={PROBE_ENV: controller}, standby=f"{HOROVODRUN_MODULE}:main")
+                         env=env, standby=f"{HOROVODRUN_MODULE}:main")
     # SLURM_JOBID would make horovod/mpirun ignore -H and pack every rank here.
     unset = ("SLURM_JOBID",)
     if not multi:

@@ -8,6 +8,7 @@ Built on the public detlaunch API only. Importing it does not import torch.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 
@@ -28,6 +29,11 @@ from .flags import TABLE
 NAME = "torchrun"
 # torchrun's own restarts are per node (pytorch/pytorch#108158): detlaunch's --max-restarts restarts the
 # whole job (torchrun's spelling maps onto it, see flags.py), so torchrun itself runs with --max-restarts 0.
+# torchrun SIGKILLs its workers (the rank wrappers) this long after its own SIGTERM to them (30 s by default,
+# detlaunch's grace too): set past detlaunch's --grace-period (torchrun's --shutdown-timeout maps onto it), so
+# that detlaunch's deadline is the one that counts, and its report says what it did.
+SHUTDOWN_TIMEOUT_ENV = "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"
+SHUTDOWN_AFTER_GRACE = 5  # seconds
 
 
 def torchrun_argv(ctx: StageContext) -> list[str]:
@@ -55,7 +61,9 @@ def _stage(ctx: StageContext) -> Stage:
     # torchrun leaves torchelastic_* folders in the temp dir: give it the job's private one.
     tmp = os.path.join(ctx.run_dir, "tmp")
     # With restarts on, the next attempt's torchrun waits ahead of time, past `import torch`.
-    return Stage(commands=(Command(tuple(torchrun_argv(ctx)), name=NAME, env={"TMPDIR": tmp},
+    shutdown = math.ceil(float(ctx.option("grace_period") or 0)) + SHUTDOWN_AFTER_GRACE
+    env = {"TMPDIR": tmp, SHUTDOWN_TIMEOUT_ENV: str(shutdown)}
+    return Stage(commands=(Command(tuple(torchrun_argv(ctx)), name=NAME, env=env,
                                    standby="torch.distributed.run:main"),))
 
 

@@ -8,7 +8,8 @@ Environment knobs (all optional):
   TRIGGER=FIFO              FAIL_RANK/KILL_RANK first print "rank R waiting" and block until
                             the test writes to the FIFO (so every rank is up when the fault hits)
   SAME=N                    every rank prints the same N lines ("warning: the same on every rank, i")
-  IGNORE_TERM=1             the ranks ignore SIGTERM (so a stopping job lasts its grace period)
+  IGNORE_TERM=1             the ranks ignore SIGTERM (SIG_IGN: detlaunch SIGKILLs them at once)
+  TRAP_TERM=1               the ranks catch SIGTERM and carry on (so a stopping job lasts its grace period)
   SHOW_ENV=A,B              every rank prints "rank N env A=<repr of its value, None when unset>", each
 """
 
@@ -24,6 +25,8 @@ for i in range(int(os.environ.get("SAME", "0"))):
     print(f"warning: the same on every rank, {i}")
 if os.environ.get("IGNORE_TERM"):
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+if os.environ.get("TRAP_TERM"):
+    signal.signal(signal.SIGTERM, lambda signum, frame: print(f"rank {rank} carries on", flush=True))
 print(f"rank {rank} started pid={os.getpid()}", flush=True)
 for name in filter(None, os.environ.get("SHOW_ENV", "").split(",")):
     print(f"rank {rank} env {name}={os.environ.get(name)!r}", flush=True)
