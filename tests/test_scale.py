@@ -40,7 +40,11 @@ def run_and_fail_the_last_rank(launcher: Launcher, tmp_path: Path, nodes: int, s
     last = nodes * slots - 1
     for rank in range(nodes * slots):
         words = "waiting" if rank == last else "sleeping"
-        jobs[rank // slots].wait_for_output(f"[rank={rank}] rank {rank} {words}", timeout=180)
+        try:
+            jobs[rank // slots].wait_for_output(f"[rank={rank}] rank {rank} {words}", timeout=180)
+        except AssertionError as e:  # a node that failed to start says why in its own output
+            others = "\n".join(f"--- node {n}:\n{job.read()[-3000:]}" for n, job in enumerate(jobs))
+            raise AssertionError(f"{e}\n{others}") from None
     up = time.monotonic() - started
     fired = time.monotonic()
     trigger.write_bytes(b"x")

@@ -103,7 +103,10 @@ def check_text(text: str, plan: Any, json_run_dir: str) -> None:
     ]
     start = lines.index("environment added for every process:")
     assert lines[start + 1: start + 1 + len(plan["env"])] == [f"  {k}={v}" for k, v in sorted(plan["env"].items())]
-    assert lines[start + 1 + len(plan["env"]):] == ["environment removed: " + ", ".join(plan["unset_env"])]
+    rest = lines[start + 1 + len(plan["env"]):]
+    assert rest[:2] == ["environment removed: " + ", ".join(plan["unset_env"]),
+                        "every rank gets, unless its environment has it:"]
+    assert rest[-1] == "  TORCH_NCCL_ASYNC_ERROR_HANDLING=1" and "TORCHINDUCTOR_CACHE_DIR=" in " ".join(rest[2:])
 
 
 @pytest.mark.parametrize("node_rank", [0, 1], ids=["chief", "worker"])

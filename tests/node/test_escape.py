@@ -16,7 +16,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from support.helpers import free_port
+from support.helpers import free_port, wait_until
 from support.jobs import ROOT, Job, Launcher
 
 pytestmark = pytest.mark.timeout(240)
@@ -122,9 +122,13 @@ def test_nothing_outlives_a_sigkill_of_an_ordinary_users_detlaunch(
                              prefix=as_user)
         for rank in (0, 1):
             job.wait_for_output(f"[rank={rank}] rank {rank} ready", timeout=120)
-        user_scripts = [p for p in processes_of(uid) if psutil.Process(p).cmdline() == ["/usr/bin/python3", "-u",
-                                                                                          str(script)]]
-        assert len(user_scripts) == 4, user_scripts  # 2 ranks, 2 escaped daemons (forks: the same command line)
+
+        def user_scripts() -> list[int] | None:  # the daemons fork after their rank said it is ready
+            found = [p for p in processes_of(uid) if psutil.Process(p).cmdline() == ["/usr/bin/python3", "-u",
+                                                                                       str(script)]]
+            return found if len(found) == 4 else None  # 2 ranks, 2 escaped daemons (forks: the same command)
+
+        wait_until(user_scripts, timeout=30, what="2 ranks and 2 escaped daemons")
         assert psutil.Process(job.proc.pid).uids().real == uid  # detlaunch itself runs as the user (setpriv execs)
         os.kill(job.proc.pid, signal.SIGKILL)  # detlaunch itself: nobody is left to clean up but the kernel
         assert job.wait(timeout=60).returncode == -9
