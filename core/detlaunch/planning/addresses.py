@@ -69,9 +69,9 @@ def is_loopback(ip: str) -> bool:
 def resolve_patiently(name: str, resolve: Resolve, wait: float, say: Callable[[str], None],
                       sleep: Callable[[float], None] = time.sleep) -> str:
     """`name`'s address, asking again (0.1 s, doubling to 2 s) for up to `wait` seconds while it has none."""
-    deadline, pause, said = time.monotonic() + wait, 0.1, False
     if is_literal(name):
         return name
+    deadline, pause, said = time.monotonic() + wait, 0.1, False
     while True:
         try:
             return resolve(name)
