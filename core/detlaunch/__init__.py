@@ -35,6 +35,9 @@ _EXPORTS = {
     "LaunchError": "errors",
     "check_port_free": "system.ports",
     "cuda_visible_devices": "planning.gpus",
+    "cpu_sets": "planning.cpu_binding",
+    "CPUS_ENV": "planning.cpu_binding",
+    "NUMA_BINDING_MODES": "planning.cpu_binding",
     "Check": "planning.doctor",
     "Event": "observe.events",
     "EventKind": "observe.events",
@@ -55,6 +58,9 @@ if TYPE_CHECKING:  # `X as X`: an explicit re-export, for type checkers
     from detlaunch.outcome import RankStatus as RankStatus
     from detlaunch.planning.cluster import ClusterInfo as ClusterInfo
     from detlaunch.planning.config import Config as Config
+    from detlaunch.planning.cpu_binding import CPUS_ENV as CPUS_ENV
+    from detlaunch.planning.cpu_binding import NUMA_BINDING_MODES as NUMA_BINDING_MODES
+    from detlaunch.planning.cpu_binding import cpu_sets as cpu_sets
     from detlaunch.planning.doctor import Check as Check
     from detlaunch.planning.gpus import cuda_visible_devices as cuda_visible_devices
     from detlaunch.planning.hookspecs import hookimpl as hookimpl

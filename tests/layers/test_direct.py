@@ -16,6 +16,9 @@ from pathlib import Path
 
 import psutil
 import pytest
+from detlaunch.errors import ConfigError
+from detlaunch.planning.cpu_binding import cpu_sets
+from detlaunch.rank.affinity import parse_cpu_list
 from support.helpers import free_port, rank_lines, report_line
 from support.jobs import EXAMPLES, SCRIPTS, Launcher
 
@@ -236,3 +239,23 @@ def test_ranks_start_once_every_node_is_there(launcher: Launcher, tmp_path: Path
     assert (rc.returncode, rw.returncode) == (0, 0), rc.output + rw.output
     assert [rank_lines(rw.stdout, r)[-1] for r in (2, 3)] == ["rank 2 done", "rank 3 done"], rw.output
     assert rc.duration < 30
+
+
+def test_numa_binding_binds_each_rank_and_what_it_starts(launcher: Launcher, tmp_path: Path) -> None:
+    """torchrun's --numa-binding under the direct layer: here one NUMA node of the machine's CPUs, so
+    `exclusive` gives each of the node's ranks its own share; a process the rank starts is bound too."""
+    try:
+        expected = [sorted(parse_cpu_list(cpus)) for cpus in cpu_sets("exclusive", 2, {})]
+    except ConfigError as e:  # one physical core (its hyperthreads cannot be divided)
+        pytest.skip(str(e))
+    script = tmp_path / "cpus.py"
+    script.write_text("import os, subprocess, sys\n"
+                      "show = 'import os; print(sorted(os.sched_getaffinity(0)))'\n"
+                      "child = subprocess.run([sys.executable, '-c', show], capture_output=True, text=True)\n"
+                      "print(os.environ['RANK'], sorted(os.sched_getaffinity(0)), child.stdout.strip(),\n"
+                      "      'DETLAUNCH_CPUS' in os.environ)\n")
+    r = launcher.run(*shape_args("direct", 1, 0, free_port()), "--numa-binding", "exclusive", str(script), timeout=60)
+    assert r.returncode == 0, r.output
+    assert expected[0] != expected[1] and set(expected[0]) | set(expected[1]) <= os.sched_getaffinity(0)
+    for rank in (0, 1):
+        assert rank_lines(r.stdout, rank) == [f"{rank} {expected[rank]} {expected[rank]} False"], r.output

@@ -120,6 +120,9 @@ def wrap(rank: int, command: list[str], opts: dict[str, Any]) -> int:
     # Variables the rank gets where its environment does not have them (planning/rank_defaults.py).
     for key, value in (node.get("defaults") or {}).items():
         os.environ.setdefault(str(key), str(value))
+    warning = sibling("affinity").bind_from_environment(os.environ)
+    if warning:
+        os.write(console_fds[1], warning.encode())
     log = RankLog(log_dir, rank, warn_fd=console_fds[1])
     prefix = str(node.get("prefix") or opts["prefix"]).format(
         rank=rank, node=node.get("node", ""), host=node.get("host") or socket.gethostname())

@@ -19,9 +19,23 @@ Built on the public detlaunch API only; importing it imports nothing heavy.
 
 from __future__ import annotations
 
+import argparse
 import os
 
-from detlaunch import Check, Command, Config, ConfigError, RankWrapper, Stage, StageContext, check_port_free, hookimpl
+from detlaunch import (
+    CPUS_ENV,
+    NUMA_BINDING_MODES,
+    Check,
+    Command,
+    Config,
+    ConfigError,
+    RankWrapper,
+    Stage,
+    StageContext,
+    check_port_free,
+    cpu_sets,
+    hookimpl,
+)
 
 NAME = "direct"
 ROLE = "default"  # torchrun's --role default
@@ -73,9 +87,21 @@ def _stage(ctx: StageContext) -> Stage:
     if ctx.launcher_args:
         raise ConfigError(f"the {NAME} layer runs no launcher, so nothing takes {' '.join(ctx.launcher_args)!r}: "
                           "put the script's own arguments after it")
-    ranks = tuple(Command(ctx.rank_command, rank=ctx.cluster.first_rank + i, env=rank_env(ctx, i))
-                  for i in range(ctx.cluster.local_slots))
+    envs = [rank_env(ctx, i) for i in range(ctx.cluster.local_slots)]
+    mode = ctx.option("numa_binding")
+    if mode:  # each rank's CPUs near its GPU, as torchrun's --numa-binding (its wrapper binds it)
+        for env, cpus in zip(envs, cpu_sets(mode, ctx.cluster.local_slots, ctx.env), strict=True):
+            env[CPUS_ENV] = cpus
+    ranks = tuple(Command(ctx.rank_command, rank=ctx.cluster.first_rank + i, env=env) for i, env in enumerate(envs))
     return Stage(commands=ranks)
+
+
+@hookimpl
+def detlaunch_add_options(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group(NAME)
+    group.add_argument("--numa-binding", "--numa_binding", choices=NUMA_BINDING_MODES, default=None,
+                       help="bind each rank to the CPUs near its GPU (or, without GPUs, to its share of the NUMA "
+                            "nodes), as torchrun's --numa-binding: node, socket, exclusive or core-complex")
 
 
 @hookimpl
