@@ -26,6 +26,7 @@ from detlaunch.link.messages import (
     Heartbeat,
     Malformed,
     Message,
+    Promote,
     RankExit,
     Reply,
     Request,
@@ -49,7 +50,7 @@ EXAMPLES: list[Message] = [
     Bye(ranks=(STATUS, dataclasses.replace(STATUS, rank=4))), Ask(key=7, what="status", args={"x": 1}),
     Reply(key=7, data=[1, "two"]), Stop(failure=FAILURE), Request(key=8, what="stacks", args={"budget": 1.5}),
     Answer(key=8, data={"nodes": []}), Restart(attempt=2, delay=None), Restart(attempt=2, delay=0.5), Go(attempt=2),
-    End(failure=None), End(failure=FAILURE),
+    End(failure=None), End(failure=FAILURE), Promote(place=2),
 ]
 
 
@@ -61,7 +62,7 @@ def test_every_kind_reads_back_as_it_was_written(message: Message) -> None:
 
 def test_the_table_in_the_docstring_names_every_kind_once_with_its_sender_and_fields() -> None:
     rows = re.findall(r"^    (\w+) +(chief|worker|both) +(-|\w+(?:, \w+)*) ", messages.__doc__ or "", re.M)
-    assert sorted(kind for kind, _, _ in rows) == sorted(KINDS) and len(rows) == len(KINDS) == 15
+    assert sorted(kind for kind, _, _ in rows) == sorted(KINDS) and len(rows) == len(KINDS) == 16
     for kind, sender, fields in rows:
         cls = KINDS[kind]
         assert cls.sender == sender

@@ -23,6 +23,7 @@ from detlaunch.planning.config import Parser, check_sections, split_argv
 if TYPE_CHECKING:
     from detlaunch.planning.cluster import ClusterInfo
     from detlaunch.planning.config import Config
+    from detlaunch.planning.plan import LaunchPlan
     from detlaunch.planning.plugin_manager import Hooks, PluginSet
 
 SUBCOMMANDS = ("layers", "plugins", "info", "doctor")
@@ -144,14 +145,30 @@ def run(argv: list[str], env: dict[str, str], pre: argparse.Namespace | None = N
     if subcommand == "doctor":
         return doctor(hooks, config)
 
+    from detlaunch.planning import spares
     from detlaunch.planning.plan import build_plan, render_json, render_text
 
-    cluster = discover(hooks, config, job=not options.get("dry_run"))
+    everyone = discover(hooks, config, job=not options.get("dry_run"))
+    n_spares = options.get("spares") or 0
+    spare = spares.spare_number(everyone, n_spares)  # this detlaunch waits as a spare (planning/spares.py)
+    # A spare plans as the last worker would, for the link's settings; once promoted, as the node it replaces.
+    cluster = spares.active_cluster(everyone, n_spares) if spare is None else \
+        spares.take_place(everyone, n_spares, spares.places(everyone, n_spares) - 1)
     if cluster.num_nodes > 1 and not options.get("link_port") and options["master_port"] >= 65535:
         raise ConfigError(f"--master-port {options['master_port']} leaves no port for the link between nodes "
                           "(master port + 1): give --link-port PORT or a lower --master-port")
     plan = build_plan(hooks, config, cluster)
+    if n_spares and not plan.restarts.enabled:
+        raise ConfigError(f"--spares {n_spares}: a spare takes a lost node's place at the next attempt, and this "
+                          "job has none: add --max-node-restarts N (or --max-restarts N)")
+    excluded = spares.read_excluded(options.get("exclude_hosts"))
+    if everyone.node_addr in excluded:
+        raise ConfigError(f"this node's host {everyone.node_addr} is in --exclude-hosts {options['exclude_hosts']}: "
+                          "it takes no part in the job (a spare takes its place)")
     if options.get("dry_run"):
+        if spare is not None:
+            print(f"spare node {spare} ({everyone.node_addr or 'this host'}): runs no rank until it takes a lost "
+                  f"node's place; as node {cluster.node_rank} it would run:")
         print(render_json(plan) if options.get("format") == "json" else render_text(plan))
         return 0
 
@@ -172,7 +189,14 @@ def run(argv: list[str], env: dict[str, str], pre: argparse.Namespace | None = N
         remove_stale_run_dirs(tmpdir)  # left by a detlaunch of ours that was SIGKILLed
     job_lock = None
     if cluster.num_nodes > 1 or options.get("job_dir"):  # held by this process until it exits
-        job_lock = lock_job_dir(plan.shared_dir, cluster.node_rank, cluster.job_id, bool(options.get("job_dir")))
+        job_lock = lock_job_dir(plan.shared_dir, everyone.node_rank, cluster.job_id, bool(options.get("job_dir")))
+    if spare is not None:
+        place = wait_as_spare(plan, spare, everyone.node_addr, bool(options.get("debug")))
+        if not isinstance(place, Place):
+            if job_lock is not None:
+                job_lock.release()
+            return place
+        plan = build_plan(hooks, config, spares.take_place(everyone, n_spares, place.node))
 
     def supervise() -> int:
         result = NodeSupervisor(plan, debug=bool(options.get("debug")), on_event=hooks.event).run()
@@ -190,6 +214,25 @@ def run(argv: list[str], env: dict[str, str], pre: argparse.Namespace | None = N
     finally:
         if job_lock is not None:
             job_lock.release()
+
+
+@dataclasses.dataclass(frozen=True)
+class Place:
+    node: int  # the node rank a spare takes
+
+
+def wait_as_spare(plan: LaunchPlan, spare: int, addr: str | None, debug: bool) -> Place | int:
+    """Wait as spare number `spare` (node/spare.py): the place it is sent to, or its exit code."""
+    from detlaunch.node.link_events import link_settings
+    from detlaunch.node.spare import SpareWait
+
+    settings = dataclasses.replace(link_settings(plan), node=spare, node_addr=addr)
+    wait = SpareWait(settings, say=lambda line: print(f"detlaunch: {line}", file=sys.stderr, flush=True), debug=debug)
+    place = wait.wait()
+    if place is None:
+        assert wait.exit_code is not None
+        return wait.exit_code
+    return Place(place)
 
 
 def discover(hooks: Hooks, config: Config, job: bool) -> ClusterInfo:

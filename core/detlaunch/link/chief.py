@@ -42,6 +42,7 @@ from detlaunch.link.messages import (
     encode,
 )
 from detlaunch.link.settings import LinkSettings
+from detlaunch.link.spares import SparePool
 from detlaunch.link.wire import HEARTBEAT, HEARTBEAT_MISSES, PeerConnection
 from detlaunch.outcome import Failure, RankStatus
 from detlaunch.planning.addresses import bind_host
@@ -58,6 +59,8 @@ class ChiefEvents(Protocol):
     def remote_rank_exit(self, status: RankStatus) -> None: ...
     def remote_failure(self, failure: Failure) -> None: ...
     def node_lost(self, node: int, addr: str, why: str) -> None: ...
+    def spare_joined(self, node: int, addr: str) -> None: ...
+    def spare_lost(self, node: int, addr: str, why: str) -> None: ...
 
 
 class ChiefQuestions(Protocol):
@@ -80,6 +83,7 @@ class ChiefLink:
         self.secret_from_env = bool(settings.environ.get(SECRET_ENV))
         self.secret = create_secret(settings.environ, settings.shared_dir)
         self.expected = set(range(1, settings.num_nodes))
+        self.spares = SparePool(settings.num_nodes, settings.spares, events)  # link/spares.py
         self.nodes: dict[int, PeerConnection] = {}
         self.pending: set[PeerConnection] = set()  # accepted, not authenticated yet
         self.finished: set[int] = set()  # said goodbye, or were lost
@@ -115,7 +119,8 @@ class ChiefLink:
     # -- admission ---------------------------------------------------------------------------------
     def _listen(self) -> None:
         self.paused = None
-        if not self.listening and self.expected - set(self.nodes) and self.listener.fileno() >= 0:
+        if not self.listening and (self.expected - set(self.nodes) or self.spares.missing) \
+                and self.listener.fileno() >= 0:
             self.loop.add_reader(self.listener, Priority.CHILD_OUTPUT, self.on_accept)
             self.listening = True
 
@@ -151,7 +156,8 @@ class ChiefLink:
     def _authenticate(self, conn: PeerConnection, m: Message) -> None:
         self.pending.discard(conn)
         node = m.node if isinstance(m, Auth) else None
-        ok = (isinstance(m, Auth) and m.node in self.expected and bool(self.secret)
+        spare = node is not None and self.spares.admits(node)
+        ok = (isinstance(m, Auth) and (m.node in self.expected or spare) and bool(self.secret)
               and auth.mac_matches(m.mac, auth.worker_mac(self.secret, self.job_id, m.node, conn.nonce)))
         if not ok or node is None or node in self.nodes:
             self.events.trace(f"refused a link connection (node {node!r}): bad credentials or duplicate")
@@ -160,10 +166,17 @@ class ChiefLink:
         assert isinstance(m, Auth)
         conn.trusted()
         conn.node = node
+        addr = m.addr or str(conn.sock.getpeername()[0])
+        if spare:  # it waits, held, until a node's place is free (spares.py)
+            self.spares.joined(node, conn, addr)
+            conn.send(Welcome(mac=auth.chief_mac(self.secret, self.job_id, node, m.nonce), attempt=self.attempt,
+                              hold=True))
+            self._stop_listening_if_complete()
+            return
         self.nodes[node] = conn
-        if not self.expected - set(self.nodes):
-            self._stop_listening(for_seconds=None)  # every node is here: nobody else has a reason to connect
-        self.addrs[node] = m.addr or str(conn.sock.getpeername()[0])
+        self.spares.arrived(node)
+        self._stop_listening_if_complete()
+        self.addrs[node] = addr
         conn.send(Welcome(mac=auth.chief_mac(self.secret, self.job_id, node, m.nonce), attempt=self.attempt,
                           hold=self.holding))
         if self.stop_message is not None:  # joined after the job was stopped
@@ -172,6 +185,10 @@ class ChiefLink:
         self.events.node_joined(node, self.addrs[node])
         if not self.missing_nodes():
             self.events.joined()
+
+    def _stop_listening_if_complete(self) -> None:
+        if not self.expected - set(self.nodes) and not self.spares.missing:
+            self._stop_listening(for_seconds=None)  # every node is here: nobody else has a reason to connect
 
     # -- what the workers say ------------------------------------------------------------------------
     def on_message(self, conn: PeerConnection, m: Message) -> None:
@@ -200,7 +217,10 @@ class ChiefLink:
         if self.paused is None:
             self._listen()  # a pending slot is free again
         node = conn.node
-        if node is None or node in self.finished:
+        if self.spares.owns(conn):
+            self.spares.closed(conn, conn.why or "its detlaunch closed the connection")
+            return
+        if node is None or node in self.finished or self.nodes.get(node) is not conn:
             return
         self._lost(node, conn.why or "its detlaunch closed the connection without saying goodbye")
 
@@ -227,6 +247,7 @@ class ChiefLink:
                 self._lost(node, f"no heartbeat for {silence:g} s")
             else:
                 conn.send_encoded(HEARTBEAT)
+        self.spares.tick(silence)
         self.timer = self.loop.call_later(self.heartbeat, self.tick)
 
     # -- what the supervisor asks of it ---------------------------------------------------------------
@@ -313,8 +334,17 @@ class ChiefLink:
             self.holding = False
             self._to_every_node(Go(attempt=self.attempt))
 
+    def promote_spare(self, place: int, excluded: set[str]) -> tuple[int, str] | None:
+        """Send a waiting spare (on no host in `excluded`) to take lost node `place`'s place (it joins again as
+        that node): the spare's number and address, or None when no spare waits."""
+        promoted = self.spares.promote(place, excluded)
+        if promoted is not None:
+            self._listen()  # for the spare's new connection, as node `place`
+        return promoted
+
     def finish(self, failure: Failure | None, ranks: list[RankStatus]) -> None:
         """Every node has finished: tell each the final verdict (the earliest failure of all)."""
+        self.spares.end(failure)
         self._to_every_node(End(failure=failure))
         for conn in self.nodes.values():
             conn.close_when_sent()
@@ -338,6 +368,7 @@ class ChiefLink:
             self.timer = None
         for conn in [*self.nodes.values(), *self.pending]:
             conn.close()
+        self.spares.close()
         self.loop.remove(self.listener)
         try:
             self.listener.close()

@@ -20,6 +20,8 @@ One JSON object per line (wire.py), its kind in "t". Who sends each kind, and it
     restart     chief    attempt, delay               start `attempt` in `delay` s (null: wait for "go")
     go          chief    attempt                      every node is back: start `attempt` now
     end         chief    failure                      the job is over: the final verdict (null: it succeeded)
+    promote     chief    place                        (to a spare) take node `place`'s place: leave, and join
+                                                      again as that node (node/spare.py)
 
 Reading is in one place, `decode`: a line that is not JSON, or a known kind with a field missing
 or of the wrong type, is `Malformed`; a kind this link does not know (or that is not a JSON object),
@@ -214,8 +216,14 @@ class End(Kind):
     failure: Failure | None = _field(_failure, write=_failure_json)
 
 
+@_kind("promote", CHIEF)
+@dataclasses.dataclass(frozen=True)
+class Promote(Kind):
+    place: int = _field(_integer)
+
+
 Message = (Heartbeat | Challenge | Auth | Welcome | RankExit | Failed | Bye | Ask | Reply | Stop | Request | Answer
-           | Restart | Go | End)
+           | Restart | Go | End | Promote)
 
 
 # -- reading and writing ---------------------------------------------------------------------------------

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 class LinkSettings:
     job_id: str
     node: int  # this node's rank in the job: 0 is the chief
-    num_nodes: int
+    num_nodes: int  # the nodes that run ranks (the places); spares are numbered after them
     chief_addr: str
     port: int  # the chief's port for the link (--link-port)
     heartbeat: float  # seconds between heartbeats; a peer silent for HEARTBEAT_MISSES of them is lost
@@ -19,3 +19,4 @@ class LinkSettings:
     node_addrs: tuple[str, ...] = ()  # each node's address where known (""): how the chief names a node
     node_addr: str | None = None  # this node's own address: a worker dials the chief from it
     bind_any: bool = False  # the chief listens on the wildcard (a job across machines: planning/addresses.py)
+    spares: int = 0  # spare nodes (numbered num_nodes..num_nodes+spares-1) the chief admits besides

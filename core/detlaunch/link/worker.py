@@ -25,6 +25,7 @@ from detlaunch.link.messages import (
     Failed,
     Go,
     Message,
+    Promote,
     RankExit,
     Reply,
     Request,
@@ -47,6 +48,7 @@ class WorkerEvents(Protocol):
     def link_failed_to_start(self, what: str) -> None: ...
     def chief_verdict(self, failure: Failure | None) -> None: ...
     def chief_lost(self, why: str) -> None: ...
+    def promoted(self, place: int) -> None: ...  # (a spare) take node `place`'s place (link/spares.py)
 
 
 class WorkerQuestions(Protocol):
@@ -177,6 +179,11 @@ class WorkerLink:
                 self.orders.chief_restart(attempt, delay)
             case Go(attempt=attempt):
                 self.orders.chief_go(attempt)
+            case Promote(place=place):
+                self._to(LinkState.ENDED)  # this connection's part is over: the spare joins again as `place`
+                conn.close()
+                self.connection = None
+                self.events.promoted(place)
             case End(failure=failure):
                 self._to(LinkState.ENDED)
                 if failure is not None:  # the final verdict, all nodes' reports considered

@@ -9,6 +9,8 @@ carry the restart's branches.
     chief:  attempt over ─ restart_if_decided ─► backoff ─(delay over)─► next_attempt ─► start_attempt
                                                     │ a node lost meanwhile: forgotten   ▲
                                                     └─► await_rejoin ──(every node back)─┘ (--start-timeout)
+                                                          a waiting spare is sent to each lost node's place
+                                                          (link/spares.py): it joins again as that node
     worker: the chief's "restart" ─► backoff ─(its delay, or the chief's "go")─► next_attempt
 
 On every node the backoff also starts release_wait.ReleaseWait: the last attempt's processes (every
@@ -29,7 +31,10 @@ from detlaunch.node.phase import Phase
 from detlaunch.node.process_table import ProcessTable
 from detlaunch.node.release_wait import ReleaseWait
 from detlaunch.node.verdict import NodeLost, VerdictEvent
+from detlaunch.observe.emitter import EventEmitter
+from detlaunch.observe.events import EventKind
 from detlaunch.outcome import AttemptEnd
+from detlaunch.planning import spares
 from detlaunch.planning.plan import LaunchPlan
 from detlaunch.restarts.attempts import Attempts
 from detlaunch.system.eventloop import EventLoop, Timer, cancel_timer
@@ -41,6 +46,7 @@ class AttemptHost(Protocol):
     loop: EventLoop
     plan: LaunchPlan
     attempts: Attempts
+    events: EventEmitter
     env: dict[str, str]  # the job's environment
     processes: ProcessTable  # the last attempt's, until the next one starts
 
@@ -157,10 +163,53 @@ class AttemptDriver:
         h = self.host
         assert isinstance(h.link, ChiefLink)
         h.attempts.due = attempt
+        self.fill_from_spares()
         if self.rejoin_timer is None:
-            who = ", ".join(f"{n} ({h.link.addr_of(n)})" for n in h.link.missing_nodes())
-            h.say(f"waiting for node(s) {who} to join again (at most {h.plan.start_timeout:g} s, --start-timeout)")
+            spare_of = h.link.spares.coming
+            lost = ", ".join(f"{n} ({h.link.addr_of(n)})" for n in h.link.missing_nodes() if n not in spare_of)
+            who = [f"node(s) {lost} to join again"] if lost else []
+            who += [f"spare node {spare_of[n]} ({h.link.spares.addrs.get(spare_of[n])}) to join as node {n}"
+                    for n in h.link.missing_nodes() if n in spare_of]
+            h.say(f"waiting for {'; '.join(who)} (at most {h.plan.start_timeout:g} s, --start-timeout)")
             self.rejoin_timer = h.loop.call_later(h.plan.start_timeout, self._rejoin_timeout)
+
+    def fill_from_spares(self) -> None:
+        """Chief: send a waiting spare to each missing node's place, none on a host kept out (read now:
+        the file may have changed since the last attempt)."""
+        h = self.host
+        assert isinstance(h.link, ChiefLink)
+        missing = [n for n in h.link.missing_nodes() if n not in h.link.spares.coming]
+        if not missing or not h.link.spares.waiting:
+            return
+        excluded = self._excluded()
+        for node in missing:
+            lost_addr = h.link.addr_of(node)
+            promoted = h.link.promote_spare(node, excluded)
+            if promoted is None:
+                return
+            spare, addr = promoted
+            h.say(f"spare node {spare} ({addr}) takes the place of node {node} ({lost_addr})")
+            h.events.emit(EventKind.SPARE_PROMOTED, node=node, spare=spare, host=addr, replaces=lost_addr)
+
+    def _excluded(self) -> set[str]:
+        h = self.host
+        try:
+            return spares.read_excluded(h.plan.exclude_hosts)
+        except Exception as e:  # noqa: BLE001 - a file that cannot be read now must not end the job
+            h.say(f"warning: {e}; the job goes on")
+            return set()
+
+    def exclude(self, node: int, addr: str, why: str) -> None:
+        """Chief: a node was lost: its host goes into --exclude-hosts (a spare may be started there later)."""
+        h = self.host
+        path = h.plan.exclude_hosts
+        if not path or not isinstance(h.link, ChiefLink) or addr in self._excluded():
+            return
+        warning = spares.append_excluded(path, addr, why)
+        if warning:
+            h.say(f"warning: {warning}; the job goes on")
+            return
+        h.events.emit(EventKind.NODE_EXCLUDED, node=node, host=addr, reason=why)
 
     def lost_between_attempts(self, node: int, addr: str, why: str) -> None:
         """In the backoff: a node was lost while nothing ran. No attempt failed, so nothing is counted;

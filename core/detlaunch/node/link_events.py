@@ -66,7 +66,7 @@ def link_settings(plan: LaunchPlan) -> LinkSettings:
     return LinkSettings(job_id=c.job_id, node=c.node_rank, num_nodes=c.num_nodes, chief_addr=c.chief_addr,
                         port=plan.link_port, heartbeat=plan.heartbeat, shared_dir=plan.shared_dir,
                         environ=plan.environ, node_addrs=tuple(a or "" for a in c.node_addrs), node_addr=c.node_addr,
-                        bind_any=c.bind_any)
+                        bind_any=c.bind_any, spares=plan.spares)
 
 
 class LinkEvents:
@@ -109,10 +109,19 @@ class LinkEvents:
         """A worker node failed for another reason (its sshd died, it was interrupted...)."""
         self.host.fail(RemoteFailure(failure))
 
+    def spare_joined(self, node: int, addr: str) -> None:
+        self.host.trace(f"spare node {node} ({addr}) joined")
+        self.host.events.emit(EventKind.SPARE_JOINED, node=node, host=addr)
+
+    def spare_lost(self, node: int, addr: str, why: str) -> None:
+        self.host.say(f"lost spare node {node} ({addr}): {why}")
+        self.host.events.emit(EventKind.NODE_LOST, node=node, host=addr, reason=why)
+
     def node_lost(self, node: int, addr: str, why: str) -> None:
         """A worker node's supervisor vanished: between attempts the next one waits for it; else the job fails."""
         h = self.host
         h.events.emit(EventKind.NODE_LOST, node=node, host=addr, reason=why)
+        h.driver.exclude(node, addr, why)
         if h.phase is Phase.BACKOFF and h.plan.restarts.enabled:
             h.driver.lost_between_attempts(node, addr, why)
         elif h.phase.active:
@@ -137,3 +146,7 @@ class LinkEvents:
 
     def link_failed_to_start(self, what: str) -> None:
         self.host.fail_to_start(what)
+
+    def promoted(self, place: int) -> None:
+        """Only a spare is promoted (node/spare.py): a node's supervisor never is."""
+        self.host.trace(f"ignored a promotion to node {place}: this node is no spare")

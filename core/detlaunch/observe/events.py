@@ -48,6 +48,10 @@ class EventKind(enum.StrEnum):
     STACKS_TAKEN = "stacks_taken"
     ATTEMPT_STARTED = "attempt_started"
     ATTEMPT_ENDED = "attempt_ended"
+    # Spares and excluded hosts (planning/spares.py).
+    SPARE_JOINED = "spare_joined"
+    SPARE_PROMOTED = "spare_promoted"
+    NODE_EXCLUDED = "node_excluded"
 
 
 # The details each kind carries: name -> JSON type(s). All listed details are required;
@@ -71,6 +75,9 @@ DETAILS: Mapping[EventKind, Mapping[str, str | tuple[str, ...]]] = {
     EventKind.STACKS_TAKEN: {"ranks": "array", "path": _STR},
     EventKind.ATTEMPT_STARTED: {"attempt": _INT},
     EventKind.ATTEMPT_ENDED: {"attempt": _INT, "exit_code": _INT},
+    EventKind.SPARE_JOINED: {"host": _STR},
+    EventKind.SPARE_PROMOTED: {"spare": _INT, "host": _STR, "replaces": _STR},
+    EventKind.NODE_EXCLUDED: {"host": _STR, "reason": _STR},
 }
 
 

@@ -115,6 +115,12 @@ CLUSTER = OptionGroup("cluster (torchrun-style flags, or --hosts/--hostfile)", (
     Option("--hosts", metavar="H:S,...", help="every node and its slots: 10.0.0.1:8,10.0.0.2:8"),
     Option("--hostfile", metavar="FILE", help="MPI-style hostfile: 'host slots=N' per line"),
     Option("--cluster", metavar="PROVIDER", help="force a discovery provider (see detlaunch plugins)"),
+    Option("--spares", type=Number(int, 0, 65535, 0), metavar="N", supervision=True,
+           help="the last N nodes of the host list (with --nnodes M: node ranks M..M+N-1) start as spares: they run "
+           "no rank and each takes a lost node's place at the next attempt (needs restarts: --max-node-restarts)"),
+    Option("--exclude-hosts", metavar="FILE", supervision=True,
+           help="hosts kept out of the job, one a line, read at the start and before every attempt; detlaunch "
+           "appends each host it loses, with the reason and the time"),
 ))
 
 SUPERVISION = OptionGroup("supervision", (

@@ -84,8 +84,11 @@ class StaticProvider:
             except UnicodeDecodeError:
                 raise ConfigError(f"cannot read --hostfile {path}: it is not UTF-8 text") from None
             hosts, source = parse_hostfile(text, path), "--hostfile"
-        if o.get("nnodes") and o["nnodes"] != len(hosts):
-            raise ConfigError(f"--nnodes {o['nnodes']} disagrees with {source}, which lists {len(hosts)} hosts")
+        spares = o.get("spares") or 0
+        if o.get("nnodes") and o["nnodes"] + spares != len(hosts):
+            given = f"--nnodes {o['nnodes']} and --spares {spares} disagree" if spares else \
+                f"--nnodes {o['nnodes']} disagrees"
+            raise ConfigError(f"{given} with {source}, which lists {len(hosts)} hosts")
         node_rank = o.get("node_rank")
         if node_rank is None:
             if len(hosts) > 1:
@@ -119,10 +122,12 @@ class StaticProvider:
     def _from_flags(self, config: Config) -> ClusterInfo:
         o, env = config.options, config.env
         nnodes = o.get("nnodes") or 1
+        spares = o.get("spares") or 0  # node ranks nnodes.. are the spares (planning/spares.py)
         node_rank = o.get("node_rank") or 0
-        if not 0 <= node_rank < nnodes:
-            raise ConfigError(f"--node-rank {node_rank} is outside --nnodes {nnodes} "
-                              f"(valid: 0..{nnodes - 1})")
+        if not 0 <= node_rank < nnodes + spares:
+            with_spares = f" with --spares {spares}" if spares else ""
+            raise ConfigError(f"--node-rank {node_rank} is outside --nnodes {nnodes}{with_spares} "
+                              f"(valid: 0..{nnodes + spares - 1})")
         chief, chief_source = o.get("master_addr"), "--master-addr"
         if not chief and env.get("DET_CHIEF_IP"):
             chief, chief_source = env["DET_CHIEF_IP"], "DET_CHIEF_IP"
@@ -130,14 +135,14 @@ class StaticProvider:
             if nnodes > 1:
                 raise ConfigError("--nnodes > 1 needs the chief's address: --master-addr ADDR")
             chief, chief_source = "127.0.0.1", "default"
-        addrs: list[str | None] = [None] * nnodes
+        addrs: list[str | None] = [None] * (nnodes + spares)
         addrs[0] = chief
         if node_rank > 0:
             addrs[node_rank] = o.get("node_addr")
         slots, slots_from = default_slots(config)
         return ClusterInfo(
             node_addrs=tuple(addrs),
-            slots=(slots,) * nnodes,
+            slots=(slots,) * (nnodes + spares),
             node_rank=node_rank,
             chief_addr=chief,
             job_id=job_id_for(config, derived_job_id(chief, o.get("master_port"), nnodes, *given_link_port(config))

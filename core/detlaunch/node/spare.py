@@ -1,0 +1,95 @@
+"""A spare node's wait: joined to the chief, running nothing, until it takes a lost node's place.
+
+The spare dials the chief as its own number (past the job's nodes) through the same authenticated
+link as any node, keeps the heartbeat, and waits on one event loop (nothing polls). Three ends:
+
+- the chief sends "promote" with a place: `wait` returns that node rank, and the spare's detlaunch
+  plans that node's part and joins again as that node (cli/main.py), the way a lost node's new
+  detlaunch does;
+- the job ends (the chief's last word): the job's exit code, the spare never needed;
+- the chief is lost, the link never comes up, or a signal: detlaunch's code for each.
+"""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Callable
+from typing import Any
+
+import detlaunch.exit_codes as exit_codes
+from detlaunch.link.settings import LinkSettings
+from detlaunch.link.worker import LinkState, WorkerLink
+from detlaunch.outcome import Failure
+from detlaunch.system.eventloop import EventLoop
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+class SpareWait:
+    def __init__(self, settings: LinkSettings, say: Callable[[str], None], debug: bool = False) -> None:
+        self.settings, self.say, self.debug = settings, say, debug
+        self.loop = EventLoop()
+        self.place: int | None = None
+        self.exit_code: int | None = None
+        self.failure: Failure | None = None
+
+    def wait(self) -> int | None:
+        """The place this spare takes (a node rank), or None when it ends first (see `exit_code`)."""
+        self.loop.catch_signals(STOP_SIGNALS, self._on_signal)
+        link = WorkerLink(self.loop, self.settings, self, self, self)
+        try:
+            self.loop.run(done=lambda: self.place is not None or self.exit_code is not None
+                          or link.state is LinkState.ENDED)
+        finally:
+            link.close()
+            self.loop.close()
+        if self.place is None and self.exit_code is None:  # the chief's end, without a failure
+            self.say(f"spare node {self.settings.node}: the job ended without needing this node")
+            self.exit_code = exit_codes.OK
+        return self.place
+
+    def _on_signal(self, signum: int) -> None:
+        self.say(f"spare node {self.settings.node}: {signal.Signals(signum).name} received: leaving the job")
+        self.exit_code = exit_codes.SIGNAL_BASE + signum
+
+    # -- what the link says (WorkerEvents) --------------------------------------------------------------
+    def trace(self, message: str) -> None:
+        if self.debug:
+            self.say(f"[spare {self.settings.node}] {message}")
+
+    def joined(self) -> None:
+        self.say(f"spare node {self.settings.node}: joined the job; it runs no rank until it takes a lost "
+                 "node's place")
+
+    def link_failed_to_start(self, what: str) -> None:
+        self.say(f"spare node {self.settings.node}: {what}")
+        self.exit_code = exit_codes.FAILED
+
+    def chief_verdict(self, failure: Failure | None) -> None:
+        if failure is not None:  # the job's end: its exit code is this node's too
+            self.say(f"spare node {self.settings.node}: the job ended without needing this node: {failure.what}")
+            self.exit_code = failure.exit_code
+
+    def chief_lost(self, why: str) -> None:
+        self.say(f"spare node {self.settings.node}: lost the chief ({why}): leaving")
+        self.exit_code = exit_codes.FAILED
+
+    def promoted(self, place: int) -> None:
+        self.say(f"spare node {self.settings.node}: takes node {place}'s place")
+        self.place = place
+
+    # -- questions and orders: the chief sends a spare none (WorkerQuestions, AttemptOrders) -------------
+    def chief_request(self, key: int, what: str, args: dict[str, Any]) -> None:
+        pass
+
+    def answered(self, key: int, data: dict[str, Any]) -> None:
+        pass
+
+    def chief_gone(self) -> None:
+        pass
+
+    def chief_restart(self, attempt: int, delay: float | None) -> None:
+        pass
+
+    def chief_go(self, attempt: int) -> None:
+        pass

@@ -1,0 +1,81 @@
+"""Spare nodes and excluded hosts: which detlaunch runs ranks, which waits, and which host is kept out.
+
+`--spares N`: discovery lists every node, spares last (the last N hosts of --hosts, --hostfile or
+the scheduler's list; with --nnodes M, node ranks M..M+N-1). The first M are the job's places: a
+place's node rank decides its ranks, so a spare that takes a lost node's place takes its node rank
+and every global rank keeps its number; only the address changes (the spare's own).
+
+`--exclude-hosts FILE`: one host a line (`#` starts a comment), read at the start and before every
+attempt, so a scheduler or an operator may add one while the job runs; the chief appends each host it
+loses, with the reason and the time, for a wrapper (a requeue script, an operator) to act on.
+Pure but for that file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+
+from detlaunch.errors import ConfigError
+from detlaunch.planning.cluster import ClusterInfo
+
+
+def places(everyone: ClusterInfo, spares: int) -> int:
+    """How many nodes run ranks; one line if `spares` leaves too few."""
+    active = everyone.num_nodes - spares
+    if spares and active < 2:
+        raise ConfigError(f"--spares {spares} leaves {max(active, 0)} node(s) of {everyone.num_nodes} to run ranks: "
+                          "a spare takes a lost worker's place, so a job needs the chief and at least one worker "
+                          "besides its spares")
+    return active
+
+
+def spare_number(everyone: ClusterInfo, spares: int) -> int | None:
+    """This detlaunch's number as a spare (its node rank among everyone, past the places), or None."""
+    return everyone.node_rank if spares and everyone.node_rank >= places(everyone, spares) else None
+
+
+def active_cluster(everyone: ClusterInfo, spares: int) -> ClusterInfo:
+    """The job's places as a node that runs ranks sees them (no spare is in them)."""
+    n = places(everyone, spares)
+    return dataclasses.replace(everyone, node_addrs=everyone.node_addrs[:n], slots=everyone.slots[:n])
+
+
+def take_place(everyone: ClusterInfo, spares: int, place: int) -> ClusterInfo:
+    """A spare's cluster once it takes `place`: that place's node rank and slots, at the spare's own address."""
+    n = places(everyone, spares)
+    if not 0 < place < n:
+        raise ConfigError(f"a spare cannot take node {place}'s place: the job's workers are nodes 1..{n - 1}")
+    addrs = list(everyone.node_addrs[:n])
+    addrs[place] = everyone.node_addr
+    return dataclasses.replace(everyone, node_addrs=tuple(addrs), slots=everyone.slots[:n], node_rank=place)
+
+
+def read_excluded(path: str | None) -> set[str]:
+    """The hosts in the exclusion file (a missing file: none); one line if it cannot be read."""
+    if not path:
+        return set()
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except FileNotFoundError:
+        return set()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"cannot read --exclude-hosts {path}: {getattr(e, 'strerror', None) or e}") from None
+    return {line.split("#", 1)[0].strip() for line in text.splitlines()} - {""}
+
+
+def append_excluded(path: str, host: str, why: str, when: float | None = None) -> str | None:
+    """Add a lost host to the exclusion file, with why and when (UTC); a warning, or None."""
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(when if when is not None else time.time()))
+    line = f"{host}  # lost {stamp}: {' '.join(why.split())}\n"
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+        try:
+            os.write(fd, line.encode())  # one write with O_APPEND: whole, beside other writers' lines
+        finally:
+            os.close(fd)
+    except OSError as e:
+        return f"cannot add {host} to --exclude-hosts {path}: {e.strerror}"
+    return None

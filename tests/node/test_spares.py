@@ -1,0 +1,95 @@
+"""Spare nodes: a lost node's place goes to a spare at once, the job resumes there, its host is kept out.
+
+Real jobs of 3 nodes and 1 spare on 127.0.0.1-4 (gloo collectives, resume from checkpoint): the
+worker node 2's detlaunch is SIGKILLed (its link closes) or SIGSTOPped (its link goes silent) while its
+rank is mid-run; the chief gives node 2's place to spare node 3 with no wait for the dead machine,
+every global rank keeps its number, the lost host goes into the exclusion file, and nothing is left.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+from pathlib import Path
+
+import psutil
+import pytest
+from support.helpers import free_port, rank_lines
+from support.jobs import Job, Launcher
+from test_restarts import DDP, train_args
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def spare_job(launcher: Launcher, tmp_path: Path, layer: str, *extra: str) -> tuple[list[str], list[str], Path]:
+    excluded = tmp_path / "excluded-hosts"
+    excluded.write_text("# hosts kept out\n10.9.9.9\n")
+    common = ["--layer", layer, "--nnodes", "3", "--spares", "1", "--nproc-per-node", "1", "--master-addr",
+              "127.0.0.1", "--master-port", str(free_port()), "--max-restarts", "1", "--restart-backoff", "0",
+              "--exclude-hosts", str(excluded), "--log-dir", str(tmp_path / "logs"), *extra]
+    # Node 2's rank hangs in step 3 of the first attempt: every rank saved step 2, and the job is mid-run.
+    script = train_args(tmp_path, DDP, "--crash-step", "3", "--crash-rank", "2", "--crash-how", "hang")
+    return common, script, excluded
+
+
+def node(launcher: Launcher, common: list[str], script: list[str], n: int) -> Job:
+    return launcher.start(*common, "--node-rank", str(n), "--node-addr", f"127.0.0.{n + 1}", *script)
+
+
+@pytest.mark.parametrize(("layer", "how"), [("torchrun", signal.SIGKILL), ("direct", signal.SIGSTOP)])
+def test_a_lost_node_is_replaced_by_the_spare_and_the_job_resumes_there(
+        launcher: Launcher, tmp_path: Path, layer: str, how: signal.Signals) -> None:
+    extra = ("--heartbeat", "0.2") if how == signal.SIGSTOP else ()
+    common, script, excluded = spare_job(launcher, tmp_path, layer, *extra)
+    chief, survivor, lost, spare = (node(launcher, common, script, n) for n in range(4))
+    spare.wait_for_output("detlaunch: spare node 3: joined the job; it runs no rank", timeout=60)
+    lost.wait_for_output("rank 2 attempt 1 fails at step 3 (hang)", timeout=150)
+    if how == signal.SIGSTOP:  # the node's supervisor (pid 1 of its PID namespace) stops answering
+        psutil.Process(lost.proc.pid).children()[0].suspend()
+    else:
+        lost.send_signal(how)
+    try:
+        rc, rs, rp = chief.wait(180), survivor.wait(60), spare.wait(60)
+    finally:
+        if how == signal.SIGSTOP:  # the silent node: stopped until the test ends it (its namespace with it)
+            lost.send_signal(signal.SIGKILL)
+    assert (rc.returncode, rs.returncode, rp.returncode) == (0, 0, 0), rc.output + rs.output + rp.output
+    why = "its detlaunch closed the connection without saying goodbye" if how == signal.SIGKILL else \
+        "no heartbeat for 1 s"
+    assert f"detlaunch: lost node 2 (127.0.0.3): {why}: stopping the job" in rc.stderr, rc.stderr
+    assert "detlaunch: spare node 3 (127.0.0.4) takes the place of node 2 (127.0.0.3)" in rc.stderr, rc.stderr
+    assert "detlaunch: spare node 3: takes node 2's place" in rp.stderr, rp.stderr
+    # Every global rank keeps its number: the spare runs rank 2, resumed from the checkpoint of step 2.
+    for done, rank in ((rc, 0), (rs, 1), (rp, 2)):
+        lines = rank_lines(done.stdout, rank)
+        assert f"rank {rank} attempt 2 starts at step 2" in lines, done.output
+        assert lines[-1].startswith(f"rank {rank} done: 4 steps, weights "), done.output
+    assert rank_lines(rp.stdout, 2)[0] == "rank 2 attempt 2 starts at step 2", rp.output  # none before it
+    kept_out = excluded.read_text().splitlines()
+    assert kept_out[:2] == ["# hosts kept out", "10.9.9.9"] and len(kept_out) == 3, kept_out
+    assert kept_out[2].startswith("127.0.0.3  # lost ") and kept_out[2].endswith(why), kept_out
+    events = [json.loads(line) for line in (tmp_path / "logs" / "events.jsonl").read_text().splitlines()]
+    kinds = [(e["kind"], e["node"], e["details"].get("host")) for e in events]
+    assert ("spare_joined", 3, "127.0.0.4") in kinds
+    assert ("spare_promoted", 2, "127.0.0.4") in kinds and ("node_excluded", 2, "127.0.0.3") in kinds, kinds
+
+
+def test_a_node_on_an_excluded_host_takes_no_part_and_spares_need_restarts(launcher: Launcher,
+                                                                           tmp_path: Path) -> None:
+    excluded, script = tmp_path / "excluded", tmp_path / "train.py"
+    script.write_text("print('never run')\n")
+    excluded.write_text("127.0.0.2  # lost 2026-12-02T10:00:00Z: no heartbeat for 5 s\n")
+    args = ["--layer", "direct", "--nnodes", "2", "--spares", "1", "--master-addr", "127.0.0.1",
+            "--exclude-hosts", str(excluded), "--max-node-restarts", "1"]
+    r = launcher.run(*args, "--node-rank", "1", "--node-addr", "127.0.0.2", "--dry-run", str(script), timeout=60)
+    assert r.returncode == 2 and r.stderr.splitlines() == [
+        f"detlaunch: error: this node's host 127.0.0.2 is in --exclude-hosts {excluded}: it takes no part in the "
+        "job (a spare takes its place)"], r.output
+    r = launcher.run(*args[:-2], "--node-rank", "2", "--node-addr", "127.0.0.3", "--dry-run", str(script), timeout=60)
+    assert r.returncode == 2 and r.stderr.splitlines() == [
+        "detlaunch: error: --spares 1: a spare takes a lost node's place at the next attempt, and this job has "
+        "none: add --max-node-restarts N (or --max-restarts N)"], r.output
+    r = launcher.run(*args, "--node-rank", "2", "--node-addr", "127.0.0.3", "--dry-run", str(script), timeout=60)
+    assert r.returncode == 0, r.output
+    assert r.stdout.splitlines()[0] == "spare node 2 (127.0.0.3): runs no rank until it takes a lost node's " \
+                                       "place; as node 1 it would run:", r.stdout
