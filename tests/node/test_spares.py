@@ -16,7 +16,7 @@ import psutil
 import pytest
 from support.helpers import free_port, rank_lines
 from support.jobs import Job, Launcher
-from test_restarts import DDP, train_args
+from test_restarts import DDP, HVD, train_args
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -24,19 +24,25 @@ pytestmark = pytest.mark.timeout(300)
 def spare_job(launcher: Launcher, tmp_path: Path, layer: str, *extra: str) -> tuple[list[str], list[str], Path]:
     excluded = tmp_path / "excluded-hosts"
     excluded.write_text("# hosts kept out\n10.9.9.9\n")
-    common = ["--layer", layer, "--nnodes", "3", "--spares", "1", "--nproc-per-node", "1", "--master-addr",
-              "127.0.0.1", "--master-port", str(free_port()), "--max-restarts", "1", "--restart-backoff", "0",
-              "--exclude-hosts", str(excluded), "--log-dir", str(tmp_path / "logs"), *extra]
+    if layer == "horovod":  # the host list's last host is the spare; horovodrun reaches the others over sshd
+        shape = ["--hosts", ",".join(f"127.0.0.{n}:1" for n in range(1, 5)), "--ssh-port", str(free_port("127.0.0.2"))]
+    else:
+        shape = ["--nnodes", "3", "--nproc-per-node", "1", "--master-addr", "127.0.0.1"]
+    common = ["--layer", layer, *shape, "--spares", "1", "--master-port", str(free_port()), "--max-restarts", "1",
+              "--restart-backoff", "0", "--exclude-hosts", str(excluded), "--log-dir", str(tmp_path / "logs"), *extra]
     # Node 2's rank hangs in step 3 of the first attempt: every rank saved step 2, and the job is mid-run.
-    script = train_args(tmp_path, DDP, "--crash-step", "3", "--crash-rank", "2", "--crash-how", "hang")
+    script = train_args(tmp_path, HVD if layer == "horovod" else DDP, "--crash-step", "3", "--crash-rank", "2",
+                        "--crash-how", "hang")
     return common, script, excluded
 
 
 def node(launcher: Launcher, common: list[str], script: list[str], n: int) -> Job:
-    return launcher.start(*common, "--node-rank", str(n), "--node-addr", f"127.0.0.{n + 1}", *script)
+    where = [] if "--hosts" in common else ["--node-addr", f"127.0.0.{n + 1}"]
+    return launcher.start(*common, "--node-rank", str(n), *where, *script)
 
 
-@pytest.mark.parametrize(("layer", "how"), [("torchrun", signal.SIGKILL), ("direct", signal.SIGSTOP)])
+@pytest.mark.parametrize(("layer", "how"), [("torchrun", signal.SIGKILL), ("direct", signal.SIGSTOP),
+                                             ("horovod", signal.SIGKILL)])
 def test_a_lost_node_is_replaced_by_the_spare_and_the_job_resumes_there(
         launcher: Launcher, tmp_path: Path, layer: str, how: signal.Signals) -> None:
     extra = ("--heartbeat", "0.2") if how == signal.SIGSTOP else ()

@@ -199,7 +199,8 @@ def run(argv: list[str], env: dict[str, str], pre: argparse.Namespace | None = N
         plan = build_plan(hooks, config, spares.take_place(everyone, n_spares, place.node))
 
     def supervise() -> int:
-        result = NodeSupervisor(plan, debug=bool(options.get("debug")), on_event=hooks.event).run()
+        result = NodeSupervisor(plan, debug=bool(options.get("debug")), on_event=hooks.event,
+                                replan=lambda moved: build_plan(hooks, config, moved, plan.run_dir)).run()
         for problem in hooks.job_finished(plan.context, result):
             print(f"detlaunch: warning: a job_finished observer failed: {problem}", file=sys.stderr)
         for line in [*format_warnings(result), *result.attempts, *format_report(result)]:

@@ -26,6 +26,15 @@ class StageFiles:
         for d in self.stage.dirs:
             remove_tree(self.path(d))
             ensure_private_dir(self.path(d))
+        self._write_files()
+
+    def rewrite(self, stage: Stage) -> None:
+        """A new plan's files over the old ones (the nodes moved: the launcher's host list); its folders and
+        what the setup made in them (keys) stay."""
+        self.stage = stage
+        self._write_files()
+
+    def _write_files(self) -> None:
         for files, mode in ((self.stage.files, 0o600), (self.stage.executables, 0o700)):
             for rel, content in files.items():
                 path = self.path(rel)

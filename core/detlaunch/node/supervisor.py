@@ -29,6 +29,7 @@ import signal
 import socket
 import sys
 import time
+from collections.abc import Callable
 from typing import Any, TextIO
 
 from detlaunch.errors import LaunchError
@@ -61,6 +62,7 @@ from detlaunch.observe.emitter import EventEmitter, EventHook
 from detlaunch.observe.events import EventKind
 from detlaunch.outcome import AttemptEnd, Failure, JobResult, RankStatus
 from detlaunch.planning import rank_defaults
+from detlaunch.planning.cluster import ClusterInfo
 from detlaunch.planning.config import DEDUPE_MIN_RANKS
 from detlaunch.planning.plan import LaunchPlan
 from detlaunch.rank import protocol as rank_protocol
@@ -76,8 +78,11 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 class NodeSupervisor:
     def __init__(self, plan: LaunchPlan, *, err: TextIO | None = None, debug: bool = False,
-                 on_event: EventHook | None = None):
+                 on_event: EventHook | None = None, replan: Callable[[ClusterInfo], LaunchPlan] | None = None):
+        """replan: this node's plan for a cluster whose nodes moved (a spare took a lost node's place at
+        another address): the chief's launcher reaches every node (horovod's -H, deepspeed's hostfile)."""
         self.plan = plan
+        self.replan = replan
         self.err = err or sys.stderr
         self.debug = debug
         self.node = plan.cluster.node_rank
@@ -366,6 +371,7 @@ class NodeSupervisor:
             pass
         self.attempts.begin(attempt)
         self.events.emit(EventKind.ATTEMPT_STARTED, attempt=attempt - 1)
+        self._follow_moved_nodes()
         self._new_attempt_parts()
         self.enter(Phase.STARTING)
         if isinstance(self.link, ChiefLink):
@@ -375,6 +381,19 @@ class NodeSupervisor:
             self.startup.start_stage()
         except (LaunchError, OSError) as e:
             self.fail_to_start(str(e))
+
+    def _follow_moved_nodes(self) -> None:
+        """Chief: a node joined from another address (a spare in a lost node's place): plan this node's part
+        again for the nodes where they are now, its stage files rewritten (the layer's launcher lists them)."""
+        c = self.plan.cluster
+        if not isinstance(self.link, ChiefLink) or self.replan is None:
+            return
+        addrs = tuple(self.link.addrs.get(n) or a for n, a in enumerate(c.node_addrs))
+        if addrs == c.node_addrs:
+            return
+        self.trace(f"the nodes are now at {', '.join(a or '?' for a in addrs)}: planning this node's part again")
+        self.plan = self.replan(dataclasses.replace(c, node_addrs=addrs))
+        self.files.rewrite(self.plan.stage)
 
     # -- the end ----------------------------------------------------------------------------------
     def _cleanup(self) -> None:

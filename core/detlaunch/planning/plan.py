@@ -177,8 +177,9 @@ def default_shared_dir(job_id: str, env: Mapping[str, str]) -> str:
     return os.path.join(base, "detlaunch", "jobs", job_id)
 
 
-def build_plan(hooks: Hooks, config: Config, cluster: ClusterInfo) -> LaunchPlan:
-    run_dir = private_run_dir()
+def build_plan(hooks: Hooks, config: Config, cluster: ClusterInfo, run_dir: str | None = None) -> LaunchPlan:
+    """This node's plan; `run_dir`: the one a running supervisor has (planning again for moved nodes)."""
+    run_dir = run_dir or private_run_dir()
     shared = config.options.get("job_dir") or default_shared_dir(cluster.job_id, config.env)
     ctx = StageContext(config=config, cluster=cluster, run_dir=run_dir,
                        shared_dir=os.path.abspath(shared), user_command=config.command,
