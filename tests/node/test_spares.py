@@ -15,7 +15,7 @@ from pathlib import Path
 import psutil
 import pytest
 from support.helpers import free_port, rank_lines
-from support.jobs import Job, Launcher
+from support.jobs import EXAMPLES, Job, Launcher
 from test_restarts import DDP, HVD, train_args
 
 pytestmark = pytest.mark.timeout(300)
@@ -90,7 +90,7 @@ def test_a_node_on_an_excluded_host_takes_no_part_and_spares_need_restarts(launc
     r = launcher.run(*args, "--node-rank", "1", "--node-addr", "127.0.0.2", "--dry-run", str(script), timeout=60)
     assert r.returncode == 2 and r.stderr.splitlines() == [
         f"detlaunch: error: this node's host 127.0.0.2 is in --exclude-hosts {excluded}: it takes no part in the "
-        "job (a spare takes its place)"], r.output
+        "job (with --spares, a spare takes its place)"], r.output
     r = launcher.run(*args[:-2], "--node-rank", "2", "--node-addr", "127.0.0.3", "--dry-run", str(script), timeout=60)
     assert r.returncode == 2 and r.stderr.splitlines() == [
         "detlaunch: error: --spares 1: a spare takes a lost node's place at the next attempt, and this job has "
@@ -99,3 +99,21 @@ def test_a_node_on_an_excluded_host_takes_no_part_and_spares_need_restarts(launc
     assert r.returncode == 0, r.output
     assert r.stdout.splitlines()[0] == "spare node 2 (127.0.0.3): runs no rank until it takes a lost node's " \
                                        "place; as node 1 it would run:", r.stdout
+
+
+def test_a_node_on_a_host_excluded_at_the_start_is_replaced_before_the_first_attempt(
+        launcher: Launcher, tmp_path: Path) -> None:
+    excluded = tmp_path / "excluded"
+    excluded.write_text("127.0.0.2\n")
+    common = ["--layer", "direct", "--hosts", "127.0.0.1:1,127.0.0.2:1,127.0.0.3:1", "--spares", "1",
+              "--master-port", str(free_port()), "--max-node-restarts", "1", "--exclude-hosts", str(excluded),
+              str(EXAMPLES / "allreduce.py")]
+    chief = launcher.start(*common[:-1], "--node-rank", "0", common[-1])
+    refused = launcher.run(*common[:-1], "--node-rank", "1", common[-1], timeout=60)
+    spare = launcher.start(*common[:-1], "--node-rank", "2", common[-1])
+    rc, rs = chief.wait(120), spare.wait(60)
+    assert refused.returncode == 2 and "is in --exclude-hosts" in refused.stderr, refused.output
+    assert (rc.returncode, rs.returncode) == (0, 0), rc.output + rs.output
+    assert "detlaunch: spare node 2 (127.0.0.3) takes the place of node 1 (127.0.0.2)" in rc.stderr, rc.stderr
+    assert rank_lines(rs.stdout, 1), rs.output  # the spare ran rank 1, in the first attempt
+    assert "detlaunch: 1 attempt(s):" in rc.stderr and "attempt 1: finished" in rc.stderr, rc.stderr

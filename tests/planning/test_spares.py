@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from detlaunch.errors import ConfigError
 from detlaunch.planning import spares
 from detlaunch.planning.cluster import ClusterInfo

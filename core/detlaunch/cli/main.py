@@ -164,7 +164,7 @@ def run(argv: list[str], env: dict[str, str], pre: argparse.Namespace | None = N
     excluded = spares.read_excluded(options.get("exclude_hosts"))
     if everyone.node_addr in excluded:
         raise ConfigError(f"this node's host {everyone.node_addr} is in --exclude-hosts {options['exclude_hosts']}: "
-                          "it takes no part in the job (a spare takes its place)")
+                          "it takes no part in the job (with --spares, a spare takes its place)")
     if options.get("dry_run"):
         if spare is not None:
             print(f"spare node {spare} ({everyone.node_addr or 'this host'}): runs no rank until it takes a lost "

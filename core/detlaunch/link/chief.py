@@ -167,10 +167,10 @@ class ChiefLink:
         conn.trusted()
         conn.node = node
         addr = m.addr or str(conn.sock.getpeername()[0])
-        if spare:  # it waits, held, until a node's place is free (spares.py)
-            self.spares.joined(node, conn, addr)
+        if spare:  # it waits, held, until a node's place is free (spares.py); welcomed first, maybe promoted at once
             conn.send(Welcome(mac=auth.chief_mac(self.secret, self.job_id, node, m.nonce), attempt=self.attempt,
                               hold=True))
+            self.spares.joined(node, conn, addr)
             self._stop_listening_if_complete()
             return
         self.nodes[node] = conn

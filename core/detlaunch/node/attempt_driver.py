@@ -173,15 +173,18 @@ class AttemptDriver:
             h.say(f"waiting for {'; '.join(who)} (at most {h.plan.start_timeout:g} s, --start-timeout)")
             self.rejoin_timer = h.loop.call_later(h.plan.start_timeout, self._rejoin_timeout)
 
-    def fill_from_spares(self) -> None:
-        """Chief: send a waiting spare to each missing node's place, none on a host kept out (read now:
-        the file may have changed since the last attempt)."""
+    def fill_from_spares(self, only_excluded: bool = False) -> None:
+        """Chief: send a waiting spare to each missing node's place (`only_excluded`: of those on a host kept
+        out, which never join: the first attempt's start), none on such a host (the file is read now: it may
+        have changed since the last attempt)."""
         h = self.host
         assert isinstance(h.link, ChiefLink)
         missing = [n for n in h.link.missing_nodes() if n not in h.link.spares.coming]
         if not missing or not h.link.spares.waiting:
             return
         excluded = self._excluded()
+        if only_excluded:
+            missing = [n for n in missing if h.link.addr_of(n) in excluded]
         for node in missing:
             lost_addr = h.link.addr_of(node)
             promoted = h.link.promote_spare(node, excluded)

@@ -110,8 +110,11 @@ class LinkEvents:
         self.host.fail(RemoteFailure(failure))
 
     def spare_joined(self, node: int, addr: str) -> None:
-        self.host.trace(f"spare node {node} ({addr}) joined")
-        self.host.events.emit(EventKind.SPARE_JOINED, node=node, host=addr)
+        h = self.host
+        h.trace(f"spare node {node} ({addr}) joined")
+        h.events.emit(EventKind.SPARE_JOINED, node=node, host=addr)
+        if h.phase is Phase.STARTING:  # a node on an excluded host never comes: the spare takes its place now
+            h.driver.fill_from_spares(only_excluded=True)
 
     def spare_lost(self, node: int, addr: str, why: str) -> None:
         self.host.say(f"lost spare node {node} ({addr}): {why}")
