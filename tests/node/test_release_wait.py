@@ -46,6 +46,7 @@ class Waiting:
         self.said: list[str] = []
         self.traced: list[str] = []
         self.children: list[subprocess.Popen[bytes]] = []
+        self.began: float | None = None
         self.wait = ReleaseWait(self.loop, timeout=timeout, env={"PATH": path or os.environ["PATH"]},
                                 say=self.said.append, trace=self.traced.append, reap=self.reap)
 
@@ -58,9 +59,13 @@ class Waiting:
         self.children.append(child)
         return child
 
+    def begin(self, attempt: int, pids: list[int]) -> None:
+        self.began = time.monotonic()  # the wait's bound counts from here, whatever a loaded machine delays
+        self.wait.begin(attempt, pids)
+
     def run(self, budget: float = 30) -> float:
-        """Until the wait is over: how long it took."""
-        started = time.monotonic()
+        """Until the wait is over: how long it took since begin()."""
+        started = self.began if self.began is not None else time.monotonic()
         self.loop.run_until(lambda: self.wait.done, budget, "the end of the wait")
         return time.monotonic() - started
 
@@ -96,7 +101,7 @@ def test_a_zombie_leader_whose_thread_is_stuck_is_waited_for_until_the_thread_en
         rank = waiting.start(sys.executable, "-c", STUCK_RANK, str(fs.path), str(fs.arrived))
         states = wait_until(lambda: zombie_leader_with_a_thread(rank.pid), 10, "a zombie leader with a live thread")
         assert procs.is_zombie(rank.pid) and procs.alive(rank.pid), states  # what the sweep sees, and the truth
-        waiting.wait.begin(2, [rank.pid])  # SIGKILLs it: the thread stays, inside the file system's read
+        waiting.begin(2, [rank.pid])  # SIGKILLs it: the thread stays, inside the file system's read
         assert not waiting.wait.done
         assert waiting.said == [f"waiting for every thread of the last attempt's process(es) {rank.pid} to end "
                                 "(up to 30 s)"]
@@ -110,13 +115,13 @@ def test_a_zombie_leader_whose_thread_is_stuck_is_waited_for_until_the_thread_en
 def test_a_zombie_alone_is_not_waited_for_only_reaped(real_processes: None, waiting: Waiting) -> None:
     dead = waiting.start(sys.executable, "-c", "pass")
     wait_until(lambda: procs.task_states(dead.pid) == {dead.pid: b"Z"}, 10, "a zombie")
-    waiting.wait.begin(2, [dead.pid])
+    waiting.begin(2, [dead.pid])
     assert waiting.wait.done and waiting.said == [] and dead.returncode == 0
 
 
 def test_nothing_left_and_no_nvidia_smi_is_no_wait_at_all(waiting: Waiting) -> None:
     ran: list[bool] = []
-    waiting.wait.begin(2, [])
+    waiting.begin(2, [])
     waiting.wait.then_run(lambda: ran.append(True))
     assert waiting.wait.done and ran == [True] and waiting.said == []
 
@@ -130,7 +135,7 @@ def test_the_last_attempts_pid_holding_gpu_memory_is_waited_for_until_it_is_free
         rank.kill()
         rank.wait()
         smi.hold({rank.pid: 80000, 99999: 1000})  # 99999: another job's process, never ours
-        w.wait.begin(2, [])
+        w.begin(2, [])
         freed: list[float] = []
         w.loop.call_later(1.2, lambda: (smi.free(), freed.append(time.time())))
         took = w.run()
@@ -149,7 +154,7 @@ def test_past_the_bound_one_line_and_the_attempt_starts_anyway(real_processes: N
     try:
         w.wait.remember(os.getpid())  # a pid of ours that nvidia-smi keeps listing
         smi.hold({os.getpid(): 512})
-        w.wait.begin(3, [])
+        w.begin(3, [])
         took = w.run()
         assert 0.9 < took < 3, took
         assert w.said == [f"waiting for GPU memory of the last attempt's pids {os.getpid()} to be freed (up to 1 s)",
@@ -164,7 +169,7 @@ def test_only_other_processes_on_the_gpu_is_no_wait(real_processes: None, smi: F
     try:
         w.wait.remember(os.getpid())
         smi.hold({99999: 1000})
-        w.wait.begin(2, [])
+        w.begin(2, [])
         w.run()
         assert w.said == [] and len(smi.calls()) == 1
     finally:
@@ -176,7 +181,7 @@ def test_a_failing_nvidia_smi_is_not_waited_on(real_processes: None, smi: FakeNv
     try:
         w.wait.remember(os.getpid())
         smi.fail()
-        w.wait.begin(2, [])
+        w.begin(2, [])
         w.run()
         assert w.said == [] and len(smi.calls()) == 1
         assert w.traced == ["nvidia-smi: NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA "
@@ -190,7 +195,7 @@ def test_a_hung_nvidia_smi_is_killed_at_the_bound(real_processes: None, smi: Fak
     try:
         w.wait.remember(os.getpid())
         smi.hang()
-        w.wait.begin(2, [])
+        w.begin(2, [])
         assert 0.9 < w.run() < 3
         assert w.said == ["nvidia-smi did not answer after 1 s (--release-timeout): attempt 2 starts anyway"]
         (_, pid, _), = smi.calls()
@@ -203,7 +208,7 @@ def test_no_wait_when_off_even_with_nvidia_smi(smi: FakeNvidiaSmi) -> None:
     w = Waiting(timeout=0, path=smi.path)
     try:
         w.wait.remember(os.getpid())
-        w.wait.begin(2, [])
+        w.begin(2, [])
         assert w.wait.done and w.wait.nvidia_smi is None and smi.calls() == []
     finally:
         w.loop.close()
@@ -215,7 +220,7 @@ def test_a_cancelled_wait_starts_nothing(real_processes: None, smi: FakeNvidiaSm
         ran: list[bool] = []
         w.wait.remember(os.getpid())
         smi.hold({os.getpid(): 1})
-        w.wait.begin(2, [])
+        w.begin(2, [])
         w.wait.then_run(lambda: ran.append(True))
         w.loop.run_until(lambda: w.said, 10, "the waiting line")
         w.wait.cancel()
