@@ -33,6 +33,7 @@ from detlaunch.numbers import Number as Number
 from detlaunch.numbers import ports
 from detlaunch.observe.dedupe import DEFAULT_WINDOW
 from detlaunch.options import Option, OptionGroup, env_name, every_option, numbers_of
+from detlaunch.planning.cluster import job_id_arg
 from detlaunch.rank.protocol import DEFAULT_GRACE, DEFAULT_PREFIX
 from detlaunch.restarts.options import RESTARTS
 from detlaunch.system.safefs import read_regular_file
@@ -95,8 +96,8 @@ def job_options(layer_names: Sequence[str] = ()) -> OptionGroup:
     return OptionGroup("job", (
         Option("--layer", help="launch layer: " + (", ".join(layer_names) or "see `detlaunch layers`")),
         Option("--config", metavar="FILE", help="TOML config file ([detlaunch] and [<layer>] sections)"),
-        Option("--job-id", help="job id shared by every node (default: from the scheduler, else derived from the "
-               "host list for multi-node jobs, else random)"),
+        Option("--job-id", type=job_id_arg, metavar="NAME", help="job id shared by every node, a plain name "
+               "(default: from the scheduler, else derived from the host list for multi-node jobs, else random)"),
         Option("--dry-run", action="store_true", help="print this node's plan; start nothing"),
         Option("--format", choices=("text", "json"), default="text", help="--dry-run and info output"),
         Option("--debug", action="store_true", help="tracebacks and launcher verbosity"),
