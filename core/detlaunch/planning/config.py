@@ -166,9 +166,19 @@ SUPERVISION = OptionGroup("supervision", (
 ))
 
 
+SPAWN = OptionGroup("one command for every node (docs/SPAWN.md)", (
+    Option("--spawn", metavar="NAME", help="start every node's detlaunch from here: ssh (the nodes of --hosts/"
+           "--hostfile, over your own ssh, in parallel) or srun (one step of the SLURM allocation you are in)"),
+    Option("--ssh-opts", metavar="OPTS", help="--spawn ssh: more options for ssh, as one string ('-p 2222 -F cfg')"),
+    Option("--export", metavar="VAR,VAR", help="--spawn: these variables of this environment reach every node "
+           "(as horovodrun's -x; ~/.deepspeed_env and ./.deepspeed_env are read too)"),
+    Option("--spawned", metavar="VERSION", help=argparse.SUPPRESS),  # set by the spawning detlaunch, for each node
+))
+
+
 def core_options(layer_names: Sequence[str] = ()) -> tuple[OptionGroup, ...]:
     """Every core option, in --help's order: the one place each is declared."""
-    return (job_options(layer_names), CLUSTER, SUPERVISION, RESTARTS)
+    return (job_options(layer_names), CLUSTER, SPAWN, SUPERVISION, RESTARTS)
 
 
 def supervision_options() -> tuple[Option, ...]:
