@@ -25,18 +25,29 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from .common import MARKER, SCRIPTS, Goal, NotAvailable, Panel, Section, Stat, Table, interleaved, run, say
+from .common import (
+    MARKER,
+    SCRIPTS,
+    Goal,
+    NotAvailable,
+    Panel,
+    Section,
+    Stat,
+    Table,
+    become_subreaper,
+    free_port,
+    interleaved,
+    nothing_left,
+    run,
+    say,
+    start_service,
+    stop_service,
+)
 
 PY = sys.executable
 RANK = str(SCRIPTS / "rank.py")
 NODES_PY = str(SCRIPTS / "nodes.py")
 GOAL = 0.3  # seconds more than one by one, at 16 nodes
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @contextmanager
@@ -58,8 +69,7 @@ def sshd(tmp: Path, count: int) -> Iterator[Path]:
     (d / "ssh_config").write_text(
         f"Host 127.0.0.*\n  Port {port}\n  IdentityFile {d / 'client_key'}\n  StrictHostKeyChecking no\n"
         "  UserKnownHostsFile /dev/null\n  LogLevel ERROR\n")
-    proc = subprocess.Popen(["/usr/sbin/sshd", "-D", "-e", "-f", str(d / "sshd_config")], start_new_session=True,
-                            stderr=subprocess.DEVNULL)
+    proc = start_service(["/usr/sbin/sshd", "-D", "-e", "-f", str(d / "sshd_config")], d / "sshd.log")
     try:
         deadline = time.monotonic() + 20
         while True:
@@ -73,8 +83,7 @@ def sshd(tmp: Path, count: int) -> Iterator[Path]:
                 time.sleep(0.05)
         yield d / "ssh_config"
     finally:
-        proc.kill()
-        proc.wait()
+        stop_service(proc)
 
 
 def argv_for(case: str, n: int, ssh_config: Path) -> list[str]:
@@ -125,7 +134,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--nodes", type=int, nargs="+", default=[4, 16])
     p.add_argument("--reps", type=int, default=3)
     args = p.parse_args(argv)
-    with tempfile.TemporaryDirectory() as tmp_name:
+    become_subreaper()  # the bench's wait loop: every process of a job reaped, SIGCHLD through a pipe
+    with nothing_left(), tempfile.TemporaryDirectory() as tmp_name:
         env = {**os.environ, "TMPDIR": tmp_name}
         t = wall_times(args.nodes, args.reps, env, Path(tmp_name))
     for n in args.nodes:
