@@ -30,6 +30,7 @@ from . import (
     report,
     restarts,
     scale,
+    spawn,
     status,
     teardown,
     teardown_nodes,
@@ -51,6 +52,7 @@ MEASUREMENTS: dict[str, Callable[..., Section]] = {
     "direct": direct.main,
     "status": status.measure,
     "flood": flood.measure,
+    "spawn": spawn.measure,
 }
 
 

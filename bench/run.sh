@@ -5,6 +5,7 @@
 #   bench/run.sh --quick         2 repetitions, no 2M-line streams (about 7 minutes)
 #   bench/run.sh --only teardown launch --reps 3
 #   bench/run.sh --only flood    stop latency under a connection flood (as root: a throwaway user floods)
+#   bench/run.sh --only spawn    --spawn ssh at 4 and 16 nodes vs the nodes started one by one (root: an sshd)
 #
 # Setup: scripts/setup.sh (apt packages incl. openmpi-bin and GNU time, .venv with torch, horovod,
 # deepspeed and detlaunch), Determined 0.38.1 in its own venv (.venv-determined: it pins

@@ -63,6 +63,10 @@ HOOK_TESTS: dict[str, list[str]] = {
     "detlaunch_job_finished": [
         "tests/planning/test_plugins.py::test_observers_see_the_job_and_cannot_change_its_exit_code",
     ],
+    "detlaunch_spawners": [
+        "tests/cli/test_spawn.py::test_a_plugins_spawner_comes_through_the_detlaunch_spawners_hook",
+        "core/detlaunch/testing/spawner_contract.py::SpawnerContract::launches",
+    ],
 }
 
 
@@ -89,7 +93,7 @@ def yes_no(flag: object) -> str:
 
 
 def test_the_spec_has_the_hooks_we_expect_to_document() -> None:
-    assert len(SPECS) == 10 and "detlaunch_chief_stage" in SPECS  # the parsing above works
+    assert len(SPECS) == 11 and "detlaunch_chief_stage" in SPECS  # the parsing above works
 
 
 @pytest.mark.parametrize("hook", sorted(SPECS))

@@ -22,7 +22,7 @@ PLUGINS = paths.PLUGINS
 PARTS: tuple[tuple[str, ...], ...] = (
     ("detlaunch.rank",),  # the wrapper and all it imports: stdlib only
     ("detlaunch.errors", "detlaunch.numbers", "detlaunch.options", "detlaunch.exit_codes", "detlaunch._lazy",
-     "detlaunch.progress", "detlaunch.launcher_flags"),
+     "detlaunch.progress", "detlaunch.launcher_flags", "detlaunch.version"),
     ("detlaunch.tracebacks", "detlaunch.native_errors", "detlaunch.outcome"),
     ("detlaunch.system",),
     ("detlaunch.observe",),

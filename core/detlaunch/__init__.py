@@ -14,8 +14,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from detlaunch._lazy import lazy_attributes
-
-__version__ = "0.1.0"
+from detlaunch.version import __version__ as __version__
 
 _EXPORTS = {
     "hookimpl": "planning.hookspecs",
@@ -42,6 +41,9 @@ _EXPORTS = {
     "Event": "observe.events",
     "EventKind": "observe.events",
     "progress": "progress",
+    "SpawnRequest": "planning.spawn",
+    "NodeLaunch": "planning.spawn",
+    "Spawner": "planning.spawn",
 }
 __all__ = ["__version__", *_EXPORTS]
 
@@ -64,6 +66,9 @@ if TYPE_CHECKING:  # `X as X`: an explicit re-export, for type checkers
     from detlaunch.planning.doctor import Check as Check
     from detlaunch.planning.gpus import cuda_visible_devices as cuda_visible_devices
     from detlaunch.planning.hookspecs import hookimpl as hookimpl
+    from detlaunch.planning.spawn import NodeLaunch as NodeLaunch
+    from detlaunch.planning.spawn import Spawner as Spawner
+    from detlaunch.planning.spawn import SpawnRequest as SpawnRequest
     from detlaunch.planning.stage import Command as Command
     from detlaunch.planning.stage import RankWrapper as RankWrapper
     from detlaunch.planning.stage import Stage as Stage

@@ -7,7 +7,8 @@ A layer declares a table of :class:`LauncherFlag` rows, one per flag of its laun
 detlaunch does with it, and registers it with :func:`add_launcher_flags` from its
 ``detlaunch_add_options`` hook:
 
-- ``maps(...)``: the flag means a detlaunch option (``--nproc_per_node`` -> ``--nproc-per-node``);
+- ``maps(...)``: the flag means a detlaunch option (``--nproc_per_node`` -> ``--nproc-per-node``;
+  ``turns_on(dest)`` for a switch: torchrun's ``-m`` is ``--module``);
   it is converted once every flag is parsed, so a conversion can read other options (``-np`` with
   ``-H``), and a flag that contradicts the same option given in detlaunch's spelling is refused;
 - ``passes(...)``: a launcher-only flag, handed to the launcher as the user spelled it;
@@ -98,6 +99,13 @@ def maps(*names: str, to: str | Convert, value: bool = True, doc: str = "", need
         doc = f"--{to.replace('_', '-')}" if isinstance(to, str) else ""
     return LauncherFlag(tuple(names), value, "map", to=to, dest=to if isinstance(to, str) and needs_dest else None,
                         why=why, doc=doc, check=check)
+
+
+def turns_on(dest: str) -> Convert:
+    """The conversion of a flag without a value that means a detlaunch switch (torchrun's ``-m``: ``--module``)."""
+    def convert(value: str | None, options: Mapping[str, Any]) -> Mapping[str, Any]:
+        return {dest: True}
+    return convert
 
 
 def passes(*names: str, value: bool = True, doc: str = "passed to the launcher") -> LauncherFlag:

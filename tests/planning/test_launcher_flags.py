@@ -8,6 +8,7 @@ import argparse
 import json
 import os
 import re
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -231,6 +232,11 @@ def _wrapper(plan: Any) -> list[str]:
     return list(plan["rank_wrapper"])
 
 
+def _log_dir(plan: Any) -> str:
+    argv = _wrapper(plan)
+    return argv[argv.index("--log-dir") + 1]
+
+
 # (layer, first name of the row) -> [(args, what the plan must show, or the start of the error line)]
 MAPPED: dict[tuple[str, str], list[tuple[list[str], Callable[[Any], bool] | str]]] = {
     ("torchrun", "--nnodes"): [
@@ -250,7 +256,8 @@ MAPPED: dict[tuple[str, str], list[tuple[list[str], Callable[[Any], bool] | str]
         (["--log_dir", "logs"], lambda p: contains(_wrapper(p), ["--log-dir", os.path.abspath("logs")]))],
     ("torchrun", "-r"): [
         (["-r", "3", "--log_dir", "logs"], lambda p: contains(_wrapper(p), ["--console-ranks", "-1"])),
-        (["--redirects=3"], "--redirects 3 writes each rank's output to files: add --log-dir DIR"),
+        (["--redirects=3"], lambda p: contains(_wrapper(p), ["--console-ranks", "-1"])
+         and "/detlaunch/logs/" in _log_dir(p)),
         (["--redirects", "0:3,1:0", "--log-dir", "logs"], "--redirects 0:3,1:0: detlaunch applies one setting"),
         (["--redirects", "0"], lambda p: "--console-ranks" not in _wrapper(p)),
         # Both: torchrun redirects to the files and tails the tee'd ones to the console: files and console.
@@ -265,7 +272,16 @@ MAPPED: dict[tuple[str, str], list[tuple[list[str], Callable[[Any], bool] | str]
         (["-t", "3", "--log-dir", "logs"],
          lambda p: contains(_wrapper(p), ["--log-dir", os.path.abspath("logs")])
          and "--console-ranks" not in _wrapper(p)),
-        (["--tee", "1", "--log-dir", "logs"], "--tee 1: detlaunch writes each rank's output to DIR/rank-N.log")],
+        (["--tee", "1", "--log-dir", "logs"], "--tee 1: detlaunch writes each rank's output to DIR/rank-N.log"),
+        (["--tee", "3", "--redirects", "3"], lambda p: "--console-ranks" not in _wrapper(p) and "logs" in _log_dir(p))],
+    ("torchrun", "-m"): [
+        (["-m"], "--module: '/"),  # the fixture's command is a script's path
+        (["-m", "--no_python"], "--module runs COMMAND under Python and --no-python runs it without")],
+    ("torchrun", "--no-python"): [
+        (["--no_python"], "command not found or not executable: /"),  # the fixture's script is not executable
+        (["--no-python"], "command not found or not executable: /")],
+    ("torchrun", "--run-path"): [(["--run_path"], lambda p: p["command"][-1].endswith("train.py"))],
+    ("deepspeed", "--no_python"): [(["--no_python"], "command not found or not executable: /")],
     ("torchrun", "--local-ranks-filter"): [
         (["--local_ranks_filter=0", "--nnodes", "2", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
           "--node-rank", "0"], lambda p: contains(_wrapper(p), ["--console-ranks", "0,2"])),
@@ -352,6 +368,34 @@ def test_a_mapped_flag_sets_detlaunchs_option(key: tuple[str, str], dry: Any, tm
         else:
             assert rc == 0, (args, err)
             assert expect(plan), (args, json.dumps(plan, indent=1)[:3000])
+
+
+def test_torchruns_ways_to_name_the_script_run_as_torchrun_runs_them(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """-m MODULE, --no-python, --redirects 3 alone: what torchrun's tutorials type (issue 29)."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    (tmp_path / "run.sh").write_text("#!/bin/sh\necho hi\n")
+    (tmp_path / "run.sh").chmod(0o755)
+
+    def plan(layer: str, *args: str) -> tuple[Any, list[str]]:
+        rc = main(["--layer", layer, "--master-port", str(free_port()), "--dry-run", "--format", "json", *args],
+                  dict(os.environ))
+        out, err = capsys.readouterr()
+        assert rc == 0, err
+        return json.loads(out), err.splitlines()
+
+    assert plan("torchrun", "-m", "pkg.train", "--lr", "1")[0]["command"] == [
+        sys.executable, "-u", "-m", "pkg.train", "--lr", "1"]
+    assert plan("deepspeed", "--module", "pkg.train")[0]["command"][1:] == ["-u", "-m", "pkg.train"]
+    assert plan("torchrun", "--no_python", "./run.sh", "a")[0]["command"] == ["./run.sh", "a"]
+    (tmp_path / "x.py").write_text("#!/bin/sh\n")
+    (tmp_path / "x.py").chmod(0o755)
+    assert plan("deepspeed", "--no_python", "./x.py")[0]["command"] == ["./x.py"]
+    shown, err = plan("torchrun", "--redirects", "3", "x.py")
+    logs = _log_dir(shown)
+    assert logs.startswith(str(tmp_path / "cache" / "detlaunch" / "logs")) and not os.path.exists(logs)
+    assert err == [f"detlaunch: --redirects 3 without --log-dir: each rank's output goes to {logs}/rank-N.log"]
 
 
 # -- planning: a flag that would contradict the plan never reaches the launcher ---------------------------

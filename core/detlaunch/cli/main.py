@@ -138,6 +138,12 @@ def run(argv: list[str], env: dict[str, str], pre: argparse.Namespace | None = N
     hooks = plugins.hooks
     config = line.config(hooks, layers, job=subcommand not in ("info", "doctor"))
     options = config.options
+    if subcommand is None and (options.get("spawn") or options.get("spawned")):
+        from detlaunch.cli.spawning import join_as_node, spawn_job
+
+        if not options.get("spawned"):  # this command starts every node (--spawn): docs/SPAWN.md
+            return spawn_job(hooks, config, line.argv)
+        join_as_node(options["spawned"])
 
     if subcommand == "info":
         return print_info(discover(hooks, config, job=False), options.get("format", "text"))
@@ -207,6 +213,10 @@ def run(argv: list[str], env: dict[str, str], pre: argparse.Namespace | None = N
             print(line, file=sys.stderr)
         return result.exit_code
 
+    if options.get("spawned"):  # the job's own handlers take SIGHUP from here (cli/spawning.py)
+        from detlaunch.cli.spawning import job_begins
+
+        job_begins()
     try:
         hooks.job_started(plan.context, plan.stage)  # scheduler side effects; a failure is one error line
         if options.get("no_pid_namespace"):

@@ -7,11 +7,37 @@ tested on their own, including by property-based tests.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import ipaddress
+import re
 from collections.abc import Mapping, Sequence
 
 from detlaunch.errors import ClusterError
+
+# A job id names the job's directory (~/.cache/detlaunch/jobs/JOB_ID), its run dirs and its link: a plain
+# name only, so that no value (a flag, DETLAUNCH_JOB_ID, a scheduler's variable) reaches another folder.
+JOB_ID_MAX = 128
+_JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+JOB_ID_RULE = (f"a job id names the job's directory: letters, digits, '.', '_' and '-' only, starting with a "
+               f"letter or digit, at most {JOB_ID_MAX}")
+
+
+def job_id_problem(value: str) -> str | None:
+    """Why ``value`` cannot be a job id, or None when it can."""
+    if len(value) > JOB_ID_MAX:
+        return f"is {len(value)} characters long"
+    if not _JOB_ID.fullmatch(value):
+        return "is not a plain name"
+    return None
+
+
+def job_id_arg(text: str) -> str:
+    """--job-id's type: the flag, DETLAUNCH_JOB_ID and the config file are checked alike."""
+    problem = job_id_problem(text)
+    if problem:
+        raise argparse.ArgumentTypeError(f"{text!r} {problem}; {JOB_ID_RULE}")
+    return text
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,6 +75,11 @@ class ClusterInfo:
             raise ClusterError("cluster info needs the chief's address: give --master-addr ADDR")
         if not self.job_id:
             raise ClusterError("cluster info needs a job id: give --job-id ID")
+        problem = job_id_problem(self.job_id)
+        if problem:  # a scheduler's (SLURM_JOB_ID, Determined's allocation id) or a third-party provider's
+            where = self.sources.get("job_id") or f"the {self.provider} provider"
+            raise ClusterError(f"job id {self.job_id!r} from {where} {problem}; {JOB_ID_RULE} "
+                               "(give --job-id NAME)")
 
     @property
     def num_nodes(self) -> int:

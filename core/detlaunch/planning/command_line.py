@@ -114,5 +114,7 @@ class CommandLine:
         ns, launcher_args, command = parse(parser, self.argv, self.env)
         options = vars(ns)
         options["layer"] = layer
-        return Config(layer=layer or "", command=resolve_command(command, self.env) if job else (),
+        run = resolve_command(command, self.env, bool(options.get("module")),
+                              bool(options.get("no_python"))) if job else ()
+        return Config(layer=layer or "", command=run,
                       launcher_args=tuple(launcher_args), options=options, env=dict(self.env))

@@ -33,6 +33,7 @@ from detlaunch.numbers import Number as Number
 from detlaunch.numbers import ports
 from detlaunch.observe.dedupe import DEFAULT_WINDOW
 from detlaunch.options import Option, OptionGroup, env_name, every_option, numbers_of
+from detlaunch.planning.cluster import job_id_arg
 from detlaunch.rank.protocol import DEFAULT_GRACE, DEFAULT_PREFIX
 from detlaunch.restarts.options import RESTARTS
 from detlaunch.system.safefs import read_regular_file
@@ -95,8 +96,12 @@ def job_options(layer_names: Sequence[str] = ()) -> OptionGroup:
     return OptionGroup("job", (
         Option("--layer", help="launch layer: " + (", ".join(layer_names) or "see `detlaunch layers`")),
         Option("--config", metavar="FILE", help="TOML config file ([detlaunch] and [<layer>] sections)"),
-        Option("--job-id", help="job id shared by every node (default: from the scheduler, else derived from the "
-               "host list for multi-node jobs, else random)"),
+        Option("--job-id", type=job_id_arg, metavar="NAME", help="job id shared by every node, a plain name "
+               "(default: from the scheduler, else derived from the host list for multi-node jobs, else random)"),
+        Option("--module", action="store_true", help="COMMAND is a Python module: every rank runs "
+               "`python -m COMMAND ARGS` (torchrun's -m)"),
+        Option("--no-python", action="store_true", help="run COMMAND as it is, even X.py (an executable "
+               "script with its own #! line); by default X.py runs under detlaunch's Python"),
         Option("--dry-run", action="store_true", help="print this node's plan; start nothing"),
         Option("--format", choices=("text", "json"), default="text", help="--dry-run and info output"),
         Option("--debug", action="store_true", help="tracebacks and launcher verbosity"),
@@ -167,9 +172,19 @@ SUPERVISION = OptionGroup("supervision", (
 ))
 
 
+SPAWN = OptionGroup("one command for every node (docs/SPAWN.md)", (
+    Option("--spawn", metavar="NAME", help="start every node's detlaunch from here: ssh (the nodes of --hosts/"
+           "--hostfile, over your own ssh, in parallel) or srun (one step of the SLURM allocation you are in)"),
+    Option("--ssh-opts", metavar="OPTS", help="--spawn ssh: more options for ssh, as one string ('-p 2222 -F cfg')"),
+    Option("--export", metavar="VAR,VAR", help="--spawn: these variables of this environment reach every node "
+           "(as horovodrun's -x; ~/.deepspeed_env and ./.deepspeed_env are read too)"),
+    Option("--spawned", metavar="VERSION", help=argparse.SUPPRESS),  # set by the spawning detlaunch, for each node
+))
+
+
 def core_options(layer_names: Sequence[str] = ()) -> tuple[OptionGroup, ...]:
     """Every core option, in --help's order: the one place each is declared."""
-    return (job_options(layer_names), CLUSTER, SUPERVISION, RESTARTS)
+    return (job_options(layer_names), CLUSTER, SPAWN, SUPERVISION, RESTARTS)
 
 
 def supervision_options() -> tuple[Option, ...]:
@@ -359,15 +374,24 @@ def unknown_option_message(parser: argparse.ArgumentParser, arg: str, layer: str
             f"(detlaunch --layer {layer} {arg} ... -- train.py); detlaunch --layer {layer} --help lists its options")
 
 
-def resolve_command(command: Sequence[str], env: Mapping[str, str]) -> tuple[str, ...]:
-    """The user's command as each rank runs it: ``x.py`` runs under this Python, unbuffered."""
+def resolve_command(command: Sequence[str], env: Mapping[str, str], module: bool = False,
+                    no_python: bool = False) -> tuple[str, ...]:
+    """The user's command as each rank runs it: ``x.py`` runs under this Python, unbuffered; with
+    `module`, ``python -m COMMAND``; with `no_python`, the command as it is (torchrun's -m, --no-python)."""
     if not command:
         raise ConfigError("no command given: detlaunch --layer NAME [OPTIONS] train.py [ARGS...]")
     first = command[0]
     if first.startswith("-"):
         raise ConfigError(f"{first} is not a command: give detlaunch's and the launcher's flags before `--` "
                           "and the command after it (detlaunch --layer NAME [FLAGS] -- train.py [ARGS])")
-    if first.endswith(".py"):
+    if module and no_python:
+        raise ConfigError("--module runs COMMAND under Python and --no-python runs it without: give one of them")
+    if module:
+        if not all(part.isidentifier() for part in first.split(".")):
+            raise ConfigError(f"--module: {first!r} is not a Python module name (pkg.train): "
+                              "give the module, or drop --module to run a script")
+        return (sys.executable, "-u", "-m", *command)
+    if first.endswith(".py") and not no_python:
         if not os.path.isfile(first):
             raise ConfigError(f"script not found: {first} (relative to {os.getcwd()})")
         return (sys.executable, "-u", *command)
@@ -375,5 +399,6 @@ def resolve_command(command: Sequence[str], env: Mapping[str, str]) -> tuple[str
         if not os.access(first, os.X_OK) or os.path.isdir(first):
             raise ConfigError(f"command not found or not executable: {first}")
     elif shutil.which(first, path=env.get("PATH")) is None:
-        raise ConfigError(f"command not found: {first} (not on PATH)")
+        here = f"; --no-python runs it as a command: give ./{first}" if no_python and os.path.isfile(first) else ""
+        raise ConfigError(f"command not found: {first} (not on PATH{here})")
     return tuple(command)

@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from detlaunch.planning.cluster import ClusterInfo
     from detlaunch.planning.config import Config
     from detlaunch.planning.doctor import Check
+    from detlaunch.planning.spawn import Spawner
     from detlaunch.planning.stage import RankWrapper, Stage, StageContext
 
 PROJECT = "detlaunch"
@@ -204,4 +205,24 @@ def detlaunch_job_finished(ctx: StageContext, result: JobResult) -> None:
     Called on every node after every process of the job on that node is gone,
     before detlaunch exits. Return value ignored; an exception is reported and
     does not change the exit code.
+    """
+
+
+# -- one command for every node ------------------------------------------------------------------
+
+
+@hookspec
+def detlaunch_spawners(config: Config) -> Mapping[str, Spawner] | None:
+    """The spawners this plugin adds, by name: ``detlaunch --spawn NAME`` starts every node with one.
+
+    :param config: the spawning command's options (a plugin may offer a spawner only where it works).
+
+    A spawner has one method, ``launches(request)``: given a :class:`detlaunch.SpawnRequest` (the hosts,
+    the arguments every node's detlaunch gets, the working directory, the variables to pass), it returns
+    the :class:`detlaunch.NodeLaunch` commands that start every node's detlaunch, run on this machine
+    (``ssh HOST '<request.shell_command(node)>'``; one ``srun`` for all). Build each node's command with
+    ``request.node_argv`` / ``request.shell_command``: they add ``--spawned`` and ``--node-rank`` and quote
+    every word. Called only by the spawning command, before anything starts; raise
+    :class:`detlaunch.ConfigError` (one line) when the request cannot be met (no hosts given). The first
+    plugin to name a spawner wins. Built in: ``ssh`` and ``srun`` (docs/SPAWN.md).
     """

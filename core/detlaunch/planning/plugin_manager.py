@@ -29,6 +29,7 @@ from detlaunch.planning import hookspecs
 from detlaunch.planning.cluster import ClusterInfo
 from detlaunch.planning.config import Config
 from detlaunch.planning.doctor import Check
+from detlaunch.planning.spawn import Spawner
 from detlaunch.planning.stage import RankWrapper, Stage, StageContext
 
 LAYERS = "detlaunch.layers"
@@ -314,3 +315,12 @@ class Hooks:
             except Exception as e:  # an observer's failure is reported, never fatal
                 errors.append((impl.plugin_name.rpartition(":")[2], _error_line(e)))
         return errors
+
+    def spawners(self, config: Config) -> dict[str, Spawner]:
+        """Every plugin's spawners, by name; the first plugin loaded to name one wins (a built-in's name stays
+        the built-in's)."""
+        found: dict[str, Spawner] = {}
+        for result in reversed(self._hook.detlaunch_spawners(config=config)):  # pluggy calls the last loaded first
+            for name, spawner in (result or {}).items():
+                found.setdefault(str(name), spawner)
+        return found

@@ -7,6 +7,7 @@
       class TestMyLayer(LayerContract):
           layer = "mylayer"
 
+- :class:`SpawnerContract`: the same for a ``--spawn`` spawner (``spawner = "NAME"``).
 - :class:`DetlaunchRunner`: runs the real ``detlaunch`` command and finds any process a job
   left behind (the ``detlaunch_runner`` fixture hands you one).
 - :func:`free_port`: a port (and its successor) for a test job's ``--master-port``, picked
@@ -25,6 +26,7 @@ from detlaunch._lazy import lazy_attributes
 
 _EXPORTS = {
     "LayerContract": "contract",
+    "SpawnerContract": "spawner_contract",
     "Capabilities": "capabilities",
     "DEFAULT_HEAVY_MODULES": "capabilities",
     "SHAPES": "shapes",
@@ -46,6 +48,7 @@ if TYPE_CHECKING:  # `X as X`: an explicit re-export, for type checkers
     from detlaunch.testing.runner import Running as Running
     from detlaunch.testing.runner import processes_with_marker as processes_with_marker
     from detlaunch.testing.shapes import SHAPES as SHAPES
+    from detlaunch.testing.spawner_contract import SpawnerContract as SpawnerContract
 
 
 __getattr__, __dir__ = lazy_attributes(__name__, globals(), _EXPORTS)

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from detlaunch import ConfigError
-from detlaunch.launcher_flags import LauncherFlag, maps, passes, refuses, same_as_detlaunch
+from detlaunch.launcher_flags import LauncherFlag, maps, passes, refuses, same_as_detlaunch, turns_on
 
 HOSTS_INSTEAD = ("detlaunch picks the nodes with --hosts H:S,... or --hostfile and the devices with "
                  "CUDA_VISIBLE_DEVICES")
@@ -58,10 +58,9 @@ TABLE: tuple[LauncherFlag, ...] = (
     maps("--node_rank", to="node_rank"),
     maps("--launcher", to=launcher, doc="pdsh: what detlaunch uses; others refused"),
     refuses("--launcher_args", why="detlaunch runs pdsh itself, over its per-job sshd: drop it"),
-    refuses("--module", value=False,
-            why="detlaunch runs the command you give: write it as `python -m MODULE ARGS`"),
-    refuses("--no_python", value=False,
-            why="detlaunch runs a command that does not end in .py as it is, and X.py under its Python: drop it"),
+    same_as_detlaunch("--module", value=False, doc="detlaunch's --module: every rank runs `python -m MODULE ARGS`"),
+    maps("--no_python", to=turns_on("no_python"), value=False,
+         doc="--no-python: the command runs as it is, even X.py"),
     maps("--no_local_rank", to=no_local_rank, value=False,
          doc="--no-local-rank (the script gets no --local_rank=N argument)"),
     refuses("--no_ssh", value=False,

@@ -128,6 +128,7 @@ TABLE: tuple[LauncherFlag, ...] = (
     refuses("--host-discovery-script", why=ELASTIC),
     maps("--gloo", to=controller("gloo"), value=False, doc="--controller gloo"),
     maps("--mpi", to=controller("mpi"), value=False, doc="--controller mpi"),
-    refuses("--jsrun", value=False, why="LSF's jsrun is not supported by detlaunch's horovod layer: "
-            "use --controller gloo or --controller mpi"),
+    refuses("--jsrun", value=False, why="LSF's jsrun starts the ranks itself, where detlaunch's horovod layer "
+            "starts them under its node supervisors (gloo or mpirun over a per-job sshd): use --controller gloo "
+            "or --controller mpi"),
 )

@@ -6,11 +6,14 @@ a flag a new torch adds fails the test until it has a row here.
 
 from __future__ import annotations
 
+import os
+import sys
+import time
 from collections.abc import Mapping
 from typing import Any
 
 from detlaunch import ConfigError
-from detlaunch.launcher_flags import GIVEN, LauncherFlag, maps, passes, refuses, same_as_detlaunch
+from detlaunch.launcher_flags import GIVEN, LauncherFlag, maps, passes, refuses, same_as_detlaunch, turns_on
 
 LOG_FILES = "detlaunch writes each rank's output to DIR/rank-N.log with --log-dir DIR"
 
@@ -36,15 +39,23 @@ def _one_stream_value(flag: str, value: str | None, options: Mapping[str, Any]) 
                           "(both streams; per-rank values such as 0:3,1:0 are not supported)")
     if text in ("1", "2"):
         raise ConfigError(f"{flag} {text}: {LOG_FILES}, both streams together: use {flag} 3")
-    if text == "3" and not options.get("log_dir"):
-        raise ConfigError(f"{flag} 3 writes each rank's output to files: add --log-dir DIR "
-                          "(detlaunch writes DIR/rank-N.log)")
     return text
 
 
+def log_dir(flag: str, options: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The files {flag} 3 asks for: in --log-dir, else a new folder of the user's cache (as torchrun makes
+    one in /tmp), said in one line."""
+    if options.get("log_dir"):
+        return {}
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    path = os.path.join(base, "detlaunch", "logs", f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
+    print(f"detlaunch: {flag} 3 without --log-dir: each rank's output goes to {path}/rank-N.log", file=sys.stderr)
+    return {"log_dir": path}
+
+
 def tee(value: str | None, options: Mapping[str, Any]) -> Mapping[str, Any]:
-    _one_stream_value("--tee", value, options)
-    return {}  # files and the console: what --log-dir does
+    """Files and the console: what --log-dir does."""
+    return log_dir("--tee", options) if _one_stream_value("--tee", value, options) == "3" else {}
 
 
 def redirects(value: str | None, options: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -52,7 +63,14 @@ def redirects(value: str | None, options: Mapping[str, Any]) -> Mapping[str, Any
     console too, as torchrun does: it redirects to the files and tails the tee'd ones to the console."""
     if _one_stream_value("--redirects", value, options) != "3":
         return {}
-    return {} if options.get(GIVEN, {}).get("-t") == "3" else {"ranks": (-1,)}
+    files = log_dir("--redirects", options)
+    return files if options.get(GIVEN, {}).get("-t") == "3" else {**files, "ranks": (-1,)}
+
+
+def run_path(value: str | None, options: Mapping[str, Any]) -> Mapping[str, Any]:
+    """torchrun runs the script with runpy.run_path in its worker process: a rank under detlaunch runs it
+    under Python as __main__, which is what the script sees either way."""
+    return {}
 
 
 def local_ranks_filter(value: str | None, options: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -94,18 +112,18 @@ TABLE: tuple[LauncherFlag, ...] = (
     passes("--start-method", "--start_method"),
     passes("--event-log-handler", "--event_log_handler"),
     passes("--role"),
-    refuses("-m", "--module", value=False,
-            why="detlaunch runs the command you give: write it as `python -m MODULE ARGS` "
-            "(detlaunch --layer torchrun python -m pkg.train)"),
-    refuses("--no-python", "--no_python", value=False,
-            why="detlaunch runs a command that does not end in .py as it is, and X.py under its Python: drop it"),
-    refuses("--run-path", "--run_path", value=False,
-            why="every rank is a process of its own under detlaunch's rank wrapper: drop it"),
+    maps("-m", "--module", to=turns_on("module"), value=False,
+         doc="--module: every rank runs `python -m MODULE ARGS`"),
+    maps("--no-python", "--no_python", to=turns_on("no_python"), value=False,
+         doc="--no-python: the command runs as it is, even X.py"),
+    maps("--run-path", "--run_path", to=run_path, value=False,
+         doc="nothing to do: each rank runs the script under Python as its __main__, as runpy.run_path does"),
     maps("--log-dir", "--log_dir", to="log_dir"),
     maps("-r", "--redirects", to=redirects,
-         doc="3: --log-dir files only (needs --log-dir), and the console too with --tee 3, as torchrun does; "
-         "0: nothing to do"),
-    maps("-t", "--tee", to=tee, doc="3: --log-dir files and the console (needs --log-dir); 0: nothing to do"),
+         doc="3: --log-dir files only (without --log-dir: a new folder, said in one line), and the console too "
+         "with --tee 3, as torchrun does; 0: nothing to do"),
+    maps("-t", "--tee", to=tee, doc="3: --log-dir files and the console (without --log-dir: a new folder, said "
+         "in one line); 0: nothing to do"),
     maps("--local-ranks-filter", "--local_ranks_filter", to=local_ranks_filter,
          doc="--ranks: those local ranks on every node"),
     refuses("--duplicate-stdout-filters", "--duplicate_stdout_filters",

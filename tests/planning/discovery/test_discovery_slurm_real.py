@@ -8,6 +8,7 @@ is --master-port: the rendezvous port must be free on this shared machine.
 from __future__ import annotations
 
 import json
+import shlex
 import socket
 import sys
 import time
@@ -83,16 +84,28 @@ def test_a_step_given_gpus_runs_one_rank_a_gpu(slurm: SlurmCluster, tmp_path: Pa
             [3, 3], "CUDA_VISIBLE_DEVICES=0,1,2"), info
 
 
-def test_sbatch_job(slurm: SlurmCluster, tmp_path: Path) -> None:
+def sbatch(slurm: SlurmCluster, tmp_path: Path, command: list[str]) -> str:
+    """Run `command` as a two-node batch script; its output, once each rank's all_reduce line is checked."""
     script = tmp_path / "job.sh"
-    command = " ".join(["srun", *torchrun_args(ALLREDUCE)])
-    script.write_text(f"#!/bin/sh\ncd {ROOT}\nexec {command}\n")
+    script.write_text(f"#!/bin/sh\ncd {ROOT}\nexec {shlex.join(command)}\n")
     out = tmp_path / "job.out"
     r = slurm.run(["sbatch", "--wait", "-N2", "--ntasks-per-node=1", "--time=3", "-o", str(out), str(script)])
     text = out.read_text() if out.exists() else "(no output file)"
     assert r.returncode == 0, r.stdout + r.stderr + text
     for rank in (0, 1):
-        assert rank_lines(text, rank) == [f"rank {rank} of 2: all_reduce sum = 1 (chief 127.0.0.1)"]
+        assert rank_lines(text, rank) == [f"rank {rank} of 2: all_reduce sum = 1 (chief 127.0.0.1)"], text
+    return text
+
+
+def test_sbatch_job(slurm: SlurmCluster, tmp_path: Path) -> None:
+    sbatch(slurm, tmp_path, ["srun", *torchrun_args(ALLREDUCE)])
+
+
+def test_spawn_srun_from_an_sbatch_script(slurm: SlurmCluster, tmp_path: Path) -> None:
+    """One detlaunch in the batch script starts both nodes' (docs/SPAWN.md): one srun step, one task a node."""
+    text = sbatch(slurm, tmp_path, [*DETLAUNCH, "--layer", "direct", "--spawn", "srun", "--master-port",
+                                    str(free_port()), ALLREDUCE])
+    assert "detlaunch: [srun] job finished: 2 rank(s) exited 0" in text, text
 
 
 def test_a_failing_rank_on_the_second_node(slurm: SlurmCluster) -> None:

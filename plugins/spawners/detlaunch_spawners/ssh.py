@@ -1,0 +1,40 @@
+"""``--spawn ssh``: every node's detlaunch over the user's own ssh (their keys, agent, ~/.ssh/config), in parallel.
+
+Each node gets ``ssh -T -o BatchMode=yes [--ssh-opts] HOST '<cd CWD && exec env VARS detlaunch ...>'``:
+the remote command is one line quoted word by word (``SpawnRequest.shell_command``), so every argument,
+path and value arrives exactly as given. ssh's stdin is the spawning command's pipe: when that closes
+(Ctrl-C there, or the spawning command killed), the node's detlaunch sees its stdin end and stops its
+job. Node 0 runs here, without ssh, when its address is this machine's name or loopback's 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Sequence
+
+from detlaunch import Config, ConfigError, NodeLaunch, SpawnRequest, hookimpl
+
+LOCAL_NAMES = ("localhost", "127.0.0.1", "::1")
+
+
+class SshSpawner:
+    def launches(self, request: SpawnRequest) -> Sequence[NodeLaunch]:
+        if not request.hosts:
+            raise ConfigError("--spawn ssh needs the nodes: give --hosts H:S,H:S or --hostfile FILE")
+        here = (*LOCAL_NAMES, socket.gethostname())
+        out = []
+        for node, host in enumerate(request.hosts):
+            label = f"node {node} ({host})"
+            if node == 0 and host in here:
+                assigns = tuple(f"{k}={v}" for k, v in request.env.items())
+                argv = ("env", *assigns, *request.node_argv(0)) if assigns else request.node_argv(0)
+                out.append(NodeLaunch(argv, label, node))
+                continue
+            out.append(NodeLaunch(("ssh", "-T", "-o", "BatchMode=yes", *request.ssh_opts, "--", host,
+                                   request.shell_command(node)), label, node))
+        return out
+
+
+@hookimpl
+def detlaunch_spawners(config: Config) -> dict[str, SshSpawner]:
+    return {"ssh": SshSpawner()}

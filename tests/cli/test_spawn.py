@@ -1,0 +1,122 @@
+"""--spawn, planned only (no process starts): what each node is started with, word for word; the bad
+requests that are one line; a plugin's own spawner through the detlaunch_spawners hook."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+from pathlib import Path
+
+import detlaunch
+import pytest
+from detlaunch.cli.main import main
+from detlaunch.cli.spawning import launches_for
+from detlaunch.planning.command_line import CommandLine
+from detlaunch.planning.plugin_manager import PluginSet
+from detlaunch.planning.spawn import NodeLaunch, SpawnRequest
+from support.discovery import clean_env
+
+pytestmark = pytest.mark.timeout(60)
+
+TRICKY = "my dir/$x 'é\"q\".py"
+ARGS = ["a b", "$HOME", "`id`; ls", "ünï", "--lr=1e-3"]
+
+
+@pytest.fixture
+def here(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    cwd = tmp_path / "it's a $dir"
+    (cwd / "my dir").mkdir(parents=True)
+    (cwd / TRICKY).write_text("print('hi')\n")
+    monkeypatch.chdir(cwd)
+    return cwd
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str, **env: str) -> tuple[int, list[str], list[str]]:
+    code = main(list(argv), env=clean_env(os.environ, **env))
+    out, err = capsys.readouterr()
+    return code, out.splitlines(), err.splitlines()
+
+
+def test_each_node_gets_the_same_words_its_rank_the_directory_and_the_variables(
+        capsys: pytest.CaptureFixture[str], here: Path) -> None:
+    (here / ".deepspeed_env").write_text("NCCL_DEBUG=INFO\nDL_X=a 'b' $c\n")
+    argv = ["--layer", "direct", "--spawn", "ssh", "--hosts", "127.0.0.1:2,10.0.0.2:2,10.0.0.3:2", "--ssh-opts",
+            "-p 2222 -F 'my cfg'", "--export", "DL_MINE", "--dry-run", TRICKY, *ARGS]
+    code, out, err = run(capsys, *argv, DL_MINE="x y", HOME=str(here / "home"))
+    assert code == 0 and err == [], err
+    assert [line.split(":")[0] for line in out] == ["node 0 (127.0.0.1)", "node 1 (10.0.0.2)", "node 2 (10.0.0.3)"]
+    node = [sys.executable, "-m", "detlaunch", "--spawned", f"{detlaunch.__version__},stdin"]
+    env = ["NCCL_DEBUG=INFO", "DL_X=a 'b' $c", "DL_MINE=x y"]
+    local = shlex.split(out[0].split(": ", 1)[1])  # node 0 is this machine: no ssh
+    assert local == ["env", *env, *node, "--node-rank", "0", *argv]
+    for rank, host in ((1, "10.0.0.2"), (2, "10.0.0.3")):
+        ssh = shlex.split(out[rank].split(": ", 1)[1])
+        assert ssh[:-1] == ["ssh", "-T", "-o", "BatchMode=yes", "-p", "2222", "-F", "my cfg", "--", host]
+        assert shlex.split(ssh[-1]) == ["cd", str(here), "&&", "exec", "env", *env, *node, "--node-rank", str(rank),
+                                        *argv]
+
+
+@pytest.mark.parametrize(("argv", "env", "line"), [
+    (["--spawn", "nope", "--hosts", "a,b"], {}, "--spawn nope: no such spawner (installed: "),
+    (["--spawn", "ssh"], {}, "--spawn ssh needs the nodes: give --hosts H:S,H:S or --hostfile FILE"),
+    (["--spawn", "ssh", "--hosts", "a,b", "--node-rank", "1"], {},
+     "--spawn ssh starts every node with its own --node-rank: drop --node-rank"),
+    (["--spawn", "ssh", "--hosts", "a,b", "--export", "DL_UNSET"], {},
+     "--export DL_UNSET: DL_UNSET is not set here; set it, or drop it from --export"),
+    (["--spawn", "ssh", "--hosts", "a,b", "--export", "A-B"], {}, "--export 'A-B': not a variable name"),
+    (["--spawn", "srun"], {}, "--spawn srun runs inside a SLURM allocation (salloc, sbatch): SLURM_JOB_ID is not set"),
+    (["--spawned", "0.0.1,stdin"], {}, f" runs detlaunch {detlaunch.__version__}, the spawning command 0.0.1: "
+     "install the same detlaunch on every node"),
+])
+def test_a_request_that_cannot_be_met_is_one_line(capsys: pytest.CaptureFixture[str], here: Path, argv: list[str],
+                                                  env: dict[str, str], line: str) -> None:
+    code, _, err = run(capsys, "--layer", "direct", *argv, "--dry-run", TRICKY, **env)
+    assert code == 2 and len(err) == 1 and line in err[0], err
+
+
+def test_a_bad_env_file_line_is_one_line(capsys: pytest.CaptureFixture[str], here: Path) -> None:
+    (here / ".deepspeed_env").write_text("OK=1\nnot a pair\n")
+    code, _, err = run(capsys, "--layer", "direct", "--spawn", "ssh", "--hosts", "a,b", "--dry-run", TRICKY,
+                       HOME=str(here))
+    assert code == 2 and err == [f"detlaunch: error: {here}/.deepspeed_env:2: 'not a pair' is not KEY=VALUE; "
+                                 "fix it (deepspeed's env file)"]
+
+
+def test_srun_is_one_step_of_the_allocation(capsys: pytest.CaptureFixture[str], here: Path) -> None:
+    code, out, err = run(capsys, "--layer", "direct", "--spawn", "srun", "--dry-run", TRICKY, SLURM_JOB_ID="41")
+    assert code == 0, err
+    [line] = out
+    words = shlex.split(line.split(": ", 1)[1])
+    assert words[:4] == ["srun", "--ntasks-per-node=1", "--kill-on-bad-exit=1", f"--chdir={here}"]
+    assert words[4:] == [sys.executable, "-m", "detlaunch", "--spawned", detlaunch.__version__, "--layer", "direct",
+                         "--spawn", "srun", "--dry-run", TRICKY]
+
+
+class EchoSpawner:
+    def launches(self, request: SpawnRequest) -> list[NodeLaunch]:
+        return [NodeLaunch(("echo", host, *request.node_argv(node)), f"echo {node}", node)
+                for node, host in enumerate(request.hosts)]
+
+
+class EchoPlugin:
+    @detlaunch.hookimpl
+    def detlaunch_spawners(self, config: detlaunch.Config) -> dict[str, EchoSpawner]:
+        return {"echo": EchoSpawner(), "ssh": EchoSpawner()}  # a built-in's name: the built-in was first
+
+
+def test_a_plugins_spawner_comes_through_the_detlaunch_spawners_hook(here: Path) -> None:
+    env = clean_env(os.environ)
+    plugins = PluginSet(env)
+    plugins.load_plugins()
+    plugins.pm.register(EchoPlugin())
+    plugins.check_hooks()
+    argv = ["--layer", "direct", "--spawn", "echo", "--hosts", "a,b", TRICKY]
+    config = CommandLine.read(argv, env).config(plugins.hooks)
+    assert {"echo", "ssh", "srun"} <= set(plugins.hooks.spawners(config))
+    launches = launches_for(plugins.hooks, config, argv)
+    assert [launch.argv[:2] for launch in launches] == [("echo", "a"), ("echo", "b")]
+    assert launches[1].argv[-len(argv):] == tuple(argv)
+    ssh = launches_for(plugins.hooks, CommandLine.read([*argv[:3], "ssh", *argv[4:]], env).config(plugins.hooks),
+                       argv)
+    assert ssh[1].argv[0] == "ssh"
