@@ -32,8 +32,14 @@ from types import FrameType
 from typing import Any
 
 import pytest
+from hypothesis import settings
 from support import pyenv_lock, reaper
 from support.jobs import Launcher
+
+# Property tests: no per-example deadline. Hypothesis's 200 ms default measures the machine, not the code: on
+# 2 shared cores an example now and then takes longer and fails the test (pytest-timeout still bounds each test).
+settings.register_profile("detlaunch", deadline=None)
+settings.load_profile("detlaunch")
 
 reaper.start()  # first: every process the run starts carries its marker
 if os.environ.get("PYTEST_XDIST_WORKER"):

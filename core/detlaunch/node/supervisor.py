@@ -371,7 +371,10 @@ class NodeSupervisor:
             pass
         self.attempts.begin(attempt)
         self.events.emit(EventKind.ATTEMPT_STARTED, attempt=attempt - 1)
-        self._follow_moved_nodes()
+        moved = replanned(self.plan, self.link, self.replan, self.trace)
+        if moved is not None:  # a spare took a lost node's place at another address
+            self.plan = moved
+            self.files.rewrite(moved.stage)
         self._new_attempt_parts()
         self.enter(Phase.STARTING)
         if isinstance(self.link, ChiefLink):
@@ -381,19 +384,6 @@ class NodeSupervisor:
             self.startup.start_stage()
         except (LaunchError, OSError) as e:
             self.fail_to_start(str(e))
-
-    def _follow_moved_nodes(self) -> None:
-        """Chief: a node joined from another address (a spare in a lost node's place): plan this node's part
-        again for the nodes where they are now, its stage files rewritten (the layer's launcher lists them)."""
-        c = self.plan.cluster
-        if not isinstance(self.link, ChiefLink) or self.replan is None:
-            return
-        addrs = tuple(self.link.addrs.get(n) or a for n, a in enumerate(c.node_addrs))
-        if addrs == c.node_addrs:
-            return
-        self.trace(f"the nodes are now at {', '.join(a or '?' for a in addrs)}: planning this node's part again")
-        self.plan = self.replan(dataclasses.replace(c, node_addrs=addrs))
-        self.files.rewrite(self.plan.stage)
 
     # -- the end ----------------------------------------------------------------------------------
     def _cleanup(self) -> None:
@@ -435,6 +425,20 @@ class NodeSupervisor:
                          duration=time.monotonic() - self.started_at, node_rank=self.node,
                          warnings=tuple(self.processes.log_errors), stacks=self.hangs.dumped,
                          attempts=tuple(self.attempts.report()))
+
+
+def replanned(plan: LaunchPlan, link: ChiefLink | WorkerLink | None,
+              replan: Callable[[ClusterInfo], LaunchPlan] | None, trace: Callable[[str], None]) -> LaunchPlan | None:
+    """Chief: a node joined from another address (a spare in a lost node's place): this node's part planned
+    again for the nodes where they are now (the layer's launcher lists them), or None if none moved."""
+    c = plan.cluster
+    if not isinstance(link, ChiefLink) or replan is None:
+        return None
+    addrs = tuple(link.addrs.get(n) or a for n, a in enumerate(c.node_addrs))
+    if addrs == c.node_addrs:
+        return None
+    trace(f"the nodes are now at {', '.join(a or '?' for a in addrs)}: planning this node's part again")
+    return replan(dataclasses.replace(c, node_addrs=addrs))
 
 
 def folding_console(plan: LaunchPlan, loop: EventLoop) -> FoldingConsole | None:
