@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
+from typing import Any
 
 from detlaunch.observe.report import format_attempts
 from detlaunch.outcome import AttemptEnd, Failure, FailureKind, ProcessEnd, RestartClass, signal_name
@@ -59,6 +60,18 @@ class Attempts:
 
     def begin(self, attempt: int) -> None:
         self.number, self.running, self.due = attempt, True, None
+
+    def details(self, attempt: int) -> dict[str, Any]:
+        """The chief: how `attempt` ended and what the policy made of it, for its `attempt_ended` event, so that a
+        page built from the log says it as the report does (format_attempts); nothing where it is not known here."""
+        if not self.history or self.history[-1].attempt != attempt:
+            return {}
+        end = self.history[-1]
+        out: dict[str, Any] = {"class": end.restart_class.value if end.restart_class else None,
+                                  "what": end.what, "signature": end.signature, "exception": end.exception}
+        if self.decision is not None:
+            out["next"] = self.decision.why
+        return out
 
     def report(self) -> list[str]:
         """The chief's report of every attempt, printed before the last one's (nothing if none ended)."""
