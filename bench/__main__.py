@@ -31,6 +31,7 @@ from . import (
     restarts,
     scale,
     status,
+    story,
     teardown,
     teardown_nodes,
     teardown_tutorial,
@@ -50,6 +51,7 @@ MEASUREMENTS: dict[str, Callable[..., Section]] = {
     "restarts": restarts.main,
     "direct": direct.main,
     "status": status.measure,
+    "story": story.measure,
     "flood": flood.measure,
 }
 

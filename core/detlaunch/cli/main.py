@@ -182,13 +182,13 @@ def run(argv: list[str], env: dict[str, str], pre: argparse.Namespace | None = N
         result = NodeSupervisor(plan, debug=bool(options.get("debug")), on_event=hooks.event).run()
         for problem in hooks.job_finished(plan.context, result):
             print(f"detlaunch: warning: a job_finished observer failed: {problem}", file=sys.stderr)
+        for line in [*format_warnings(result), *result.attempts, *format_report(result)]:
+            print(line, file=sys.stderr)
         if options.get("log_dir") and cluster.is_chief:  # the job's page, from its logs (cli/report.py)
             from detlaunch.cli.report import page_at_end
 
             if page_problem := page_at_end(options["log_dir"], options.get("events")):
                 print(f"detlaunch: warning: {page_problem}", file=sys.stderr)
-        for line in [*format_warnings(result), *result.attempts, *format_report(result)]:
-            print(line, file=sys.stderr)
         return result.exit_code
 
     try:

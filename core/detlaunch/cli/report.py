@@ -21,6 +21,7 @@ from detlaunch.observe import story_html, story_trace
 from detlaunch.observe.events import events_path
 from detlaunch.observe.story_model import build
 from detlaunch.observe.story_read import read_logs
+from detlaunch.system.safefs import write_private_file
 
 PAGE = "report.html"  # in --log-dir, when a job ends there
 DEFAULT_OUT = {"html": "report.html", "trace": "trace.json"}
@@ -66,7 +67,7 @@ def report_command(argv: Sequence[str], env: Mapping[str, str]) -> int:
             sys.stdout.write(text)
             sys.stdout.flush()
             return 0
-        write_file(out, text)
+        write_private_file(out, text)  # whole or not at all; the user's only, as the logs it comes from
     except BrokenPipeError:
         return exit_codes.FAILED
     except OSError as e:
@@ -75,21 +76,6 @@ def report_command(argv: Sequence[str], env: Mapping[str, str]) -> int:
     print(f"detlaunch: wrote {out} ({len(text.encode()) / 1024:.0f} KiB: {len(story.spans)} rank(s), "
           f"{len(story.attempts)} attempt(s)): {story.verdict}", file=sys.stderr)
     return 0
-
-
-def write_file(path: str, text: str) -> None:
-    """Written whole or not at all: a reader (a browser refreshing it) never sees half a page."""
-    tmp = f"{path}.{os.getpid()}.tmp"
-    try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
 
 
 def page_at_end(log_dir: str, events: str | None) -> str | None:
@@ -105,7 +91,7 @@ def page_at_end(log_dir: str, events: str | None) -> str | None:
         reading = read_logs(logs)
         if not reading.events:
             return None
-        write_file(path, story_html.render(build(reading)))
+        write_private_file(path, story_html.render(build(reading)))
         return None
     except Exception as e:  # the job is over and its exit code decided: nothing here may change either
         return f"the job's page {path} could not be written: {one_line(e)}"
