@@ -15,6 +15,7 @@ import json
 import os
 import re
 import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -37,6 +38,12 @@ def flags(work: Path) -> list[str]:
             f"--user-data-dir={work / 'chromium-profile'}", f"--crash-dumps-dir={work / 'chromium-crashes'}"]
 
 
+def env() -> dict[str, str]:
+    """A short TMPDIR: Chromium's singleton socket goes there, and a Unix socket's path has at most 107 bytes."""
+    tmp = tempfile.gettempdir()
+    return {"TMPDIR": tmp if len(tmp) < 40 else "/tmp"}
+
+
 def page_requests(net_log: Path) -> list[str]:
     """The URLs the page asked for (a request whose top frame is a file:// page), from Chromium's network log."""
     log = json.loads(net_log.read_text())
@@ -50,6 +57,6 @@ def page_requests(net_log: Path) -> list[str]:
 
 
 def drawn_ms(dom: str) -> float | None:
-    """When the page had drawn its first frame after loading (the page's own script marks it), in ms from navigation."""
+    """When the page was laid out after loading (its own script marks it, forcing the layout), in ms from navigation."""
     found = re.search(r'data-drawn-ms="(\d+)"', dom)
     return float(found.group(1)) if found else None

@@ -5,14 +5,17 @@ Self-contained means nothing is fetched: the styles and the few lines of script 
 plain positioned elements (percentages of the job's length, so it fits any window), and a
 Content-Security-Policy forbids the page every load (`default-src 'none'`), so a page opened years later,
 offline, on a laptop, is the page that was written. Lanes are folded by node past story_lanes.FOLD_OVER
-ranks, with the odd ones out shown: the page stays small (a 1024-rank job of 3 attempts: well under 2 MB)
-and quick to draw; `<details>` unfold the rest without script.
+ranks, with the odd ones out shown: the page stays small (a 1024-rank job of 3 attempts: about 1 MB) and
+quick to draw, for a folded node's lanes are not even in the document until its `<details>` is opened: they
+wait as HTML text in a JSON block, put in by a few lines of script (the browser parses and lays out the
+lanes people look at, not the 1000 they do not).
 """
 
 from __future__ import annotations
 
 import datetime
 import html
+import json
 import math
 from collections import Counter
 from collections.abc import Iterable
@@ -67,11 +70,17 @@ footer{color:#777;font-size:11px;padding:8px 16px}button{font-size:12px}
 """
 
 SCRIPT = """
-addEventListener('load',function(){requestAnimationFrame(function(){
-document.documentElement.dataset.drawnMs=Math.round(performance.now());});});
+addEventListener('load',function(){void document.body.offsetHeight;
+document.documentElement.dataset.drawnMs=Math.round(performance.now());});
+var lanes=null;function fill(d){if(d.dataset.filled)return;d.dataset.filled='1';
+if(!lanes)lanes=JSON.parse(document.getElementById('folded-lanes').textContent);
+d.insertAdjacentHTML('beforeend',lanes[d.dataset.node]||'');}
+document.querySelectorAll('details.folded').forEach(function(d){
+d.addEventListener('toggle',function(){if(d.open)fill(d);});});
 var b=document.getElementById('unfold');if(b){b.addEventListener('click',function(){
 var ds=document.querySelectorAll('details.folded'),open=!(ds.length&&ds[0].open);
-ds.forEach(function(d){d.open=open;});b.textContent=open?'fold the nodes':'unfold every node';});}
+ds.forEach(function(d){if(open)fill(d);d.open=open;});b.textContent=open?'fold the nodes':'unfold every node';});
+if(location.hash==='#unfold')b.click();}
 """
 
 
@@ -91,9 +100,13 @@ def render(story: Story, title: str | None = None) -> str:
     parts.append(_bands(story, span))
     parts.append(_axis(story, span))
     marks_by = _marks_by_lane(story)
+    folded_lanes: dict[int, str] = {}
     for group in groups:
-        parts.append(_node(story, group, marks_by, span))
+        parts.append(_node(story, group, marks_by, span, folded_lanes))
     parts.append("</div></section>")
+    if folded_lanes:  # JSON in a data block; "</" escaped so that no lane can end the block early
+        data = json.dumps(folded_lanes, separators=(",", ":")).replace("</", "<\\/")
+        parts.append(f'<script type="application/json" id="folded-lanes">{data}</script>')
     parts.append(_attempts(story))
     report = "\n".join(story.report) or "(the logs hold no end of the job)"
     parts.append(f'<section id="report"><h2>Report</h2><pre>{e(report)}</pre></section>')
@@ -124,7 +137,8 @@ def _header(story: Story, folded: bool) -> str:
     if folded:
         out.append(f'<p class="facts">Over {len(story.spans)} ranks, each node\'s ranks are folded into its lane; '
                    'the ranks that did not go through the job as their node\'s others did keep a lane of their own. '
-                   '<button id="unfold" type="button">unfold every node</button></p>')
+                   '<button id="unfold" type="button">unfold every node</button> (or open the page as '
+                   '<code>report.html#unfold</code>)</p>')
     out.append("</header>")
     return "".join(out)
 
@@ -207,7 +221,9 @@ def _mark(m: Mark, story: Story, span: float) -> str:
             f'title="+{m.time - story.start:.2f} s: {html.escape(m.text)}">{glyph}</i>')
 
 
-def _node(story: Story, group: NodeLanes, marks_by: dict[tuple[int, int | None], list[Mark]], span: float) -> str:
+def _node(story: Story, group: NodeLanes, marks_by: dict[tuple[int, int | None], list[Mark]], span: float,
+          folded_lanes: dict[int, str]) -> str:
+    """A node's lanes; its folded ranks' lanes go into `folded_lanes` (node -> their HTML), shown on unfolding."""
     e = html.escape
     node = story.nodes.get(group.node)
     host = node.host if node else ""
@@ -222,9 +238,8 @@ def _node(story: Story, group: NodeLanes, marks_by: dict[tuple[int, int | None],
     out.extend(_rank(story, r, marks_by, span, group.why.get(r)) for r in group.shown)
     if group.folded:
         out.append(f'<details class="folded" data-node="{group.node}"><summary>{len(group.folded)} more rank(s) of '
-                   f'node {group.node}: {e(_alike(story, group.folded))}</summary>')
-        out.extend(_rank(story, r, marks_by, span, None) for r in group.folded)
-        out.append("</details>")
+                   f'node {group.node}: {e(_alike(story, group.folded))}</summary></details>')
+        folded_lanes[group.node] = "".join(_rank(story, r, marks_by, span, None) for r in group.folded)
     out.append("</section>")
     return "".join(out)
 
@@ -271,8 +286,8 @@ def _span(s: Span, story: Story, span: float) -> str:
     start = s.start if s.start is not None else story.start
     end = story.end_of(s)
     report = (s.status.describe() if s.status else "no end in the log") + s.note
-    title = (f"rank {s.rank}, attempt {s.attempt}: {s.words}; +{start - story.start:.2f} s to "
-             f"+{end - story.start:.2f} s" + (f" (pid {s.state.pid})" if s.state.pid else "") + f"; report: {report}")
+    title = f"rank {s.rank}, attempt {s.attempt}: {s.words}, +{start - story.start:.1f}-{end - story.start:.1f} s" + (
+        f"; report: {report}" if report != s.words else "")
     cls = f"s {s.outcome}" + (" cause" if s.cause else "")
     bar = (f'<b class="{cls}" data-attempt="{s.attempt}" style="left:{_pct(start, story, span)}%;'
            f'width:{_width(start, end, span)}%" title="{html.escape(title)}">{html.escape(s.words)}</b>')

@@ -287,7 +287,8 @@ def _attempt_lines(story: Story, ended: dict[int, Event]) -> list[str]:
         history.append(AttemptEnd(n, RestartClass(d["class"]) if d.get("class") else None, int(d.get("exit_code", 0)),
                                   signature=str(d.get("signature") or ""), what=str(d.get("what") or ""),
                                   exception=str(d.get("exception") or ""),
-                                  started_at=band.start if band else 0.0, ended_at=e.time))
+                                  started_at=float(d.get("started_at") or (band.start if band else 0.0)),
+                                  ended_at=float(d.get("ended_at") or e.time)))
     why = ended[max(ended)].details.get("next")
     return format_attempts(history, str(why) if why else None)
 

@@ -68,7 +68,8 @@ class Attempts:
             return {}
         end = self.history[-1]
         out: dict[str, Any] = {"class": end.restart_class.value if end.restart_class else None,
-                                  "what": end.what, "signature": end.signature, "exception": end.exception}
+                               "what": end.what, "signature": end.signature, "exception": end.exception,
+                               "started_at": end.started_at, "ended_at": end.ended_at}
         if self.decision is not None:
             out["next"] = self.decision.why
         return out
