@@ -186,7 +186,7 @@ def test_what_the_logs_say_is_escaped_on_the_page() -> None:
     lines = [line(0, K.JOB_PLANNED, layer="x", nodes=1, ranks=1), line(1, K.RANK_STARTED, 0, pid=1),
              line(2, K.RANK_EXITED, 0, code=1, signal=None, wall=T0 + 2, stopped=False),
              line(2, K.FAILURE, 0, what=what, exit_code=1, at=T0 + 2),
-             line(3, K.ROOT_CAUSE, 0, what=what, exit_code=1, at=T0 + 2, kind="rank", tail=["</pre><b>x"],
+             line(3, K.ROOT_CAUSE, 0, what=what, exit_code=1, at=T0 + 2, failure_kind="rank", tail=["</pre><b>x"],
                   tail_of="rank 0"), line(3, K.JOB_FINISHED, exit_code=1, duration=3.0)]
     reading = Reading()
     read_lines("e", "\n".join(lines).encode() + b"\n", reading)

@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import random
 import signal
+from pathlib import Path
 
 import pytest
 from detlaunch.observe import story_details
+from detlaunch.observe.emitter import EventEmitter
 from detlaunch.observe.events import Event, EventKind
 from detlaunch.observe.report import format_report
 from detlaunch.observe.story_model import build
-from detlaunch.observe.story_read import Reading
+from detlaunch.observe.story_read import Reading, read_logs
 from detlaunch.outcome import Failure, FailureKind, JobResult, RankStatus
 from detlaunch.restarts.attempts import Attempts, attempt_end_from_verdict
 from detlaunch.restarts.policy import RestartPolicy
@@ -26,7 +28,7 @@ def story_of(events: list[Event]) -> list[str]:
     return build(Reading(events=sorted(events, key=lambda e: e.time))).report
 
 
-def test_a_page_from_the_log_prints_the_report_the_job_printed() -> None:
+def test_a_page_from_the_log_prints_the_report_the_job_printed(tmp_path: Path) -> None:
     ranks = (RankStatus(0, 0, 143, None, wall=5.2, host="h0", stopped=True),
              RankStatus(1, 0, 0, None, wall=5.3, host="h0", killed=True),
              RankStatus(2, 1, 1, None, tail=TAIL, wall=5.0, host="h1"),
@@ -35,19 +37,26 @@ def test_a_page_from_the_log_prints_the_report_the_job_printed() -> None:
     failure = Failure("rank 2 on node 1 (h1) exited with code 1", 1, rank=ranks[2], tail=TAIL, tail_of="rank 2",
                       at=5.0, kind=FailureKind.RANK)
     result = JobResult(1, ranks, failure=failure, duration=6.0, stacks=("1 rank(s) 0: in barrier (train.py:9)",))
-    events = [Event(0.0, "j", 0, None, K.JOB_PLANNED, {"layer": "direct", "nodes": 2, "ranks": 4})]
-    for r in ranks:
-        events += [Event(1.0, "j", r.node_rank, r.rank, K.RANK_REGISTERED, {"host": r.host, "pid": 10 + r.rank}),
-                   Event(1.5, "j", r.node_rank, r.rank, K.RANK_STARTED, {"pid": 20 + r.rank}),
-                   Event(r.wall, "j", r.node_rank, r.rank, K.RANK_EXITED,
-                         {"code": None if r.signal else r.exit_code, "signal": r.signal, "wall": r.wall,
-                          "stopped": r.stopped, **story_details.rank_exited(r)})]
-    events += [Event(5.0, "j", 1, 2, K.FAILURE, {"what": failure.what, "exit_code": 1, "at": 5.0}),
-               Event(6.0, "j", 0, 2, K.ROOT_CAUSE, {"what": failure.what, "exit_code": 1, "at": 5.0,
-                                                     **story_details.root_cause(result)}),
-               Event(6.0, "j", 0, None, K.JOB_FINISHED, {"exit_code": 1, "duration": 6.0})]
+    now = [0.0]
+    nodes = [EventEmitter("j", n, path=str(tmp_path / ("events.jsonl" if n == 0 else f"events-node-{n}.jsonl")),
+                          hook=None, warn=pytest.fail, clock=lambda: now[0]) for n in (0, 1)]
+    nodes[0].emit(K.JOB_PLANNED, layer="direct", nodes=2, ranks=4)
+    for r in ranks:  # as the supervisor emits them (supervisor.py), through the log files
+        node = nodes[r.node_rank]
+        now[0] = 1.0
+        node.emit(K.RANK_REGISTERED, r.rank, host=r.host, pid=10 + r.rank)
+        node.emit(K.RANK_STARTED, r.rank, pid=20 + r.rank)
+        now[0] = r.wall
+        node.emit(K.RANK_EXITED, r.rank, code=None if r.signal else r.exit_code, signal=r.signal, wall=r.wall,
+                  stopped=r.stopped, **story_details.rank_exited(r))
+    nodes[1].emit(K.FAILURE, 2, what=failure.what, exit_code=1, at=5.0)
+    now[0] = 6.0
+    nodes[0].emit(K.ROOT_CAUSE, 2, what=failure.what, exit_code=1, at=5.0, **story_details.root_cause(result))
+    nodes[0].emit(K.JOB_FINISHED, exit_code=1, duration=6.0)
+    for node in nodes:
+        node.close()
     printed = [line.removeprefix("detlaunch: ") for line in format_report(result)]
-    assert story_of(events) == printed
+    assert build(read_logs([str(tmp_path)])).report == printed
     assert "  rank 1 (node 0): SIGKILLed by detlaunch (it had not stopped when asked)" in printed
     assert "  | ZeroDivisionError: division by zero" in printed
 

@@ -102,7 +102,7 @@ def simulated_job(ranks: int, per_node: int = 8, job: str = "sim-job") -> dict[i
                    "next": "restart budget spent (2 of 2): not restarting"} if n == 0 else {}
         emit(end + 0.1, n, None, K.ATTEMPT_ENDED, attempt=2, exit_code=124, **details)
         stacks = [f"{ranks - 1} rank(s) {0}-{ranks - 1}: in all_reduce (train.py:40)"] if n == 0 else []
-        emit(end + 0.2, n, None, K.ROOT_CAUSE, what=what, exit_code=124, at=T0 + end - 1.0, kind="hang",
+        emit(end + 0.2, n, None, K.ROOT_CAUSE, what=what, exit_code=124, at=T0 + end - 1.0, failure_kind="hang",
              tail=stacks, tail_of="", **({"stacks": stacks} if stacks else {}))
         emit(end + 0.3, n, None, K.JOB_FINISHED, exit_code=124, duration=end + 0.3)
     return logs

@@ -32,7 +32,7 @@ def root_cause(result: JobResult) -> dict[str, Any]:
     f = result.failure
     if f is None:
         return {}
-    extra: dict[str, Any] = {"kind": f.kind.value, "tail": list(f.tail), "tail_of": f.tail_of}
+    extra: dict[str, Any] = {"failure_kind": f.kind.value, "tail": list(f.tail), "tail_of": f.tail_of}
     if result.stacks:
         extra["stacks"] = list(result.stacks)
     return extra

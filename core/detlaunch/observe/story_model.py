@@ -237,7 +237,8 @@ def _failure(failure: Event | None, root: Event | None, exits: dict[tuple[int, i
     if status is not None and "tail" not in d:  # a log without the lines: said as for a rank that sent none
         status = dataclasses.replace(status, lost=True)
     try:
-        kind = FailureKind(str(d.get("kind") or (FailureKind.RANK if e.rank is not None else FailureKind.START)))
+        kind = FailureKind(str(d.get("failure_kind") or (FailureKind.RANK if e.rank is not None
+                                                         else FailureKind.START)))
     except ValueError:
         kind = FailureKind.START
     return Failure(str(d.get("what", "")), int(d.get("exit_code", 1)), rank=status,
