@@ -71,6 +71,8 @@ def test_a_kind_this_detlaunch_does_not_know_is_kept_as_a_mark_and_a_newer_schem
     read_lines("e", f"{straggler}\n{newer}\n".encode(), reading)
     assert [(f.kind, f.rank, dict(f.details)) for f in reading.foreign] == [("straggler", 2, {"ratio": 2.1})]
     assert "event schema version 99" in reading.problems[0]
+    known = Reading(events=[Event(T0, "j", 0, None, K.STACKS_TAKEN, {"ranks": [0], "path": "/x"})])
+    assert [(m.kind, m.text) for m in build(known).marks] == [("stacks_taken", "stacks_taken: ranks=[0], path=/x")]
 
 
 def test_a_log_dir_gives_the_chiefs_log_then_the_workers_in_node_order(tmp_path: Path) -> None:

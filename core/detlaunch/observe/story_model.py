@@ -23,6 +23,9 @@ from detlaunch.observe.story_read import Foreign, Reading
 from detlaunch.outcome import AttemptEnd, Failure, FailureKind, JobResult, RankStatus, RestartClass
 
 K = EventKind
+# Kinds the page draws as spans and bands, or says in its header and report: no mark of their own.
+SPANS_AND_BANDS = frozenset({K.JOB_PLANNED, K.RANK_REGISTERED, K.RANK_STARTED, K.RANK_EXITED, K.ATTEMPT_STARTED,
+                             K.ATTEMPT_ENDED, K.JOB_FINISHED})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -325,6 +328,8 @@ def _mark(story: Story, e: Event) -> None:
         silent = float(d.get("silent_for", 0.0))
         story.windows.append(Window(e.time - silent, e.time, "hang", f"no progress anywhere for {silent:.1f} s: hang"))
         text, kind = f"hang: no progress anywhere for {silent:.1f} s", "hang"
+    elif e.kind not in SPANS_AND_BANDS:  # a kind without words of its own here (a later one): shown as it is
+        story.marks.append(foreign_mark(Foreign(e.time, e.node, e.rank, e.kind.value, e.details)))
     if text is not None:
         story.marks.append(Mark(e.time, e.node, e.rank if e.kind is K.FAILURE else None, kind, text))
 
