@@ -71,6 +71,12 @@ def test_a_kind_this_detlaunch_does_not_know_is_kept_as_a_mark_and_a_newer_schem
     read_lines("e", f"{straggler}\n{newer}\n".encode(), reading)
     assert [(f.kind, f.rank, dict(f.details)) for f in reading.foreign] == [("straggler", 2, {"ratio": 2.1})]
     assert "event schema version 99" in reading.problems[0]
+    spare = json.dumps({"v": 1, "time": T0, "job": "j", "node": 1, "rank": None, "kind": "spare_promoted",
+                        "details": {"spare": 3, "host": "10.0.0.9", "replaces": "10.0.0.2"}})
+    reading = Reading()
+    read_lines("e", f"{spare}\n".encode(), reading)
+    assert [(m.kind, m.text) for m in build(reading).marks] == [
+        ("replaced", "spare 3 (10.0.0.9) takes the place of node 1 (10.0.0.2)")]
     known = Reading(events=[Event(T0, "j", 0, None, K.STACKS_TAKEN, {"ranks": [0], "path": "/x"})])
     assert [(m.kind, m.text) for m in build(known).marks] == [("stacks_taken", "stacks_taken: ranks=[0], path=/x")]
 

@@ -334,8 +334,21 @@ def _mark(story: Story, e: Event) -> None:
         story.marks.append(Mark(e.time, e.node, e.rank if e.kind is K.FAILURE else None, kind, text))
 
 
+# Words for kinds this page has no code of its own for (spares: planning/spares.py), by name: (mark, text).
+WORDS = {"spare_joined": ("joined", "spare node {node} ({host}) joined: it waits for a lost node's place"),
+         "spare_promoted": ("replaced", "spare {spare} ({host}) takes the place of node {node} ({replaces})"),
+         "node_excluded": ("lost", "node {node}'s host {host} is excluded from now on: {reason}")}
+
+
 def foreign_mark(f: Foreign) -> Mark:
-    """A kind this detlaunch does not know (a newer one's: `straggler`...): its name and its details."""
+    """A kind without code of its own here (a newer one's: `straggler`...): its words if WORDS has them, else its
+    name and its details."""
+    if f.kind in WORDS:
+        kind, words = WORDS[f.kind]
+        try:
+            return Mark(f.time, f.node, f.rank, kind, words.format(node=f.node, **f.details))
+        except (KeyError, IndexError, ValueError):
+            pass
     details = ", ".join(f"{k}={v}" for k, v in f.details.items())
     return Mark(f.time, f.node, f.rank, f.kind, f"{f.kind}: {details}" if details else f.kind)
 
