@@ -47,8 +47,7 @@ def test_a_page_from_the_log_prints_the_report_the_job_printed(tmp_path: Path) -
         node.emit(K.RANK_REGISTERED, r.rank, host=r.host, pid=10 + r.rank)
         node.emit(K.RANK_STARTED, r.rank, pid=20 + r.rank)
         now[0] = r.wall
-        node.emit(K.RANK_EXITED, r.rank, code=None if r.signal else r.exit_code, signal=r.signal, wall=r.wall,
-                  stopped=r.stopped, **story_details.rank_exited(r))
+        node.emit(K.RANK_EXITED, r.rank, **story_details.rank_exited(r))
     nodes[1].emit(K.FAILURE, 2, what=failure.what, exit_code=1, at=5.0)
     now[0] = 6.0
     nodes[0].emit(K.ROOT_CAUSE, 2, what=failure.what, exit_code=1, at=5.0, **story_details.root_cause(result))
@@ -72,17 +71,18 @@ def test_the_attempts_on_the_page_are_the_ones_the_chief_printed() -> None:
         attempts.begin(n)
         attempts.ended(attempt_end_from_verdict(n, failure, None, 3, started=True, policy=policy, started_at=start,
                                                 ended_at=stop))
-        events.append(Event(stop, "j", 0, None, K.ATTEMPT_ENDED, {"attempt": n - 1, "exit_code": 3,
-                                                                  **attempts.details(n)}))
+        events.append(Event(stop, "j", 0, None, K.ATTEMPT_ENDED, attempts.ended_event(n, 3)))
     events.append(Event(20.5, "j", 0, None, K.JOB_FINISHED, {"exit_code": 3, "duration": 20.5}))
     printed = [line.removeprefix("detlaunch: ") for line in attempts.report()]
     assert printed[0] == "2 attempt(s):" and printed[-1].endswith(": not restarting (crash loop)")
     assert story_of(events)[:len(printed)] == printed
-    assert attempts.details(1) == {}  # only the attempt that ended last is known to the chief's bookkeeping
+    # Only the attempt that ended last is known to the chief's bookkeeping; a worker has no history at all.
+    assert attempts.ended_event(1, 3) == {"attempt": 0, "exit_code": 3}
 
 
-def test_a_rank_that_ended_by_itself_adds_nothing_to_its_event() -> None:
-    assert story_details.rank_exited(RankStatus(0, 0, 3)) == {}
+def test_a_rank_that_ended_by_itself_has_only_the_schemas_details() -> None:
+    assert story_details.rank_exited(RankStatus(0, 0, 3, wall=2.0)) == {"code": 3, "signal": None, "wall": 2.0,
+                                                                      "stopped": False}
     assert story_details.rank_exited(RankStatus(0, 0, 137, signal.SIGKILL, lost=True, ended="raised")) == {
-        "lost": True, "ended": "raised"}
+        "code": None, "signal": signal.SIGKILL, "wall": 0.0, "stopped": False, "lost": True, "ended": "raised"}
     assert story_details.root_cause(JobResult(0, ())) == {}

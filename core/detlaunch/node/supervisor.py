@@ -191,8 +191,7 @@ class NodeSupervisor:
             self._cleanup()
         result = self._result()
         if self.policy.enabled and self.attempts.running:
-            self.events.emit(EventKind.ATTEMPT_ENDED, attempt=self.attempt - 1, exit_code=result.exit_code,
-                             **self.attempts.details(self.attempt))
+            self.events.emit(EventKind.ATTEMPT_ENDED, **self.attempts.ended_event(self.attempt, result.exit_code))
         if result.failure is not None:
             f = result.failure
             self.events.emit(EventKind.ROOT_CAUSE, f.rank.rank if f.rank else None, what=f.what,
@@ -268,9 +267,7 @@ class NodeSupervisor:
     def _on_rank_exit(self, status: RankStatus) -> None:
         self.trace(f"rank {status.rank} ended: {status.describe()}")
         self.hangs.exited(status.rank)
-        self.events.emit(EventKind.RANK_EXITED, status.rank, code=None if status.signal else status.exit_code,
-                         signal=status.signal, wall=status.wall, stopped=status.stopped,
-                         **story_details.rank_exited(status))
+        self.events.emit(EventKind.RANK_EXITED, status.rank, **story_details.rank_exited(status))
         if self.link is not None:
             self.link.rank_exited(status)
         self.fail(RankEnded(status))
@@ -355,8 +352,7 @@ class NodeSupervisor:
         self.status.stop_sampling()
         self.attempts.wait()
         self.hangs.new_attempt()  # a traceback timer or the hang watch of the last attempt must not fire in the next
-        self.events.emit(EventKind.ATTEMPT_ENDED, attempt=self.attempt - 1, exit_code=self.verdict.exit_code,
-                         **self.attempts.details(self.attempt))
+        self.events.emit(EventKind.ATTEMPT_ENDED, **self.attempts.ended_event(self.attempt, self.verdict.exit_code))
         self.verdict = Verdict()  # a signal or a failure during the wait is the job's end, not the last attempt's
         self.enter(Phase.BACKOFF)
 

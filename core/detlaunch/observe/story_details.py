@@ -2,9 +2,9 @@
 
 A page is built from the event log alone (`detlaunch report`, long after the job), so what the end report
 printed must be in the log for the page to say it in the same words: the root cause's own lines and the
-stacks (`root_cause`), and how a rank's end came about when detlaunch ended it (`rank_exited`). Each is a
-detail a reader may ignore (docs/EVENTS.md: new details keep the schema version); the attempts' class and
-cause come from restarts/attempts.py, which owns them.
+stacks (`root_cause`), and how a rank's end came about when detlaunch ended it (`rank_exited`, whose details
+are all made here). Each is a detail a reader may ignore (docs/EVENTS.md: new details keep the schema version);
+the attempts' class and cause come from restarts/attempts.py, which owns them (`Attempts.ended_event`).
 """
 
 from __future__ import annotations
@@ -15,8 +15,10 @@ from detlaunch.outcome import JobResult, RankStatus
 
 
 def rank_exited(status: RankStatus) -> dict[str, Any]:
-    """`killed`, `lost` and `ended` of a rank's end, each only when it is so (most ranks: nothing added)."""
-    extra: dict[str, Any] = {}
+    """The details of a rank's `rank_exited` event: its end (a signal's: no code), and `killed`, `lost` and `ended`,
+    each only when it is so."""
+    extra: dict[str, Any] = {"code": None if status.signal else status.exit_code, "signal": status.signal,
+                             "wall": status.wall, "stopped": status.stopped}
     if status.killed:
         extra["killed"] = True
     if status.lost:
