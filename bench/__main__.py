@@ -32,6 +32,7 @@ from . import (
     scale,
     spawn,
     status,
+    story,
     teardown,
     teardown_nodes,
     teardown_tutorial,
@@ -51,6 +52,7 @@ MEASUREMENTS: dict[str, Callable[..., Section]] = {
     "restarts": restarts.main,
     "direct": direct.main,
     "status": status.measure,
+    "story": story.measure,
     "flood": flood.measure,
     "spawn": spawn.measure,
 }

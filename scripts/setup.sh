@@ -14,7 +14,8 @@ TORCH_VERSION=2.13.0
 HOROVOD_VERSION=0.28.1
 DEEPSPEED_VERSION=0.19.8
 APT_PACKAGES=(openssh-server openssh-client pdsh openmpi-bin libopenmpi-dev iproute2
-              munge slurmctld slurmd slurm-client python3 python3-venv python3-dev g++ time)
+              munge slurmctld slurmd slurm-client python3 python3-venv python3-dev g++ time
+              chromium)  # headless, for the tests of the job's page (tests/observe/test_story_page.py)
 
 log() { printf '[setup] %s\n' "$*" >&2; }
 

@@ -46,6 +46,10 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
         without_openssl_hashes()
     argv = list(sys.argv[1:] if argv is None else argv)
     env = dict(os.environ if env is None else env)
+    if argv and argv[0] == "report":  # a job's page from its event logs: no plugin is loaded for it
+        from detlaunch.cli.report import report_command
+
+        return report_command(argv[1:], env)
     if argv and argv[0] in CONTROL_COMMANDS:  # questions to a running job: no plugin is loaded for them
         try:
             return control_command(argv[0], argv[1:], env)
@@ -211,6 +215,11 @@ def run(argv: list[str], env: dict[str, str], pre: argparse.Namespace | None = N
             print(f"detlaunch: warning: a job_finished observer failed: {problem}", file=sys.stderr)
         for line in [*format_warnings(result), *result.attempts, *format_report(result)]:
             print(line, file=sys.stderr)
+        if options.get("log_dir") and cluster.is_chief:  # the job's page, from its logs (cli/report.py)
+            from detlaunch.cli.report import page_at_end
+
+            if page_problem := page_at_end(options["log_dir"], options.get("events")):
+                print(f"detlaunch: warning: {page_problem}", file=sys.stderr)
         return result.exit_code
 
     if options.get("spawned"):  # the job's own handlers take SIGHUP from here (cli/spawning.py)

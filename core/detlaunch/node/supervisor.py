@@ -57,6 +57,7 @@ from detlaunch.node.verdict import (
     as_failure,
     naming_the_node,
 )
+from detlaunch.observe import story_details
 from detlaunch.observe.console import FoldingConsole
 from detlaunch.observe.emitter import EventEmitter, EventHook
 from detlaunch.observe.events import EventKind
@@ -195,11 +196,11 @@ class NodeSupervisor:
             self._cleanup()
         result = self._result()
         if self.policy.enabled and self.attempts.running:
-            self.events.emit(EventKind.ATTEMPT_ENDED, attempt=self.attempt - 1, exit_code=result.exit_code)
+            self.events.emit(EventKind.ATTEMPT_ENDED, **self.attempts.ended_event(self.attempt, result.exit_code))
         if result.failure is not None:
             f = result.failure
             self.events.emit(EventKind.ROOT_CAUSE, f.rank.rank if f.rank else None, what=f.what,
-                             exit_code=f.exit_code, at=f.at)
+                             exit_code=f.exit_code, at=f.at, **story_details.root_cause(result))
         self.events.emit(EventKind.JOB_FINISHED, exit_code=result.exit_code, duration=result.duration)
         self.events.close()
         return dataclasses.replace(result, warnings=(*result.warnings, *self.events.warnings()))
@@ -271,8 +272,7 @@ class NodeSupervisor:
     def _on_rank_exit(self, status: RankStatus) -> None:
         self.trace(f"rank {status.rank} ended: {status.describe()}")
         self.hangs.exited(status.rank)
-        self.events.emit(EventKind.RANK_EXITED, status.rank, code=None if status.signal else status.exit_code,
-                         signal=status.signal, wall=status.wall, stopped=status.stopped)
+        self.events.emit(EventKind.RANK_EXITED, status.rank, **story_details.rank_exited(status))
         if self.link is not None:
             self.link.rank_exited(status)
         self.fail(RankEnded(status))
@@ -357,7 +357,7 @@ class NodeSupervisor:
         self.status.stop_sampling()
         self.attempts.wait()
         self.hangs.new_attempt()  # a traceback timer or the hang watch of the last attempt must not fire in the next
-        self.events.emit(EventKind.ATTEMPT_ENDED, attempt=self.attempt - 1, exit_code=self.verdict.exit_code)
+        self.events.emit(EventKind.ATTEMPT_ENDED, **self.attempts.ended_event(self.attempt, self.verdict.exit_code))
         self.verdict = Verdict()  # a signal or a failure during the wait is the job's end, not the last attempt's
         self.enter(Phase.BACKOFF)
 

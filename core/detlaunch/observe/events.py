@@ -115,6 +115,11 @@ class Event:
             obj = json.loads(line)
         except json.JSONDecodeError as e:
             raise ValueError(f"not JSON: {e}") from None
+        return cls.from_obj(obj)
+
+    @classmethod
+    def from_obj(cls, obj: object) -> Event:
+        """An event from a line already parsed as JSON; ValueError says what is wrong with it."""
         if not isinstance(obj, dict):
             raise ValueError("an event is a JSON object")
         version = obj.get("v")

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
+from typing import Any
 
 from detlaunch.observe.report import format_attempts
 from detlaunch.outcome import AttemptEnd, Failure, FailureKind, ProcessEnd, RestartClass, signal_name
@@ -59,6 +60,21 @@ class Attempts:
 
     def begin(self, attempt: int) -> None:
         self.number, self.running, self.due = attempt, True, None
+
+    def ended_event(self, attempt: int, exit_code: int) -> dict[str, Any]:
+        """The details of `attempt`'s `attempt_ended` event (its number there counts from 0) and, on the chief, how
+        it ended and what the policy made of it, so that a page built from the log says it as the report does
+        (format_attempts); a worker knows only the number and the exit code."""
+        out: dict[str, Any] = {"attempt": attempt - 1, "exit_code": exit_code}
+        if not self.history or self.history[-1].attempt != attempt:
+            return out
+        end = self.history[-1]
+        out.update({"class": end.restart_class.value if end.restart_class else None, "what": end.what,
+                    "signature": end.signature, "exception": end.exception, "started_at": end.started_at,
+                    "ended_at": end.ended_at})
+        if self.decision is not None:
+            out["next"] = self.decision.why
+        return out
 
     def report(self) -> list[str]:
         """The chief's report of every attempt, printed before the last one's (nothing if none ended)."""
