@@ -39,6 +39,7 @@ _EXPORTS = {
     "Event": "observe.events",
     "EventKind": "observe.events",
     "progress": "progress",
+    "section": "progress",
 }
 __all__ = ["__version__", *_EXPORTS]
 
@@ -63,6 +64,7 @@ if TYPE_CHECKING:  # `X as X`: an explicit re-export, for type checkers
     from detlaunch.planning.stage import Stage as Stage
     from detlaunch.planning.stage import StageContext as StageContext
     from detlaunch.progress import progress as progress
+    from detlaunch.progress import section as section
     from detlaunch.system.ports import check_port_free as check_port_free
 
 # Exported here before they moved to detlaunch.ssh: still found, with a warning, for one more release.

@@ -31,7 +31,10 @@ _RECORD = struct.Struct("@qqddq")  # count (first copy), step, monotonic, wall, 
 SIZE = 64  # the heartbeat's record, rounded up: what progress() maps
 OUTPUT_RECORD = 64  # offset of the second record: the wrapper's time of the rank's last output
 ENDED_RECORD = 128  # the third: written once, by the rank's Python, when its script has ended (faultsite)
-FILE_SIZE = 192  # the three records
+SECTIONS_OFFSET = 192  # then the table of detlaunch.section()'s figures (rank/sections.py)
+SECTION_SLOT = 128  # one section: its name (written once), then its seqlocked figures
+MAX_SECTIONS = 32
+FILE_SIZE = SECTIONS_OFFSET + MAX_SECTIONS * SECTION_SLOT  # the three records and the sections' table
 SCRIPT_FINISHED, SCRIPT_RAISED = "finished", "raised"  # how a script ended (OutputMark.script_end)
 READ_ATTEMPTS = 100
 
