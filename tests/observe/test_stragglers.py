@@ -95,3 +95,57 @@ def test_no_cpu_guess_once_sections_are_seen_nor_with_a_rank_unsampled_or_all_id
 
 def test_marks_read_the_chiefs_answer() -> None:
     assert marks({"3": "0.50x (step)", "x": "?", "4": 1}) == {3: "0.50x (step)", 4: "1"}
+
+
+def test_status_shows_a_straggler_column_once_one_is_named_and_the_learned_hang_timeout() -> None:
+    from detlaunch.cli.control import format_status, job_facts
+
+    rows = [{"rank": r, "node": 0, "host": "127.0.0.1", "state": "running", "restarts": 0} for r in (0, 1)]
+    chief = {"node": 0, "phase": "running", "taken_at": 1.0, "ranks": rows, "stragglers": {"1": "0.50x (step)"},
+             "hang_timeout": "auto: 60 s learned"}
+    data = job_facts({"job": "j", "nodes": [chief]})
+    assert [r["straggler"] for r in data["nodes"][0]["ranks"]] == [None, "0.50x (step)"]
+    text = format_status(data).splitlines()
+    assert text[1] == "hang timeout: auto: 60 s learned"
+    assert text[2].endswith("RESTARTS  STRAGGLER") and text[3].endswith(" -") and text[4].endswith("0.50x (step)")
+    quiet = job_facts({"job": "j", "nodes": [{"node": 0, "phase": "running", "taken_at": 1.0, "ranks": rows,
+                                              "stragglers": {}}]})
+    assert "STRAGGLER" not in format_status(quiet)  # no column until the chief names one
+
+
+@pytest.mark.timeout(10)
+def test_the_watch_asks_every_node_names_the_straggler_once_and_replace_without_spares_warns(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from detlaunch.node import straggler_watch
+    from detlaunch.node.straggler_watch import StragglerWatch
+    from detlaunch.observe.events import EventKind
+    from detlaunch.system.eventloop import EventLoop
+
+    monkeypatch.setattr(straggler_watch, "POLL_EVERY", 0.01)
+    loop, said, events, asked = EventLoop(), [], [], []  # type: ignore[var-annotated]
+    calls = [0]
+
+    def ask_job(what: str, args: object, answer: Callable[[dict[str, object]], None]) -> None:
+        asked.append(what)
+        calls[0] += 1
+        n = calls[0]
+        answer({"nodes": [{"node": 0, "ranks": [[0, {"step": [n, 0.1 * n]}, 90.0]]},
+                          {"node": 1, "ranks": [[1, {"step": [n, 0.3 * n]}, 99.0], "junk"]}]})
+
+    watch = StragglerWatch(loop, is_chief=True, run_dir="/nonexistent", threshold=0.7, action="replace",
+                           ask_job=ask_job, emit=lambda kind, rank, **d: events.append((kind, rank, d)),
+                           say=said.append, live_ranks=lambda: [], usage=dict, active=lambda: True)
+    watch.registered()
+    loop.run_until(lambda: calls[0] >= 10, 5, "ten questions")
+    assert set(asked) == {"sections"}
+    assert said[0] == ("--straggler-action replace needs --spares (a node to take the straggler's place): "
+                       "warning only")
+    assert said[1].startswith("straggler: rank 1 (node 1) is slow: its section 'step' takes 3.0x") and len(said) == 2
+    ((kind, rank, details),) = events
+    assert (kind, rank, details["node"], details["action"], details["basis"]) == (EventKind.STRAGGLER, 1, 1, "warn",
+                                                                                 "sections")
+    assert watch.marks() == {"1": "0.33x (step)"}
+    watch.new_attempt()
+    assert watch.marks() == {} and watch.timer is None
+    watch.close()
+    loop.close()

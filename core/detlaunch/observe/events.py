@@ -48,6 +48,8 @@ class EventKind(enum.StrEnum):
     STACKS_TAKEN = "stacks_taken"
     ATTEMPT_STARTED = "attempt_started"
     ATTEMPT_ENDED = "attempt_ended"
+    STRAGGLER = "straggler"
+    HANG_TIMEOUT_LEARNED = "hang_timeout_learned"
 
 
 # The details each kind carries: name -> JSON type(s). All listed details are required;
@@ -71,6 +73,8 @@ DETAILS: Mapping[EventKind, Mapping[str, str | tuple[str, ...]]] = {
     EventKind.STACKS_TAKEN: {"ranks": "array", "path": _STR},
     EventKind.ATTEMPT_STARTED: {"attempt": _INT},
     EventKind.ATTEMPT_ENDED: {"attempt": _INT, "exit_code": _INT},
+    EventKind.STRAGGLER: {"basis": _STR, "speed": _NUM, "action": _STR, "confidence": _STR},
+    EventKind.HANG_TIMEOUT_LEARNED: {"timeout": _NUM, "longest_interval": _NUM},
 }
 
 

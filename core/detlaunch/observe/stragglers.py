@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import statistics
 from collections.abc import Mapping
+from typing import Any
 
 RankKey = tuple[int, int]  # (rank, node)
 Figures = Mapping[str, tuple[int, float]]  # a rank's sections: {name: (calls, total seconds)}, cumulative
@@ -164,12 +165,12 @@ def _delta(before: Figures, now: Figures) -> dict[str, tuple[int, float]]:
     return out
 
 
-def marks(stragglers: Mapping[object, object]) -> dict[int, str]:
+def marks(stragglers: Mapping[Any, Any]) -> dict[int, str]:
     """{rank: mark} from the chief's answer's "stragglers" ({"3": "0.50x (step)"}); malformed entries skipped."""
     out = {}
     for rank, mark in stragglers.items():
         try:
-            out[int(rank)] = str(mark)  # type: ignore[call-overload]
+            out[int(rank)] = str(mark)
         except (TypeError, ValueError):
             continue
     return out
