@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 from collections.abc import Callable
 
@@ -53,10 +54,11 @@ def test_a_rank_twice_as_slow_is_named_after_three_windows_once(ranks: int) -> N
 
 def test_a_window_waits_until_every_rank_made_a_call() -> None:
     judge = StragglerDetector(windows=1)
-    assert judge.update({(0, 0): {"s": (1, 1.0)}, (1, 0): {"s": (1, 2.0)}}, {}) == []  # the first reading: the base
-    assert judge.update({(0, 0): {"s": (2, 2.0)}, (1, 0): {"s": (1, 2.0)}}, {}) == []  # rank 1 has not moved
-    found = judge.update({(0, 0): {"s": (3, 3.0)}, (1, 0): {"s": (2, 4.0)}}, {})
+    assert judge.update({(0, 0): {"s": (1, 1.0)}, (1, 0): {}}, {}) == []  # rank 1 has made no call yet
+    assert judge.update({(0, 0): {"s": (2, 2.0)}, (1, 0): {}}, {}) == []  # ... nor now: the window goes on
+    found = judge.update({(0, 0): {"s": (3, 3.0)}, (1, 0): {"s": (1, 2.0)}}, {})  # counted from its first call
     assert [f.rank for f in found] == [1] and found[0].speed == pytest.approx(0.5)
+    assert judge.update({(0, 0): {"s": (4, 4.0)}, (1, 0): {"s": (1, 2.0)}}, {}) == []
 
 
 def test_a_slow_but_tiny_section_is_not_judged_and_a_recovery_ends_the_run() -> None:
@@ -149,3 +151,14 @@ def test_the_watch_asks_every_node_names_the_straggler_once_and_replace_without_
     assert watch.marks() == {} and watch.timer is None
     watch.close()
     loop.close()
+
+
+def test_detlaunch_stacks_marks_a_rank_already_named_a_straggler() -> None:
+    from detlaunch.cli.control import format_stacks, job_facts
+
+    stack = {"pid": 10, "stopped": False, "threads": [{"name": "MainThread", "thread_id": 1, "active": False,
+             "owns_gil": False, "os_thread_id": 1, "frames": [{"function": "wait", "file": "t.py", "line": 3}]}]}
+    data = job_facts({"job": "j", "missing": [], "nodes": [
+        {"node": 0, "ranks": [{"rank": 0, "pid": 10, "stack": stack}], "stragglers": {"0": "cpu, likely"}}]})
+    assert "rank 0: named a straggler (cpu, likely)" in format_stacks(data, False).splitlines()
+    assert json.loads(format_stacks(data, True))["stragglers"] == {"0": "cpu, likely"}

@@ -94,7 +94,7 @@ class StragglerDetector:
         for key in [k for k in self.base if k not in figures]:  # ended, or its node is gone
             del self.base[key]
         for key in figures:
-            self.base.setdefault(key, figures[key])  # a new rank: its first window starts now
+            self.base.setdefault(key, {})  # a new rank: its first window counts from its first call
         judged = {k: _delta(self.base[k], figures[k]) for k in self.base}
         if len(judged) < 2 or not all(any(c for c, _ in d.values()) for d in judged.values()):
             return []  # a rank has made no new call yet: the window goes on
