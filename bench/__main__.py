@@ -31,6 +31,7 @@ from . import (
     restarts,
     scale,
     status,
+    stragglers,
     teardown,
     teardown_nodes,
     teardown_tutorial,
@@ -51,6 +52,7 @@ MEASUREMENTS: dict[str, Callable[..., Section]] = {
     "direct": direct.main,
     "status": status.measure,
     "flood": flood.measure,
+    "stragglers": stragglers.measure,
 }
 
 

@@ -55,16 +55,18 @@ class section:  # noqa: N801 - used as a function: detlaunch.section("step")
         self._start = _clock()
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, kind: object, error: object, tb: object) -> None:
         took = _clock() - self._start
         slot = _slots.get(self.name)
         if slot is None:
+            if _buf is _DISABLED:  # without detlaunch: nothing more than this
+                return
             slot = _new_slot(self.name)
             if slot is None:
                 return
-        slot[1] += 1
-        slot[2] += took
-        _pack(_buf, slot[0], slot[1], slot[2], took, slot[1])
+        calls = slot[1] = slot[1] + 1
+        total = slot[2] = slot[2] + took
+        _pack(_buf, slot[0], calls, total, took, calls)
 
     def __call__(self, func: F) -> F:
         name = self.name
