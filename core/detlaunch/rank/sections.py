@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from detlaunch.rank.progress import ENV, FILE_SIZE, MAX_SECTIONS, SECTION_SLOT, SECTIONS_OFFSET
+from detlaunch.rank.progress import FILE_SIZE, MAX_SECTIONS, SECTION_SLOT, SECTIONS_OFFSET, map_rank_file
 
 _NAME = struct.Struct("@q56s")  # the name's length (written last), its UTF-8 bytes
 _FIGURES = struct.Struct("@qddq")  # calls (first copy), total seconds, last call's seconds, calls (last copy)
@@ -101,21 +101,8 @@ def _new_slot(name: str) -> list[Any] | None:
 def _open() -> Any:
     """Map the rank's progress file, once; on any problem sections are off for this process."""
     global _buf
-    path = os.environ.get(ENV)
-    _buf = _DISABLED
-    if not path:
-        return _buf
-    import mmap
-
-    try:
-        fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
-        try:
-            _buf = mmap.mmap(fd, FILE_SIZE, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
-        finally:
-            os.close(fd)
-    except (OSError, ValueError) as e:
-        print(f"detlaunch: cannot map the progress file {path} ({e}): sections are not timed in this process",
-              file=sys.stderr)
+    mapped = map_rank_file(FILE_SIZE, "sections are not timed in this process")
+    _buf = _DISABLED if mapped is None else mapped
     return _buf
 
 
