@@ -30,7 +30,7 @@ Figures = Mapping[str, tuple[int, float]]  # a rank's sections: {name: (calls, t
 THRESHOLD = 0.7  # named under this fraction of the other ranks' speed
 WINDOWS = 3  # ... for this many windows in a row
 SHARE = 0.1  # a section under this share of the largest section's time in a window is not judged
-CPU_BUSY = 50.0  # CPU %: a rank under this is not busy enough to be what the others wait for
+CPU_BUSY = 10.0  # CPU %: a rank under this is not busy enough to be what the others wait for
 CPU_WINDOWS = 6  # CPU-based: samples in a row (the nodes sample every 2 s, the chief asks every 1 s)
 
 

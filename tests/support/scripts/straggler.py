@@ -1,11 +1,12 @@
 """Synchronous steps in a gloo group: each rank's work in detlaunch.section("step"), then an all_reduce.
 
 SLOW_RANK's work takes twice as long (WORK_S each step; WORK=spin: a busy loop, so a CPU quota
-slows it; else sleep). Every rank prints "rank R step N at T" (wall time). The job stops, on every
-rank at the same step, once the STOP file exists (rank 0 sees it; the all_reduce tells the others)
-or after MAX_STEPS.
+slows it; else sleep). NO_SECTIONS=1: the same work, untimed (detlaunch judges by CPU time).
+Every rank prints "rank R step N at T" (wall time). The job stops, on every rank at the same step,
+once the STOP file exists (rank 0 sees it; the all_reduce tells the others) or after MAX_STEPS.
 """
 
+import contextlib
 import os
 import time
 from datetime import timedelta
@@ -19,9 +20,10 @@ rank = dist.get_rank()
 work = float(os.environ.get("WORK_S", "0.1")) * (2 if str(rank) == os.environ.get("SLOW_RANK") else 1)
 spin = os.environ.get("WORK") == "spin"
 stop = os.environ.get("STOP", "")
+timed = contextlib.nullcontext if os.environ.get("NO_SECTIONS") else detlaunch.section
 flag = torch.zeros(1)
 for step in range(int(os.environ.get("MAX_STEPS", "200"))):
-    with detlaunch.section("step"):
+    with timed("step"):
         if spin:
             end = time.thread_time() + work  # CPU time: under a quota, wall time stretches
             while time.thread_time() < end:
