@@ -33,6 +33,7 @@ from . import (
     spawn,
     status,
     story,
+    stragglers,
     teardown,
     teardown_nodes,
     teardown_tutorial,
@@ -55,6 +56,7 @@ MEASUREMENTS: dict[str, Callable[..., Section]] = {
     "story": story.measure,
     "flood": flood.measure,
     "spawn": spawn.measure,
+    "stragglers": stragglers.measure,
 }
 
 

@@ -44,6 +44,7 @@ _EXPORTS = {
     "SpawnRequest": "planning.spawn",
     "NodeLaunch": "planning.spawn",
     "Spawner": "planning.spawn",
+    "section": "progress",
 }
 __all__ = ["__version__", *_EXPORTS]
 
@@ -74,6 +75,7 @@ if TYPE_CHECKING:  # `X as X`: an explicit re-export, for type checkers
     from detlaunch.planning.stage import Stage as Stage
     from detlaunch.planning.stage import StageContext as StageContext
     from detlaunch.progress import progress as progress
+    from detlaunch.progress import section as section
     from detlaunch.system.ports import check_port_free as check_port_free
 
 # Exported here before they moved to detlaunch.ssh: still found, with a warning, for one more release.

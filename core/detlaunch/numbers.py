@@ -24,6 +24,7 @@ class Number:
     default: int | float | None = None
     unit: str = ""
     off: tuple[str, ...] = ()  # words that turn it off: the value is then None ("none" for an exit code)
+    words: tuple[str, ...] = ()  # words that are values of their own: the value is the word ("auto")
 
     @property
     def __name__(self) -> str:  # argparse and _convert name the kind of value by it
@@ -33,12 +34,15 @@ class Number:
         """The valid range as the error lines show it: ``1..65535``, ``0..3600 s``."""
         low, high = (f"{int(self.low)}", f"{int(self.high)}") if self.kind is int else (f"{self.low:g}",
                                                                                         f"{self.high:g}")
-        return f"{low}..{high}" + (f" {self.unit}" if self.unit else "") + (f", or {self.off[0]}" if self.off else "")
+        return f"{low}..{high}" + (f" {self.unit}" if self.unit else "") + (f", or {self.off[0]}" if self.off else "") \
+            + "".join(f", or {w}" for w in self.words)
 
-    def __call__(self, text: str) -> int | float | None:
-        """argparse's view: a word of `off` is None, anything else must parse."""
+    def __call__(self, text: str) -> int | float | str | None:
+        """argparse's view: a word of `off` is None, one of `words` itself, anything else must parse."""
         if self.off and text.strip().lower() in self.off:
             return None
+        if self.words and text.strip().lower() in self.words:
+            return text.strip().lower()
         return self.parse(text)
 
     def parse(self, text: str) -> int | float:

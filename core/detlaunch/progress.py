@@ -1,8 +1,8 @@
-"""The heartbeat a training script sends: ``detlaunch.progress(step)``.
+"""A training script's heartbeat, ``detlaunch.progress(step)``, and its timed work, ``detlaunch.section(name)``.
 
 The public face of :mod:`detlaunch.rank.progress` (the record, the file and how both are read
-live there, beside the rank wrapper that creates the file). Importing this costs a training
-script nothing: it is stdlib-only underneath and loads nothing of detlaunch's launcher.
+live there, beside the rank wrapper that creates the file) and :mod:`detlaunch.rank.sections`.
+Importing this costs a training script nothing: it is stdlib-only underneath and loads nothing of detlaunch's launcher.
 """
 
 from __future__ import annotations
@@ -22,9 +22,10 @@ from detlaunch.rank.progress import (
     progress_path,
     read_progress,
 )
+from detlaunch.rank.sections import read_sections, section
 
 __all__ = ["ENV", "FILE_SIZE", "NO_STEP", "OUTPUT_RECORD", "SIZE", "Beat", "OutputMark", "create_progress_file",
-           "progress", "progress_path", "read_progress"]
+           "progress", "progress_path", "read_progress", "read_sections", "section"]
 
 
 class _CallableModule(type(sys)):  # type: ignore[misc]

@@ -58,6 +58,7 @@ def test_the_metrics_follow_the_events() -> None:
     for e in (ev(EventKind.RANK_STARTED, 2, pid=10), ev(EventKind.RANK_STARTED, 3, pid=11),
               ev(EventKind.RANK_EXITED, 3, t=105.5, code=None, signal=9, wall=105.5, stopped=False),
               ev(EventKind.RANK_EXITED, 2, t=106.0, code=0, signal=None, wall=106.0, stopped=True),
+              ev(EventKind.STRAGGLER, 3, t=104.0, basis="sections", speed=0.5, action="warn", confidence="certain"),
               ev(EventKind.JOB_FINISHED, t=107.0, exit_code=137, duration=7.0)):
         exporter.detlaunch_event(e)
     text = exporter.METRICS.render()
@@ -69,6 +70,7 @@ def test_the_metrics_follow_the_events() -> None:
                  f'detlaunch_rank_exit_code{{{base},rank="3"}} 137',
                  f"detlaunch_last_event_timestamp_seconds{{{base}}} 107.0",
                  f"detlaunch_job_exit_code{{{base}}} 137",
+                 f'detlaunch_rank_straggler_speed{{{base},rank="3"}} 0.5',
                  "# TYPE detlaunch_events_total counter"):
         assert line in text.splitlines(), line
 

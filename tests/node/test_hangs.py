@@ -366,13 +366,15 @@ def test_hang_timeout_and_dump_budget_from_flag_variable_and_file() -> None:
         apply_defaults(parser, env, {"detlaunch": file} if file else {}, {}, "detlaunch.toml")
         return vars(parse(parser, [*argv, "train.py"], env)[0])
 
-    assert (options([], {}, {})["hang_timeout"], options([], {}, {})["dump_budget"]) == (0.0, 1.5)
+    assert (options([], {}, {})["hang_timeout"], options([], {}, {})["dump_budget"]) == (None, 1.5)  # report at 10 min
+    assert options(["--hang-timeout", "AUTO"], {}, {})["hang_timeout"] == "auto"
+    assert options([], {}, {"hang_timeout": "auto"})["hang_timeout"] == "auto"
     assert options([], {"DETLAUNCH_HANG_TIMEOUT": "30"}, {"hang_timeout": 20})["hang_timeout"] == 30.0
     assert options(["--hang-timeout", "40"], {}, {"hang_timeout": 20})["hang_timeout"] == 40.0
     assert options([], {}, {"dump_budget": 0})["dump_budget"] == 0.0
     with pytest.raises(ConfigError) as e:
         options(["--hang-timeout", "-1"], {}, {})
-    assert str(e.value) == ("argument --hang-timeout: '-1' is out of range; valid: 0..604800 s "
+    assert str(e.value) == ("argument --hang-timeout: '-1' is out of range; valid: 0..604800 s, or auto "
                             "(see detlaunch --help)")
 
 

@@ -9,6 +9,7 @@ options, plugins or parts (planning/config.py, planning/plugin_manager.py...), w
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -54,7 +55,7 @@ def control_command(what: str, argv: list[str], env: Mapping[str, str]) -> int:
         if ns.format not in ("text", "json"):  # argparse does not check a default against the choices
             raise ConfigError(f"DETLAUNCH_FORMAT={ns.format!r}: choose text or json")
         job, path = control.find_job(ns.job)
-        data = control.ask(path, what, CONTROL_ARGS.get(what))
+        data = job_facts(control.ask(path, what, CONTROL_ARGS.get(what)))
     except ConfigError as e:
         print(f"detlaunch: error: {one_line(e)}", file=sys.stderr)
         return e.exit_code
@@ -81,7 +82,7 @@ def control_command(what: str, argv: list[str], env: Mapping[str, str]) -> int:
             sys.stdout.flush()
             time.sleep(ns.watch)  # the refresh the user asked for: the job is never touched in between
             try:
-                data = control.ask(path, what, CONTROL_ARGS.get(what))
+                data = job_facts(control.ask(path, what, CONTROL_ARGS.get(what)))
             except (control.NotRunning, OSError):
                 print(f"detlaunch: job {job} is not running any more", file=sys.stderr)
                 return 0
@@ -100,6 +101,22 @@ def _unreadable(e: ValueError) -> int:
     return exit_codes.FAILED
 
 
+def job_facts(data: dict[str, Any]) -> dict[str, Any]:
+    """The chief's facts about the job (in its node's part) on the answer itself: "stragglers" ({rank: mark}),
+    each rank's "straggler" (its mark or null), and "hang_timeout" (what --hang-timeout auto learned)."""
+    nodes = [n for n in data.get("nodes") or [] if isinstance(n, dict)]
+    chief: dict[str, Any] = next((n for n in nodes if "stragglers" in n), {})
+    named: dict[str, Any] = chief["stragglers"] if isinstance(chief.get("stragglers"), dict) else {}
+    data["stragglers"] = named
+    if chief.get("hang_timeout"):
+        data["hang_timeout"] = chief["hang_timeout"]
+    for node in nodes:
+        for rank in node.get("ranks") or []:
+            if isinstance(rank, dict) and "rank" in rank:
+                rank["straggler"] = named.get(str(rank["rank"]))
+    return data
+
+
 def format_stacks(data: Mapping[str, object], as_json: bool, full: bool = False) -> str:
     """`detlaunch stacks`: every node's answer, grouped (stacks/groups.py). Stacks take seconds: their
     formatting may import more than a status does."""
@@ -108,9 +125,12 @@ def format_stacks(data: Mapping[str, object], as_json: bool, full: bool = False)
 
     report = report_of(data)
     missing = list(data.get("missing") or [])  # type: ignore[call-overload]
+    named = data.get("stragglers") or {}
     if as_json:
-        return json.dumps({"job": data.get("job"), "missing": missing, **format_json(report)}, indent=2)
+        return json.dumps({"job": data.get("job"), "missing": missing, **format_json(report), "stragglers": named},
+                          indent=2)
     lines = [f"job {data.get('job')}", *format_text(report, full=full)]
+    lines += [f"rank {rank}: named a straggler ({mark})" for rank, mark in named.items()]  # type: ignore[attr-defined]
     if not report.groups and not report.unavailable:
         lines.append("no rank is running")
     if missing:
@@ -134,7 +154,8 @@ def format_status(data: Mapping[str, Any]) -> str:
                                            node.get("root_cause")))
     if not parts:
         return f"job {data.get('job')}: {data.get('error') or 'no node answered'}"
-    text = status_view.render_table(status_view.merge(parts), time.time())
+    merged = dataclasses.replace(status_view.merge(parts), hang_timeout=data.get("hang_timeout"))
+    text = status_view.render_table(merged, time.time())
     missing = data.get("missing") or []
     if missing:
         text += f"no answer from node(s) {', '.join(map(str, missing))}\n"

@@ -2,11 +2,15 @@
 
 Three things, each a few timers and questions on the parts that already exist:
 
-- the hang watch (chief only, `--hang-timeout S`, from its first rank's start): a timer at the job's
-  last known progress + S;
+- the hang watch (chief only, from its first rank's start): a timer at the job's last known progress + S;
   when it fires, the chief asks every node for its ranks' progress (progress_watch.py); if none
   moved, it asks every node for its ranks' stacks and their Flight Recorders (stacks/flight.py),
-  prints them grouped with the suspects, and fails the job with a `Hung` verdict event (exit code 124);
+  prints them grouped with the suspects, and fails the job with a `Hung` verdict event (exit code 124).
+  S is `--hang-timeout S`; without the option, REPORT_AFTER (10 minutes), and then the stacks and
+  suspects are printed once and the job goes on (nothing the user did not ask to stop is stopped);
+  `--hang-timeout auto` learns S (progress_watch.TimeoutLearner, from the progress the chief asks
+  for every LEARN_EVERY s; kept across restarts) and reports as without it until it has learned;
+  `--hang-timeout 0` turns the watch off;
 - a rank that printed a whole Python traceback and is still running TRACEBACK_DELAY seconds
   later (it hangs in atexit, destroy_process_group, a non-daemon thread) fails the job
   (`StuckAfterTraceback`): its traceback is the root cause;
@@ -23,28 +27,41 @@ The questions go through control.py (the same machinery as `detlaunch status` an
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from detlaunch.node.progress_watch import NodeProgress, ProgressWatch, is_starting, parse_ages
+from detlaunch.node.progress_watch import NodeProgress, ProgressWatch, TimeoutLearner, is_starting, parse_ages
 from detlaunch.node.verdict import Hung, StuckAfterTraceback, VerdictEvent
+from detlaunch.observe.events import EventKind
 from detlaunch.outcome import Failure, FailureKind
 from detlaunch.stacks.query import DEFAULT_BUDGET, StackCollector, node_answer, report_of
-from detlaunch.system.eventloop import EventLoop, Timer
+from detlaunch.system.eventloop import EventLoop, Timer, cancel_timer
 
 TRACEBACK_DELAY = 5.0  # seconds a rank may take to exit after its uncaught traceback
+REPORT_AFTER = 600.0  # no --hang-timeout: after this long without progress, stacks and suspects once; goes on
+AUTO = "auto"  # --hang-timeout auto
+LEARN_EVERY = 1.0  # --hang-timeout auto: seconds between the chief's progress questions
 Answer = Callable[[dict[str, Any]], None]
 
 
 class HangPolicy:
     """What the supervisor gives it: the loop, how to ask the job a question, how to fail and to say."""
 
-    def __init__(self, loop: EventLoop, *, node: int, host: str, run_dir: str, is_chief: bool, hang_timeout: float,
-                 dump_budget: float, ask_job: Callable[[str, dict[str, Any], Answer], None],
+    def __init__(self, loop: EventLoop, *, node: int, host: str, run_dir: str, is_chief: bool,
+                 hang_timeout: float | str | None, dump_budget: float,
+                 ask_job: Callable[[str, dict[str, Any], Answer], None],
                  fail: Callable[[VerdictEvent], None], say: Callable[[str], None],
-                 live_ranks: Callable[[], list[tuple[int, int]]], active: Callable[[], bool]) -> None:
+                 live_ranks: Callable[[], list[tuple[int, int]]], active: Callable[[], bool],
+                 emit: Callable[..., Any] = lambda *a, **k: None) -> None:
         self.loop, self.node, self.host, self.is_chief = loop, node, host, is_chief
         self.hang_timeout, self.dump_budget = hang_timeout, dump_budget
+        self.learner = TimeoutLearner() if hang_timeout == AUTO else None
+        self.announced: float | None = None  # the learned limit last told (status, event log)
+        self.reported = False  # this attempt's hang was reported (no stop): once
+        self.check_timer: Timer | None = None  # the watch's one timer (and, auto, the learning one)
+        self.learn_timer: Timer | None = None
+        self.emit = emit
+        self.stragglers: Callable[[], Mapping[str, str]] = dict  # {rank: mark}, named by the straggler watch
         self.ask_job, self.fail, self.say, self.live_ranks, self.active = ask_job, fail, say, live_ranks, active
         self.run_dir = run_dir
         self.progress = NodeProgress(run_dir)
@@ -102,9 +119,11 @@ class HangPolicy:
         launcher is still starting (torch's import alone takes seconds), and --start-timeout watches."""
         self.progress.registered(rank, self.loop.clock())
         self.collector.load()
-        if self.is_chief and self.hang_timeout > 0 and self.watch is None:
-            self.watch = ProgressWatch(self.hang_timeout, self.loop.clock())
+        if self.is_chief and self.hang_timeout != 0 and self.watch is None:
+            self.watch = ProgressWatch(self.limit(), self.loop.clock())
             self._arm()
+            if self.learner is not None:
+                self.learn_timer = self.loop.call_later(LEARN_EVERY, self._learn)
 
     def exited(self, rank: int) -> None:
         """A rank of this node ended: that is progress (see NodeProgress.exited)."""
@@ -112,9 +131,51 @@ class HangPolicy:
 
     # -- the hang watch (the chief) ------------------------------------------------------------
 
+    def limit(self) -> float:
+        """The watch's limit now: --hang-timeout S, the learned one, or REPORT_AFTER."""
+        if isinstance(self.hang_timeout, (int, float)) and self.hang_timeout > 0:
+            return float(self.hang_timeout)
+        learned = self.learner.timeout if self.learner else None
+        return REPORT_AFTER if learned is None else learned
+
+    def stops(self) -> bool:
+        """Whether a hang stops the job (a limit the user gave or asked to learn), or is only reported."""
+        return isinstance(self.hang_timeout, (int, float)) or bool(self.learner and self.learner.timeout)
+
+    def facts(self) -> dict[str, Any]:
+        """For `detlaunch status` (the chief's): what --hang-timeout auto has learned so far."""
+        if self.learner is None:
+            return {}
+        learned = self.learner.timeout
+        return {"hang_timeout": f"auto: {learned:g} s learned" if learned else "auto: learning"}
+
     def _arm(self) -> None:
         assert self.watch is not None
-        self._after(self.watch.deadline() - self.loop.clock(), self._check)
+        cancel_timer(self.check_timer)
+        self.check_timer = self.loop.call_later(max(0.0, self.watch.deadline() - self.loop.clock()), self._check)
+
+    def _learn(self) -> None:
+        self.learn_timer = None
+        if self.active():
+            self.ask_job("progress", {}, self._of_this_attempt(self._on_learn))
+
+    def _on_learn(self, answer: dict[str, Any]) -> None:
+        watch, learner = self.watch, self.learner
+        assert watch is not None and learner is not None
+        now = self.loop.clock()
+        for node in answer.get("nodes") or []:
+            watch.update(int(node.get("node", -1)), parse_ages(node), now, is_starting(node))
+        if learner.observe(watch.latest()) and learner.timeout is not None:
+            watch.timeout = learner.timeout
+            self._arm()
+            if self.announced is None or learner.timeout >= 1.25 * self.announced:
+                self.announced = learner.timeout
+                self.emit(EventKind.HANG_TIMEOUT_LEARNED, timeout=round(learner.timeout, 3),
+                          longest_interval=round(learner.longest, 3))
+                self.say(f"--hang-timeout auto: {learner.timeout:g} s ({learner.factor:g} x the longest interval "
+                         f"between progress, {learner.longest:.1f} s; at least {learner.floor:g} s)")
+        if self.active():
+            self.learn_timer = self.loop.call_later(LEARN_EVERY, self._learn)
 
     def _after(self, delay: float, callback: Callable[[], None]) -> None:
         """A timer of this attempt (new_attempt cancels it); fired ones are forgotten as new ones come."""
@@ -148,18 +209,40 @@ class HangPolicy:
             self._arm()
             return
         idle = watch.idle_for(now)
-        self.say(f"no rank has shown progress for {idle:.1f} s (--hang-timeout {self.hang_timeout:g}): "
-                 "taking every rank's stack")
+        if not self.stops():
+            if not self.reported:  # once an attempt; the job goes on
+                self.reported = True
+                self.say(f"no rank has shown progress for {idle:.1f} s: every rank's stack follows; the job goes on "
+                         "(--hang-timeout S stops a job that hangs for S seconds)")
+                self.ask_job("stacks", {"budget": DEFAULT_BUDGET, "flight": True},
+                             self._of_this_attempt(lambda answer: self._on_report_stacks(answer, idle)))
+            return
+        label = f"auto, {self.limit():g} s learned" if self.learner else f"{self.limit():g}"
+        self.say(f"no rank has shown progress for {idle:.1f} s (--hang-timeout {label}): taking every rank's stack")
         then = self._of_this_attempt(lambda answer: self._on_hang_stacks(answer, idle))
         self.ask_job("stacks", {"budget": DEFAULT_BUDGET, "flight": True}, then)
 
-    def _on_hang_stacks(self, answer: dict[str, Any], idle: float) -> None:
+    def _hang_report(self, answer: dict[str, Any]) -> tuple[list[str], tuple[str, ...]]:
+        """Every rank's stack, grouped, the ranks already named stragglers marked; and the suspects."""
+        from detlaunch.observe.stragglers import marks
         from detlaunch.stacks.groups import format_text, format_who
 
         report = report_of(answer, self.watch.last_progress() if self.watch else None)
-        lines = [*format_text(report), *(f"node {n}: no answer" for n in answer.get("missing") or [])]
-        suspects = tuple(f"{format_who([(s.rank, s.node)])}: {s.why}" for s in report.suspects)
-        self.fail(Hung(self.hang_timeout, idle, suspects, tuple(lines), self.node, time.time()))
+        named = marks(self.stragglers())
+        lines = [*format_text(report), *(f"node {n}: no answer" for n in answer.get("missing") or []),
+                 *(f"rank {rank}: named a straggler before ({mark})" for rank, mark in named.items())]
+        return lines, tuple(f"{format_who([(s.rank, s.node)])}: {s.why}" for s in report.suspects)
+
+    def _on_hang_stacks(self, answer: dict[str, Any], idle: float) -> None:
+        lines, suspects = self._hang_report(answer)
+        self.fail(Hung(self.limit(), idle, suspects, tuple(lines), self.node, time.time(), learned=bool(self.learner)))
+
+    def _on_report_stacks(self, answer: dict[str, Any], idle: float) -> None:
+        lines, suspects = self._hang_report(answer)
+        self.emit(EventKind.HANG_DETECTED, silent_for=round(idle, 3), stopping=False)
+        self.say(f"the job shows no progress; suspect: {'; '.join(suspects) or 'none stands out (see the stacks)'}")
+        for line in lines:
+            self.say(f"  {line}")
 
     # -- a rank that printed its traceback and does not exit -----------------------------------
     def traceback(self, rank: int, tail: Sequence[str], wall: float) -> None:
@@ -223,6 +306,12 @@ class HangPolicy:
             timer.cancel()
         self.timers.clear()
         self.attempt += 1
+        cancel_timer(self.check_timer)
+        cancel_timer(self.learn_timer)
+        self.check_timer = self.learn_timer = None
+        self.reported = False
+        if self.learner is not None:
+            self.learner.new_attempt()  # what it learned stays; the warm-up starts again
         self.watch = None  # re-made when the next attempt's first rank registers
         self.progress = NodeProgress(self.run_dir)  # no rank of the next attempt has started yet
         self.dumping = False
@@ -230,6 +319,8 @@ class HangPolicy:
         self.own_dumps, self.after_own_dumps = 0, []
 
     def close(self) -> None:
+        cancel_timer(self.check_timer)
+        cancel_timer(self.learn_timer)
         for timer in self.timers:
             timer.cancel()
         self.collector.close()

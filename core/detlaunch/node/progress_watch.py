@@ -132,3 +132,42 @@ def parse_ages(node_answer: Mapping[str, object]) -> list[tuple[int, float]]:
         except (TypeError, ValueError):
             continue
     return ages
+
+
+class TimeoutLearner:
+    """`--hang-timeout auto`: the limit learned from the job itself, as NVIDIA's ft_launcher does.
+
+    Fed the job's latest progress (monotonic) each time the chief asks; each time it moves, the gap
+    since the last is an interval between progress. The first WARMUP gaps of each attempt are not
+    counted (imports, compilation, the first collectives); after them the limit is FACTOR times the
+    longest interval seen, never under FLOOR. The longest interval is kept across restarts (a restart
+    does not make the job faster); only the warm-up starts again.
+    """
+
+    FACTOR, FLOOR, WARMUP = 5.0, 60.0, 3
+
+    def __init__(self, factor: float = FACTOR, floor: float = FLOOR, warmup: int = WARMUP) -> None:
+        self.factor, self.floor, self.warmup = factor, floor, warmup
+        self.longest = 0.0  # the longest interval between progress counted so far (all attempts)
+        self.counted = 0  # intervals counted, all attempts
+        self.seen = 0  # intervals seen in this attempt (the warm-up's)
+        self.last: float | None = None
+
+    def observe(self, latest: float) -> bool:
+        """The job's latest progress now; True when the learned limit changed (first learned, or grew)."""
+        before = self.timeout
+        if self.last is not None and latest > self.last:
+            self.seen += 1
+            if self.seen > self.warmup:
+                self.counted += 1
+                self.longest = max(self.longest, latest - self.last)
+        self.last = latest if self.last is None else max(self.last, latest)
+        return self.timeout != before
+
+    @property
+    def timeout(self) -> float | None:
+        """The learned limit; None while nothing is learned yet (the warm-up of the first attempt)."""
+        return max(self.floor, self.factor * self.longest) if self.counted else None
+
+    def new_attempt(self) -> None:
+        self.last, self.seen = None, 0

@@ -46,6 +46,7 @@ from detlaunch.node.rank_registry import RankEntry, RankRegistry, RankRules
 from detlaunch.node.shutdown import Shutdown
 from detlaunch.node.stage_files import StageFiles
 from detlaunch.node.startup import Startup
+from detlaunch.node.straggler_watch import StragglerWatch
 from detlaunch.node.verdict import (
     ChildExited,
     Decision,
@@ -103,18 +104,22 @@ class NodeSupervisor:
             chief=lambda: self.link if isinstance(self.link, ChiefLink) else None,
             worker=lambda: self.link if isinstance(self.link, WorkerLink) else None)
         c = plan.cluster
+        self.events = EventEmitter(plan.cluster.job_id, self.node, path=plan.events_path, hook=on_event,
+                                   warn=lambda why: self.say(f"warning: {why}; the job goes on"))
         self.hangs = HangPolicy(self.loop, node=self.node, host=c.node_addr or socket.gethostname(),
                                 run_dir=plan.run_dir, is_chief=c.is_chief, hang_timeout=plan.hang_timeout,
                                 dump_budget=plan.dump_budget, ask_job=self.control.ask_job, fail=self.fail,
-                                say=self.say, live_ranks=self._live_ranks, active=lambda: self.phase.active)
+                                say=self.say, live_ranks=self._live_ranks, active=lambda: self.phase.active,
+                                emit=self.events.emit)
+        self.stragglers = StragglerWatch(  # the chief names a slow rank (after the hang policy: it marks them)
+            self.loop, is_chief=c.is_chief, run_dir=plan.run_dir, threshold=plan.straggler_threshold,
+            action=plan.straggler_action, ask_job=self.control.ask_job, emit=self.events.emit, say=self.say,
+            live_ranks=self._live_ranks, usage=lambda: self.events.tracker.usage, active=lambda: self.phase.active)
         self.status = NodeStatus(self)
-        self.control.handle("status", self.status.answer)
-        self.control.handle("stacks", self.hangs.answer_stacks)
+        self.stragglers.serve(self.control, self.status.answer, self.hangs)  # status, stacks, sections
         self.control.handle("progress", self.hangs.answer_progress)
         self.run_dir: RunDir | None = None
         self.files = StageFiles(plan.stage, plan.run_dir, plan.shared_dir)
-        self.events = EventEmitter(plan.cluster.job_id, self.node, path=plan.events_path, hook=on_event,
-                                   warn=lambda why: self.say(f"warning: {why}; the job goes on"))
         self.console = folding_console(plan, self.loop)  # the job's console, folding repeated lines (--dedupe)
         self.startup = Startup(self)
         self.shutdown = Shutdown(self)
@@ -253,6 +258,7 @@ class NodeSupervisor:
         self.events.emit(EventKind.RANK_REGISTERED, entry.rank, host=self.ranks.host, pid=entry.peer_pid)
         if entry.rank is not None:
             self.hangs.registered(entry.rank)
+            self.stragglers.registered()
 
     def _on_rank_started(self, entry: RankEntry) -> None:
         self.events.emit(EventKind.RANK_STARTED, entry.rank, pid=entry.rank_pid)
@@ -356,6 +362,7 @@ class NodeSupervisor:
             part.new_attempt()
         self.status.stop_sampling()
         self.attempts.wait()
+        self.stragglers.new_attempt()
         self.hangs.new_attempt()  # a traceback timer or the hang watch of the last attempt must not fire in the next
         self.events.emit(EventKind.ATTEMPT_ENDED, **self.attempts.ended_event(self.attempt, self.verdict.exit_code))
         self.verdict = Verdict()  # a signal or a failure during the wait is the job's end, not the last attempt's
@@ -398,6 +405,7 @@ class NodeSupervisor:
             self.console.close()
         self.control.close()
         self.hangs.close()
+        self.stragglers.close()
         self.ranks.close()
         self.processes.close()
         self.loop.close()

@@ -105,6 +105,7 @@ class Hung:
     stacks: tuple[str, ...]  # every rank's stack, grouped (stacks/groups.format_text)
     node: int
     at: float
+    learned: bool = False  # --hang-timeout auto: `timeout` is the learned limit
 
 
 @dataclasses.dataclass(frozen=True)
@@ -167,8 +168,9 @@ def as_failure(event: VerdictEvent) -> Failure | None:
             return Failure(event.what, exit_codes.FAILED, at=event.at, kind=FailureKind.START)
         case Hung():
             who = "; ".join(event.suspects) or "none stands out (see the stacks)"
+            limit = f"auto, learned {event.timeout:g}" if event.learned else f"{event.timeout:g}"
             return Failure(f"the job hung: no rank showed progress for {event.idle:.1f} s (--hang-timeout "
-                           f"{event.timeout:g}); suspect: {who}", exit_codes.HANG, tail=event.stacks,
+                           f"{limit}); suspect: {who}", exit_codes.HANG, tail=event.stacks,
                            tail_of="every rank's stack", at=event.at, kind=FailureKind.HANG)
         case StuckAfterTraceback():
             status = RankStatus(rank=event.rank, node_rank=event.node, exit_code=None, tail=event.tail,

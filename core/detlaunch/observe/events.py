@@ -52,6 +52,8 @@ class EventKind(enum.StrEnum):
     SPARE_JOINED = "spare_joined"
     SPARE_PROMOTED = "spare_promoted"
     NODE_EXCLUDED = "node_excluded"
+    STRAGGLER = "straggler"
+    HANG_TIMEOUT_LEARNED = "hang_timeout_learned"
 
 
 # The details each kind carries: name -> JSON type(s). All listed details are required;
@@ -78,6 +80,8 @@ DETAILS: Mapping[EventKind, Mapping[str, str | tuple[str, ...]]] = {
     EventKind.SPARE_JOINED: {"host": _STR},
     EventKind.SPARE_PROMOTED: {"spare": _INT, "host": _STR, "replaces": _STR},
     EventKind.NODE_EXCLUDED: {"host": _STR, "reason": _STR},
+    EventKind.STRAGGLER: {"basis": _STR, "speed": _NUM, "action": _STR, "confidence": _STR},
+    EventKind.HANG_TIMEOUT_LEARNED: {"timeout": _NUM, "longest_interval": _NUM},
 }
 
 

@@ -47,6 +47,7 @@ class RankState:
     state: starting (registered, not yet running), running, exited (by itself: see exit_code or
     signal), stopped (detlaunch stopped it: a consequence of the job stopping, not a cause).
     cpu_percent and rss: of the rank's whole process tree (data loader workers included).
+    straggler: the chief's mark once it named the rank a straggler ("0.50x (step)"; observe/stragglers.py).
     """
 
     rank: int
@@ -63,6 +64,7 @@ class RankState:
     cpu_percent: float | None = None
     rss: int | None = None
     restarts: int = 0
+    straggler: str | None = None
 
     def __post_init__(self) -> None:
         if self.state not in STATES:
@@ -87,6 +89,7 @@ class JobStatus:
     phase: where the job is: a JobPhase (or, from JSON, its text); from a node that could not
     answer, why not (cli/control.py shows it in the phase's place).
     root_cause: the root cause's one line, once there is one.
+    hang_timeout: what --hang-timeout auto has learned ("auto: 60 s learned"), from the chief.
     """
 
     job_id: str
@@ -94,6 +97,7 @@ class JobStatus:
     taken_at: float
     ranks: tuple[RankState, ...] = ()
     root_cause: str | None = None
+    hang_timeout: str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "ranks", tuple(sorted(self.ranks, key=lambda r: r.rank)))
@@ -234,10 +238,17 @@ def render_table(status: JobStatus, now: float) -> str:
     lines = [f"job {status.job_id}: {status.phase}, {len(status.ranks)} rank(s) on {nodes} node(s)"]
     if status.root_cause:
         lines.append(f"root cause: {status.root_cause}")
-    rows = [COLUMNS, *(_row(r, now) for r in status.ranks)]
-    widths = [max(len(row[i]) for row in rows) for i in range(len(COLUMNS))]
+    if status.hang_timeout:
+        lines.append(f"hang timeout: {status.hang_timeout}")
+    columns: tuple[str, ...] = COLUMNS
+    rows: list[tuple[str, ...]] = [_row(r, now) for r in status.ranks]
+    if any(r.straggler for r in status.ranks):  # the column appears once the chief has named one
+        columns = (*COLUMNS, "STRAGGLER")
+        rows = [(*row, r.straggler or "-") for row, r in zip(rows, status.ranks, strict=True)]
+    rows = [columns, *rows]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(columns))]
     for row in rows:
-        cells = (cell.rjust(w) if name in _RIGHT else cell.ljust(w) for cell, w, name in zip(row, widths, COLUMNS,
+        cells = (cell.rjust(w) if name in _RIGHT else cell.ljust(w) for cell, w, name in zip(row, widths, columns,
                                                                                            strict=True))
         lines.append("  ".join(cells).rstrip())
     return "\n".join(lines) + "\n"

@@ -145,10 +145,20 @@ SUPERVISION = OptionGroup("supervision", (
            "(default: master port + 1; --control-port, its old name, is still accepted)"),
     Option("--heartbeat", type=Number(float, 0.01, 60, 1.0, "s"), metavar="S", supervision=True,
            help="multi-node: heartbeat interval; a node silent for 5 intervals is lost (default %(default)g)"),
-    Option("--hang-timeout", type=Number(float, 0, 7 * 86400, 0.0, "s"), metavar="S", supervision=True,
+    Option("--hang-timeout", type=Number(float, 0, 7 * 86400, None, "s", words=("auto",)), metavar="S",
+           supervision=True,
            help="when no rank on any node has shown progress (an output line, or detlaunch.progress()) for S "
-           "seconds, print every rank's stack and the suspects, and stop the job with exit code "
-           f"{exit_codes.HANG} (default 0: off)"),
+           f"seconds, print every rank's stack and the suspects, and stop the job with exit code {exit_codes.HANG}. "
+           "auto: S learned from the job (5 x the longest interval between progress after a warm-up, at least "
+           "60 s, kept across restarts). Default: after 10 minutes without progress, the stacks and suspects are "
+           "printed once and the job goes on; 0: not watched at all"),
+    Option("--straggler-action", choices=("warn", "replace"), default="warn", supervision=True,
+           help="a rank named a straggler (its detlaunch.section() times stay under --straggler-threshold of the "
+           "other ranks' speed; without sections, the CPU-busy suspect): warn (a line, an event, a mark in "
+           "detlaunch status), or replace its node by a spare (needs --spares; else warns) (default %(default)s)"),
+    Option("--straggler-threshold", type=Number(float, 0.05, 0.99, 0.7), metavar="F", supervision=True,
+           help="a rank slower than this fraction of the other ranks' median speed, window after window, is a "
+           "straggler (default %(default)g)"),
     Option("--dump-budget", type=Number(float, 0, 10, 1.5, "s"), metavar="S", supervision=True,
            help="when a rank fails, take the other ranks' stacks within S seconds before stopping them "
            "(default %(default)g; 0: stop at once)"),

@@ -31,7 +31,10 @@ _RECORD = struct.Struct("@qqddq")  # count (first copy), step, monotonic, wall, 
 SIZE = 64  # the heartbeat's record, rounded up: what progress() maps
 OUTPUT_RECORD = 64  # offset of the second record: the wrapper's time of the rank's last output
 ENDED_RECORD = 128  # the third: written once, by the rank's Python, when its script has ended (faultsite)
-FILE_SIZE = 192  # the three records
+SECTIONS_OFFSET = 192  # then the table of detlaunch.section()'s figures (rank/sections.py)
+SECTION_SLOT = 128  # one section: its name (written once), then its seqlocked figures
+MAX_SECTIONS = 32
+FILE_SIZE = SECTIONS_OFFSET + MAX_SECTIONS * SECTION_SLOT  # the three records and the sections' table
 SCRIPT_FINISHED, SCRIPT_RAISED = "finished", "raised"  # how a script ended (OutputMark.script_end)
 READ_ATTEMPTS = 100
 
@@ -83,22 +86,28 @@ def progress(step: int | None = None) -> None:
 def _open() -> object:
     """Map the file named by DETLAUNCH_PROGRESS_FILE, once; on any problem, turn heartbeats off."""
     global _buf
+    mapped = map_rank_file(SIZE, "heartbeats are off for this process")
+    _buf = _DISABLED if mapped is None else mapped
+    return _buf
+
+
+def map_rank_file(size: int, otherwise: str) -> object:
+    """The first `size` bytes of the file named by DETLAUNCH_PROGRESS_FILE, mapped for writing; None without
+    detlaunch, or (said once on stderr, with `otherwise`) when it cannot be mapped."""
     path = os.environ.get(ENV)
-    _buf = _DISABLED
     if not path:
-        return _buf
+        return None
     import mmap
 
     try:
         fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
         try:
-            _buf = mmap.mmap(fd, SIZE, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+            return mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         finally:
             os.close(fd)
     except (OSError, ValueError) as e:
-        print(f"detlaunch: cannot map the progress file {path} ({e}): heartbeats are off for this process",
-              file=sys.stderr)
-    return _buf
+        print(f"detlaunch: cannot map the progress file {path} ({e}): {otherwise}", file=sys.stderr)
+        return None
 
 
 def _forget_in_child() -> None:

@@ -50,6 +50,7 @@ class Metrics:
         self.running: set[int] = set()
         self.exit_codes: dict[int, int] = {}
         self.job_exit_code: int | None = None
+        self.stragglers: dict[int, float] = {}  # rank -> its speed against the others' (the chief's `straggler`)
         self.last_event_time = 0.0
 
     def observe(self, event: Event) -> None:
@@ -64,6 +65,8 @@ class Metrics:
                 self.running.discard(event.rank)
                 code, signum = event.details.get("code"), event.details.get("signal")
                 self.exit_codes[event.rank] = 128 + int(signum) if signum else int(code or 0)
+            elif kind == "straggler" and event.rank is not None:
+                self.stragglers[event.rank] = float(event.details.get("speed", 0.0))
             elif kind == "job_finished":
                 self.job_exit_code = int(event.details.get("exit_code", 0))
 
@@ -85,6 +88,12 @@ class Metrics:
                 "# TYPE detlaunch_last_event_timestamp_seconds gauge",
                 f"detlaunch_last_event_timestamp_seconds{{{base}}} {self.last_event_time}",
             ]
+            if self.stragglers:
+                out += ["# HELP detlaunch_rank_straggler_speed A rank named a straggler: its speed against the "
+                        "other ranks' median (0.5: twice as slow).",
+                        "# TYPE detlaunch_rank_straggler_speed gauge",
+                        *(f'detlaunch_rank_straggler_speed{{{base},rank="{r}"}} {v}'
+                          for r, v in sorted(self.stragglers.items()))]
             if self.job_exit_code is not None:
                 out += ["# HELP detlaunch_job_exit_code The exit code the job ended with on this node.",
                         "# TYPE detlaunch_job_exit_code gauge",
