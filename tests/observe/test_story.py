@@ -64,12 +64,12 @@ def test_lines_that_are_not_events_are_counted_and_the_first_named() -> None:
 
 
 def test_a_kind_this_detlaunch_does_not_know_is_kept_as_a_mark_and_a_newer_schema_is_not() -> None:
-    straggler = json.dumps({"v": 1, "time": T0, "job": "j", "node": 0, "rank": 2, "kind": "straggler",
+    unknown = json.dumps({"v": 1, "time": T0, "job": "j", "node": 0, "rank": 2, "kind": "gpu_throttled",
                             "details": {"ratio": 2.1}})
     newer = json.dumps({"v": 99, "time": T0, "job": "j", "node": 0, "rank": None, "kind": "future", "details": {}})
     reading = Reading()
-    read_lines("e", f"{straggler}\n{newer}\n".encode(), reading)
-    assert [(f.kind, f.rank, dict(f.details)) for f in reading.foreign] == [("straggler", 2, {"ratio": 2.1})]
+    read_lines("e", f"{unknown}\n{newer}\n".encode(), reading)
+    assert [(f.kind, f.rank, dict(f.details)) for f in reading.foreign] == [("gpu_throttled", 2, {"ratio": 2.1})]
     assert "event schema version 99" in reading.problems[0]
     spare = json.dumps({"v": 1, "time": T0, "job": "j", "node": 1, "rank": None, "kind": "spare_promoted",
                         "details": {"spare": 3, "host": "10.0.0.9", "replaces": "10.0.0.2"}})

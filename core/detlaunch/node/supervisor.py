@@ -168,7 +168,7 @@ class NodeSupervisor:
         try:
             self.run_dir = create_run_dir(self.plan.run_dir)  # fails if anything already sits at this random path
             os.mkdir(os.path.join(self.plan.run_dir, "tmp"), 0o700)  # a private TMPDIR for the job
-            self.rank_defaults = self._ready_rank_defaults()
+            self.rank_defaults = ready_rank_defaults(self.plan, self.trace)
             write_job_file(self.plan.run_dir, self.plan.cluster.job_id, self.node)
             self.ranks.listen(self.plan.socket_path)
         except OSError as e:
@@ -239,19 +239,6 @@ class NodeSupervisor:
         if self.rank_defaults:  # the wrapper sets each one the rank's environment does not have
             welcome["defaults"] = self.rank_defaults
         return welcome
-
-    def _ready_rank_defaults(self) -> dict[str, str]:
-        """The plan's rank defaults, with the compile cache folder made (0700, the user's own): one that
-        cannot be (a read-only home, a folder of someone else's) is left to torch's default, said under --debug."""
-        defaults = dict(self.plan.rank_defaults)
-        cache = defaults.get(rank_defaults.COMPILE_CACHE_ENV)
-        if cache:
-            try:
-                ensure_private_dir(cache)
-            except (OSError, LaunchError) as e:
-                self.trace(f"no persistent compile cache for the ranks ({cache}: {getattr(e, 'strerror', None) or e})")
-                del defaults[rank_defaults.COMPILE_CACHE_ENV]
-        return defaults
 
     def _on_registered(self, entry: RankEntry) -> None:
         self.trace(f"rank {entry.rank} registered (wrapper pid {entry.peer_pid})")
@@ -433,6 +420,20 @@ class NodeSupervisor:
                          duration=time.monotonic() - self.started_at, node_rank=self.node,
                          warnings=tuple(self.processes.log_errors), stacks=self.hangs.dumped,
                          attempts=tuple(self.attempts.report()))
+
+
+def ready_rank_defaults(plan: LaunchPlan, trace: Callable[[str], None]) -> dict[str, str]:
+    """The plan's rank defaults, with the compile cache folder made (0700, the user's own): one that
+    cannot be (a read-only home, a folder of someone else's) is left to torch's default, said under --debug."""
+    defaults = dict(plan.rank_defaults)
+    cache = defaults.get(rank_defaults.COMPILE_CACHE_ENV)
+    if cache:
+        try:
+            ensure_private_dir(cache)
+        except (OSError, LaunchError) as e:
+            trace(f"no persistent compile cache for the ranks ({cache}: {getattr(e, 'strerror', None) or e})")
+            del defaults[rank_defaults.COMPILE_CACHE_ENV]
+    return defaults
 
 
 def replanned(plan: LaunchPlan, link: ChiefLink | WorkerLink | None,
