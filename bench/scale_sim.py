@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+from detlaunch.link.worker import NoQuestionsNoOrders
 from detlaunch.testing import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -51,7 +52,7 @@ def host(i: int) -> str:
 # -- a simulating process: many WorkerLinks on one EventLoop ----------------------------------------
 
 
-class SimNode:
+class SimNode(NoQuestionsNoOrders):  # the chief asks a simulated node nothing, restarts nothing
     """One simulated worker node: what its supervisor would be told (link.worker.WorkerEvents), and what its
     questions' and attempts' owners would (link.worker.WorkerQuestions, AttemptOrders: never, here)."""
 
@@ -82,20 +83,6 @@ class SimNode:
     def chief_lost(self, why: str) -> None:
         self.sim.say({"error": f"node {self.node}: lost the chief: {why}"})
 
-    def chief_request(self, key: int, what: str, args: dict[str, Any]) -> None:
-        pass
-
-    def answered(self, key: int, data: dict[str, Any]) -> None:
-        pass
-
-    def chief_gone(self) -> None:
-        pass
-
-    def chief_restart(self, attempt: int, delay: float | None) -> None:
-        pass
-
-    def chief_go(self, attempt: int) -> None:
-        pass
 
 
 class Simulation:

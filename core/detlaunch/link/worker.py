@@ -66,6 +66,26 @@ class AttemptOrders(Protocol):
     def chief_go(self, attempt: int) -> None: ...  # every node is back: start `attempt` now
 
 
+class NoQuestionsNoOrders:
+    """WorkerQuestions and AttemptOrders that take nothing: for a link whose chief sends it neither (a spare
+    waiting, node/spare.py; a simulated node)."""
+
+    def chief_request(self, key: int, what: str, args: dict[str, Any]) -> None:
+        pass
+
+    def answered(self, key: int, data: dict[str, Any]) -> None:
+        pass
+
+    def chief_gone(self) -> None:
+        pass
+
+    def chief_restart(self, attempt: int, delay: float | None) -> None:
+        pass
+
+    def chief_go(self, attempt: int) -> None:
+        pass
+
+
 class LinkState(enum.Enum):
     """Where a worker node's link to the chief is. Every change goes through WorkerLink._to (traced
     under --debug)::

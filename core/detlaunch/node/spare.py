@@ -14,18 +14,17 @@ from __future__ import annotations
 
 import signal
 from collections.abc import Callable
-from typing import Any
 
 import detlaunch.exit_codes as exit_codes
 from detlaunch.link.settings import LinkSettings
-from detlaunch.link.worker import LinkState, WorkerLink
+from detlaunch.link.worker import LinkState, NoQuestionsNoOrders, WorkerLink
 from detlaunch.outcome import Failure
 from detlaunch.system.eventloop import EventLoop
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
-class SpareWait:
+class SpareWait(NoQuestionsNoOrders):  # the chief sends a spare no question and no order
     def __init__(self, settings: LinkSettings, say: Callable[[str], None], debug: bool = False) -> None:
         self.settings, self.say, self.debug = settings, say, debug
         self.loop = EventLoop()
@@ -77,19 +76,3 @@ class SpareWait:
     def promoted(self, place: int) -> None:
         self.say(f"spare node {self.settings.node}: takes node {place}'s place")
         self.place = place
-
-    # -- questions and orders: the chief sends a spare none (WorkerQuestions, AttemptOrders) -------------
-    def chief_request(self, key: int, what: str, args: dict[str, Any]) -> None:
-        pass
-
-    def answered(self, key: int, data: dict[str, Any]) -> None:
-        pass
-
-    def chief_gone(self) -> None:
-        pass
-
-    def chief_restart(self, attempt: int, delay: float | None) -> None:
-        pass
-
-    def chief_go(self, attempt: int) -> None:
-        pass
