@@ -24,7 +24,8 @@ pytestmark = pytest.mark.timeout(300)
 def spare_job(launcher: Launcher, tmp_path: Path, layer: str, *extra: str) -> tuple[list[str], list[str], Path]:
     excluded = tmp_path / "excluded-hosts"
     excluded.write_text("# hosts kept out\n10.9.9.9\n")
-    if layer == "horovod":  # the host list's last host is the spare; horovodrun reaches the others over sshd
+    if layer in ("horovod", "deepspeed"):  # the host list's last host is the spare; the chief's launcher
+        # reaches the other nodes over their per-job sshd
         shape = ["--hosts", ",".join(f"127.0.0.{n}:1" for n in range(1, 5)), "--ssh-port", str(free_port("127.0.0.2"))]
     else:
         shape = ["--nnodes", "3", "--nproc-per-node", "1", "--master-addr", "127.0.0.1"]
@@ -38,11 +39,12 @@ def spare_job(launcher: Launcher, tmp_path: Path, layer: str, *extra: str) -> tu
 
 def node(launcher: Launcher, common: list[str], script: list[str], n: int) -> Job:
     where = [] if "--hosts" in common else ["--node-addr", f"127.0.0.{n + 1}"]
-    return launcher.start(*common, "--node-rank", str(n), *where, *script)
+    env = {"DS_ACCELERATOR": "cpu"} if "deepspeed" in common else None
+    return launcher.start(*common, "--node-rank", str(n), *where, *script, env=env)
 
 
 @pytest.mark.parametrize(("layer", "how"), [("torchrun", signal.SIGKILL), ("direct", signal.SIGSTOP),
-                                             ("horovod", signal.SIGKILL)])
+                                             ("horovod", signal.SIGKILL), ("deepspeed", signal.SIGKILL)])
 def test_a_lost_node_is_replaced_by_the_spare_and_the_job_resumes_there(
         launcher: Launcher, tmp_path: Path, layer: str, how: signal.Signals) -> None:
     extra = ("--heartbeat", "0.2") if how == signal.SIGSTOP else ()
