@@ -243,6 +243,20 @@ class LayerContract:
         for cmd in plan.stage.commands:
             assert cmd.env.get("DET_CHIEF_IP", CHIEF_ADDR) == CHIEF_ADDR, f"{cmd.name} overrides DET_CHIEF_IP"
 
+    @pytest.mark.parametrize("node_rank", [0, 1], ids=["chief", "worker"])
+    def test_the_plan_follows_a_node_that_moved(self, contract: Case, node_rank: int) -> None:
+        """A spare takes node 1's place at another address (docs/RESTARTS.md): each node's part is planned from
+        the cluster as it now is (the chief's again, the spare's as node 1), so where the plan named node 1's old
+        address it names the new one, and the old one nowhere."""
+        self._multi_node_or_skip(contract)
+        shape, port, moved_to = Shape(2, 8, node_rank), free_port(), "127.0.0.9"
+        config = contract.loaded.config(contract.args(str(contract.script), port=port), contract.env)
+        before = repr(contract.loaded.plan(config, shape.cluster()).stage)
+        moved = dataclasses.replace(shape.cluster(), node_addrs=(CHIEF_ADDR, moved_to))
+        after = repr(contract.loaded.plan(config, moved).stage)
+        assert WORKER_ADDR not in after, f"{shape.id}: node 1 moved to {moved_to}, the plan still names {WORKER_ADDR}"
+        assert (WORKER_ADDR in before) == (moved_to in after), f"{shape.id}: node 1's new address is not in the plan"
+
     @pytest.mark.parametrize("shape", SHAPES, ids=[s.id for s in SHAPES])
     def test_rank_commands_match_the_declaration(self, contract: Case, shape: Shape) -> None:
         """A launcher-less layer (rank_commands) starts each of the node's ranks itself, once; others none."""
