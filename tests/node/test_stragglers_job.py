@@ -124,3 +124,29 @@ def test_a_node_throttled_by_a_cpu_quota_has_its_ranks_named(launcher: Launcher,
     assert named and {node for _, node in named} == {"1"}, done[0].stderr  # only the throttled node's ranks
     assert os.path.exists(tmp_path / "logs" / "events.jsonl")
     assert {e["rank"] for e in events(tmp_path, "straggler")} == {int(r) for r, _ in named}
+
+
+@pytest.mark.timeout(180)
+def test_with_a_spare_the_stragglers_node_is_replaced_and_its_host_kept_out(launcher: Launcher,
+                                                                           tmp_path: Path) -> None:
+    """--straggler-action replace: node 1's rank is slow; the chief sends node 1 away, the spare (node 2) takes
+    its place at the next attempt, and node 1's host goes into the exclusion file."""
+    excluded, port = tmp_path / "excluded", free_port()
+    args = ["--layer", "direct", "--nnodes", "2", "--spares", "1", "--master-addr", "127.0.0.1", "--master-port",
+            str(port), "--max-node-restarts", "1", "--restart-backoff", "0", "--straggler-action", "replace",
+            "--exclude-hosts", str(excluded), SCRIPT]
+
+    def node(n: int, **env: str) -> Job:
+        return launcher.start(*args[:-1], "--node-rank", str(n), "--node-addr", f"127.0.0.{n + 1}", args[-1],
+                              env={"STOP": str(tmp_path / "stop"), "MAX_STEPS": "30", **env})
+
+    spare, slow, chief = node(2), node(1, SLOW_RANK="1", WORK_S="0.1"), node(0, WORK_S="0.1")
+    rc, rs, rp = chief.wait(150), slow.wait(60), spare.wait(60)
+    assert (rc.returncode, rp.returncode) == (0, 0), rc.output + rp.output
+    assert rs.returncode == 1 and "detlaunch: the chief stopped the job: node 1 (127.0.0.2) was replaced: a " \
+                                  "straggler (--straggler-action replace)" in rs.stderr, rs.output
+    assert NAMED.findall(rc.stderr)[0] == ("1", "1"), rc.stderr
+    assert "; node 1 is replaced by a spare" in rc.stderr, rc.stderr
+    assert "detlaunch: spare node 2 (127.0.0.3) takes the place of node 1 (127.0.0.2)" in rc.stderr, rc.stderr
+    assert "rank 1 step 29 at" in rp.stdout, rp.output  # the spare ran rank 1 to the end
+    assert excluded.read_text().startswith("127.0.0.2  # lost "), excluded.read_text()

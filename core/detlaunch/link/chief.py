@@ -20,6 +20,7 @@ import socket
 import time
 from typing import Any, Protocol
 
+import detlaunch.exit_codes as exit_codes
 from detlaunch.errors import LaunchError
 from detlaunch.link import auth
 from detlaunch.link.messages import (
@@ -44,7 +45,7 @@ from detlaunch.link.messages import (
 from detlaunch.link.settings import LinkSettings
 from detlaunch.link.spares import SparePool
 from detlaunch.link.wire import HEARTBEAT, HEARTBEAT_MISSES, PeerConnection
-from detlaunch.outcome import Failure, RankStatus
+from detlaunch.outcome import Failure, FailureKind, RankStatus
 from detlaunch.planning.addresses import bind_host
 from detlaunch.system.eventloop import EventLoop, Priority, Timer
 from detlaunch.system.jobdir import SECRET_ENV, SECRET_FILE, create_secret
@@ -333,6 +334,18 @@ class ChiefLink:
         if self.holding:
             self.holding = False
             self._to_every_node(Go(attempt=self.attempt))
+
+    def dismiss(self, node: int, why: str) -> bool:
+        """Send a live worker node away (a straggler replaced by a spare): it gets the job's end with `why` as
+        its verdict, and counts as lost here (the next attempt gives its place to a spare). False: not joined."""
+        conn = self.nodes.get(node)
+        if conn is None or conn.closed or node in self.finished:
+            return False
+        what = f"node {node} ({self.addr_of(node)}) was replaced: {why}"
+        conn.send(End(failure=Failure(what, exit_codes.FAILED, at=time.time(), kind=FailureKind.NODE_LOST)))
+        conn.close_when_sent()
+        self._lost(node, why)
+        return True
 
     def promote_spare(self, place: int, excluded: set[str]) -> tuple[int, str] | None:
         """Send a waiting spare (on no host in `excluded`) to take lost node `place`'s place (it joins again as

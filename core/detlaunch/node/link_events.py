@@ -116,6 +116,19 @@ class LinkEvents:
         if h.phase is Phase.STARTING:  # a node on an excluded host never comes: the spare takes its place now
             h.driver.fill_from_spares(only_excluded=True)
 
+    def replace_straggler(self, node: int) -> bool:
+        """--straggler-action replace (node/straggler_watch.py): the chief sends the straggler's node away and a
+        waiting spare takes its place at the next attempt, as after a lost node. False: no spare waits."""
+        h = self.host
+        link = h.link
+        if not isinstance(link, ChiefLink) or node == 0 or not link.spares.waiting or node not in link.live_nodes():
+            return False
+        def dismiss() -> None:  # after the straggler's line
+            link.dismiss(node, "a straggler (--straggler-action replace)")
+
+        h.loop.call_later(0, dismiss)
+        return True
+
     def spare_lost(self, node: int, addr: str, why: str) -> None:
         self.host.say(f"lost spare node {node} ({addr}): {why}")
         self.host.events.emit(EventKind.NODE_LOST, node=node, host=addr, reason=why)

@@ -79,6 +79,7 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 class NodeSupervisor:
+    link_events: LinkEvents  # made after the parts that call it back
     def __init__(self, plan: LaunchPlan, *, err: TextIO | None = None, debug: bool = False,
                  on_event: EventHook | None = None, replan: Callable[[ClusterInfo], LaunchPlan] | None = None):
         """replan: this node's plan for a cluster whose nodes moved (a spare took a lost node's place at
@@ -114,7 +115,8 @@ class NodeSupervisor:
         self.stragglers = StragglerWatch(  # the chief names a slow rank (after the hang policy: it marks them)
             self.loop, is_chief=c.is_chief, run_dir=plan.run_dir, threshold=plan.straggler_threshold,
             action=plan.straggler_action, ask_job=self.control.ask_job, emit=self.events.emit, say=self.say,
-            live_ranks=self._live_ranks, usage=lambda: self.events.tracker.usage, active=lambda: self.phase.active)
+            live_ranks=self._live_ranks, usage=lambda: self.events.tracker.usage, active=lambda: self.phase.active,
+            replace=lambda node: self.link_events.replace_straggler(node))
         self.status = NodeStatus(self)
         self.stragglers.serve(self.control, self.status.answer, self.hangs)  # status, stacks, sections
         self.control.handle("progress", self.hangs.answer_progress)
