@@ -101,6 +101,8 @@ def test_a_node_on_an_excluded_host_takes_no_part_and_spares_need_restarts(launc
     assert r.returncode == 0, r.output
     assert r.stdout.splitlines()[0] == "spare node 2 (127.0.0.3): runs no rank until it takes a lost node's " \
                                        "place; as node 1 it would run:", r.stdout
+    r = launcher.run(*args, "--node-rank", "0", "--node-addr", "127.0.0.1", "--dry-run", str(script), timeout=60)
+    assert "├── admits 1 spare node(s) (node rank 2), each to take a lost node's place" in r.stdout, r.output
 
 
 def test_a_node_on_a_host_excluded_at_the_start_is_replaced_before_the_first_attempt(

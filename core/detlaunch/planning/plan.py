@@ -262,6 +262,10 @@ def render_text(plan: LaunchPlan) -> str:
         verb = "listens for the other nodes on" if c.is_chief else "joins the chief at"
         lines.append(f"├── {verb} {c.chief_addr}:{plan.link_port} "
                      f"(job secret, heartbeat {plan.heartbeat:g} s)")
+    if plan.spares and c.is_chief:
+        last = c.num_nodes + plan.spares - 1
+        ranks = f"node rank {last}" if plan.spares == 1 else f"node ranks {c.num_nodes}..{last}"
+        lines.append(f"├── admits {plan.spares} spare node(s) ({ranks}), each to take a lost node's place")
     for path in plan.stage.dirs:
         lines.append(f"├── makes a fresh private folder {path}")
     for path in sorted([*plan.stage.files, *plan.stage.executables]):
