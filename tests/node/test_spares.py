@@ -9,7 +9,10 @@ every global rank keeps its number, the lost host goes into the exclusion file, 
 from __future__ import annotations
 
 import json
+import os
 import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import psutil
@@ -30,6 +33,7 @@ def spare_job(launcher: Launcher, tmp_path: Path, layer: str, *extra: str) -> tu
     else:
         shape = ["--nnodes", "3", "--nproc-per-node", "1", "--master-addr", "127.0.0.1"]
     common = ["--layer", layer, *shape, "--spares", "1", "--master-port", str(free_port()), "--max-restarts", "1",
+              "--job-id", f"spares-{tmp_path.name[-12:].strip('_')}-{os.getpid()}",
               "--restart-backoff", "0", "--exclude-hosts", str(excluded), "--log-dir", str(tmp_path / "logs"), *extra]
     # Node 2's rank hangs in step 3 of the first attempt: every rank saved step 2, and the job is mid-run.
     script = train_args(tmp_path, HVD if layer == "horovod" else DDP, "--crash-step", "3", "--crash-rank", "2",
@@ -52,6 +56,11 @@ def test_a_lost_node_is_replaced_by_the_spare_and_the_job_resumes_there(
     chief, survivor, lost, spare = (node(launcher, common, script, n) for n in range(4))
     spare.wait_for_output("detlaunch: spare node 3: joined the job; it runs no rank", timeout=60)
     lost.wait_for_output("rank 2 attempt 1 fails at step 3 (hang)", timeout=150)
+    if layer == "direct":  # `detlaunch status` shows the spare waiting (the chief's part of the answer)
+        job = common[common.index("--job-id") + 1]
+        shown = subprocess.run([sys.executable, "-m", "detlaunch", "status", job], env=launcher.env,
+                               capture_output=True, text=True, timeout=30)
+        assert "spares: node 3 (127.0.0.4) waiting" in shown.stdout.splitlines(), shown.stdout + shown.stderr
     if how == signal.SIGSTOP:  # the node's supervisor (pid 1 of its PID namespace) stops answering
         psutil.Process(lost.proc.pid).children()[0].suspend()
     else:

@@ -110,6 +110,8 @@ def job_facts(data: dict[str, Any]) -> dict[str, Any]:
     data["stragglers"] = named
     if chief.get("hang_timeout"):
         data["hang_timeout"] = chief["hang_timeout"]
+    if isinstance(chief.get("spares"), list):
+        data["spares"] = [str(s) for s in chief["spares"]]
     for node in nodes:
         for rank in node.get("ranks") or []:
             if isinstance(rank, dict) and "rank" in rank:
@@ -154,7 +156,8 @@ def format_status(data: Mapping[str, Any]) -> str:
                                            node.get("root_cause")))
     if not parts:
         return f"job {data.get('job')}: {data.get('error') or 'no node answered'}"
-    merged = dataclasses.replace(status_view.merge(parts), hang_timeout=data.get("hang_timeout"))
+    merged = dataclasses.replace(status_view.merge(parts), hang_timeout=data.get("hang_timeout"),
+                                 spares=tuple(data.get("spares") or ()))
     text = status_view.render_table(merged, time.time())
     missing = data.get("missing") or []
     if missing:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import signal
 import time
-from typing import Protocol
+from typing import Any, Protocol
 
 from detlaunch.link.chief import ChiefLink
 from detlaunch.link.control import ControlRequests
@@ -115,6 +115,18 @@ class LinkEvents:
         h.events.emit(EventKind.SPARE_JOINED, node=node, host=addr)
         if h.phase is Phase.STARTING:  # a node on an excluded host never comes: the spare takes its place now
             h.driver.fill_from_spares(only_excluded=True)
+
+    def spare_facts(self) -> dict[str, Any]:
+        """The chief's part of `detlaunch status`: its spares, waiting or sent to a place."""
+        link = self.host.link
+        if not isinstance(link, ChiefLink) or not link.spares.ids:
+            return {}
+        pool = link.spares
+        waiting = [f"node {n} ({pool.addrs.get(n)}) waiting" for n in sorted(pool.waiting)]
+        taken = [f"node {n} ({pool.addrs.get(n)}) took node {place}'s place"
+                 for n, place in sorted(pool.promoted.items())]
+        absent = [f"node {n} not joined" for n in sorted(pool.missing)]
+        return {"spares": waiting + taken + absent}
 
     def replace_straggler(self, node: int) -> bool:
         """--straggler-action replace (node/straggler_watch.py): the chief sends the straggler's node away and a

@@ -54,14 +54,15 @@ class StragglerWatch:
                           usage.get(rank, (None, None))[0]])
         done({"ranks": ranks})
 
-    def serve(self, control: Any, status: Callable[[Any, Answer], None], hangs: Any) -> None:
+    def serve(self, control: Any, status: Callable[[Any, Answer], None], hangs: Any,
+              more: Callable[[], dict[str, Any]] = dict) -> None:
         """Register this node's answers with the control requests (link/control.py): "sections", and
         "status" and "stacks" (`hangs.answer_stacks`) joined on the chief by its facts about the job
         (the stragglers' marks, what --hang-timeout auto learned); the hang report marks them too."""
         hangs.stragglers = self.marks
 
         def facts() -> dict[str, Any]:
-            return {"stragglers": self.marks(), **hangs.facts()} if self.is_chief else {}
+            return {"stragglers": self.marks(), **hangs.facts(), **more()} if self.is_chief else {}
 
         control.handle("status", with_job_facts(status, facts))
         control.handle("stacks", with_job_facts(hangs.answer_stacks, facts))

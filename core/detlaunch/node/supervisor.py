@@ -118,7 +118,8 @@ class NodeSupervisor:
             live_ranks=self._live_ranks, usage=lambda: self.events.tracker.usage, active=lambda: self.phase.active,
             replace=lambda node: self.link_events.replace_straggler(node))
         self.status = NodeStatus(self)
-        self.stragglers.serve(self.control, self.status.answer, self.hangs)  # status, stacks, sections
+        self.stragglers.serve(self.control, self.status.answer, self.hangs,  # status, stacks, sections
+                              more=lambda: self.link_events.spare_facts())
         self.control.handle("progress", self.hangs.answer_progress)
         self.run_dir: RunDir | None = None
         self.files = StageFiles(plan.stage, plan.run_dir, plan.shared_dir)

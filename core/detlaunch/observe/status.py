@@ -90,6 +90,7 @@ class JobStatus:
     answer, why not (cli/control.py shows it in the phase's place).
     root_cause: the root cause's one line, once there is one.
     hang_timeout: what --hang-timeout auto has learned ("auto: 60 s learned"), from the chief.
+    spares: the spare nodes as the chief sees them ("node 3 (10.0.0.4) waiting"), from the chief.
     """
 
     job_id: str
@@ -98,6 +99,7 @@ class JobStatus:
     ranks: tuple[RankState, ...] = ()
     root_cause: str | None = None
     hang_timeout: str | None = None
+    spares: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "ranks", tuple(sorted(self.ranks, key=lambda r: r.rank)))
@@ -240,6 +242,8 @@ def render_table(status: JobStatus, now: float) -> str:
         lines.append(f"root cause: {status.root_cause}")
     if status.hang_timeout:
         lines.append(f"hang timeout: {status.hang_timeout}")
+    if status.spares:
+        lines.append(f"spares: {'; '.join(status.spares)}")
     columns: tuple[str, ...] = COLUMNS
     rows: list[tuple[str, ...]] = [_row(r, now) for r in status.ranks]
     if any(r.straggler for r in status.ranks):  # the column appears once the chief has named one
