@@ -88,14 +88,15 @@ def test_a_lost_node_is_replaced_by_the_spare_and_the_job_resumes_there(
     events = [json.loads(line) for line in (tmp_path / "logs" / "events.jsonl").read_text().splitlines()]
     kinds = [(e["kind"], e["node"], e["details"].get("host")) for e in events]
     assert ("spare_joined", 3, "127.0.0.4") in kinds
-    assert ("spare_promoted", 2, "127.0.0.4") in kinds and ("node_excluded", 2, "127.0.0.3") in kinds, kinds
+    assert ("spare_promoted", 2, "127.0.0.4") in kinds, kinds
+    assert "node_excluded" not in {k for k, _, _ in kinds}, kinds  # lost once: it may serve again (twice: out)
 
 
 def test_a_node_on_an_excluded_host_takes_no_part_and_spares_need_restarts(launcher: Launcher,
                                                                            tmp_path: Path) -> None:
     excluded, script = tmp_path / "excluded", tmp_path / "train.py"
     script.write_text("print('never run')\n")
-    excluded.write_text("127.0.0.2  # lost 2026-12-02T10:00:00Z: no heartbeat for 5 s\n")
+    excluded.write_text("127.0.0.2  # its NIC flaps (the operator)\n")
     args = ["--layer", "direct", "--nnodes", "2", "--spares", "1", "--master-addr", "127.0.0.1",
             "--exclude-hosts", str(excluded), "--max-node-restarts", "1"]
     r = launcher.run(*args, "--node-rank", "1", "--node-addr", "127.0.0.2", "--dry-run", str(script), timeout=60)

@@ -149,4 +149,4 @@ def test_with_a_spare_the_stragglers_node_is_replaced_and_its_host_kept_out(laun
     assert "; node 1 is replaced by a spare" in rc.stderr, rc.stderr
     assert "detlaunch: spare node 2 (127.0.0.3) takes the place of node 1 (127.0.0.2)" in rc.stderr, rc.stderr
     assert "rank 1 step 29 at" in rp.stdout, rp.output  # the spare ran rank 1 to the end
-    assert excluded.read_text().startswith("127.0.0.2  # lost "), excluded.read_text()
+    assert excluded.read_text().startswith("127.0.0.2  # excluded "), excluded.read_text()

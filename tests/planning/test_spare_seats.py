@@ -45,7 +45,12 @@ def test_the_exclusion_file_is_read_with_comments_and_appended_to_whole(tmp_path
     assert spares.read_excluded(str(path)) == {"10.0.0.9", "10.0.0.8"}
     assert spares.append_excluded(str(path), "10.0.0.2", "no heartbeat\nfor 5 s", when=0) is None
     assert path.read_text().splitlines()[-1] == "10.0.0.2  # lost 1970-01-01T00:00:00Z: no heartbeat for 5 s"
-    assert spares.read_excluded(str(path)) == {"10.0.0.9", "10.0.0.8", "10.0.0.2"}
+    assert spares.read_excluded(str(path)) == {"10.0.0.9", "10.0.0.8"}  # lost once: it may serve again
+    assert spares.append_excluded(str(path), "10.0.0.2", "closed", when=60) is None
+    assert spares.read_excluded(str(path)) == {"10.0.0.9", "10.0.0.8", "10.0.0.2"}  # lost twice: out
+    assert spares.append_excluded(str(path), "10.0.0.5", "a straggler", when=0, how=spares.EXCLUDED) is None
+    assert path.read_text().splitlines()[-1] == "10.0.0.5  # excluded 1970-01-01T00:00:00Z: a straggler"
+    assert "10.0.0.5" in spares.read_excluded(str(path))  # sent away: out at once
     warning = spares.append_excluded(str(tmp_path / "no" / "such"), "10.0.0.3", "x")
     assert warning == f"cannot add 10.0.0.3 to --exclude-hosts {tmp_path}/no/such: No such file or directory"
     path.write_bytes(b"\xff\xfe")

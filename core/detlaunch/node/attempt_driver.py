@@ -202,17 +202,18 @@ class AttemptDriver:
             h.say(f"warning: {e}; the job goes on")
             return set()
 
-    def exclude(self, node: int, addr: str, why: str) -> None:
-        """Chief: a node was lost: its host goes into --exclude-hosts (a spare may be started there later)."""
+    def exclude(self, node: int, addr: str, why: str, at_once: bool = False) -> None:
+        """Chief: a node was lost (or sent away, `at_once`): its host is written into --exclude-hosts; it is
+        out once lost twice (planning/spares.py), or at once."""
         h = self.host
         path = h.plan.exclude_hosts
         if not path or not isinstance(h.link, ChiefLink) or addr in self._excluded():
             return
-        warning = spares.append_excluded(path, addr, why)
+        warning = spares.append_excluded(path, addr, why, how=spares.EXCLUDED if at_once else spares.LOST)
         if warning:
             h.say(f"warning: {warning}; the job goes on")
-            return
-        h.events.emit(EventKind.NODE_EXCLUDED, node=node, host=addr, reason=why)
+        elif addr in self._excluded():
+            h.events.emit(EventKind.NODE_EXCLUDED, node=node, host=addr, reason=why)
 
     def lost_between_attempts(self, node: int, addr: str, why: str) -> None:
         """In the backoff: a node was lost while nothing ran. No attempt failed, so nothing is counted;

@@ -136,7 +136,9 @@ class LinkEvents:
         if not isinstance(link, ChiefLink) or node == 0 or not link.spares.waiting or node not in link.live_nodes():
             return False
         def dismiss() -> None:  # after the straggler's line
-            link.dismiss(node, "a straggler (--straggler-action replace)")
+            why = "a straggler (--straggler-action replace)"
+            h.driver.exclude(node, link.addr_of(node), why, at_once=True)  # out at once, not after two losses
+            link.dismiss(node, why)
 
         h.loop.call_later(0, dismiss)
         return True

@@ -6,8 +6,11 @@ place's node rank decides its ranks, so a spare that takes a lost node's place t
 and every global rank keeps its number; only the address changes (the spare's own).
 
 `--exclude-hosts FILE`: one host a line (`#` starts a comment), read at the start and before every
-attempt, so a scheduler or an operator may add one while the job runs; the chief appends each host it
-loses, with the reason and the time, for a wrapper (a requeue script, an operator) to act on.
+attempt, so a scheduler or an operator may add one while the job runs. The chief appends each host it
+loses, with the reason and the time (`HOST  # lost TIME: WHY`), for a wrapper (a requeue script, an
+operator) to act on: a host lost once may serve again (a spare started there); lost twice, it is out.
+A host the chief sends away (a straggler) is appended as `# excluded TIME: WHY`: out at once. Any other
+line (an operator's, a scheduler's) keeps its host out.
 Pure but for that file.
 """
 
@@ -16,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
+from collections import Counter
 
 from detlaunch.errors import ConfigError
 from detlaunch.planning.cluster import ClusterInfo
@@ -52,8 +56,12 @@ def take_place(everyone: ClusterInfo, spares: int, place: int) -> ClusterInfo:
     return dataclasses.replace(everyone, node_addrs=tuple(addrs), slots=everyone.slots[:n], node_rank=place)
 
 
+LOST, EXCLUDED = "lost", "excluded"  # what the chief writes after a host's `#`
+LOST_TIMES_OUT = 2  # a host lost this many times is kept out
+
+
 def read_excluded(path: str | None) -> set[str]:
-    """The hosts in the exclusion file (a missing file: none); one line if it cannot be read."""
+    """The hosts kept out by the exclusion file (a missing file: none); one line if it cannot be read."""
     if not path:
         return set()
     try:
@@ -63,13 +71,23 @@ def read_excluded(path: str | None) -> set[str]:
         return set()
     except (OSError, UnicodeDecodeError) as e:
         raise ConfigError(f"cannot read --exclude-hosts {path}: {getattr(e, 'strerror', None) or e}") from None
-    return {line.split("#", 1)[0].strip() for line in text.splitlines()} - {""}
+    out, losses = set(), Counter[str]()
+    for line in text.splitlines():
+        host, _, comment = (part.strip() for part in line.partition("#"))
+        if not host:
+            continue
+        if comment.startswith(LOST + " "):
+            losses[host] += 1
+        else:
+            out.add(host)
+    return out | {host for host, times in losses.items() if times >= LOST_TIMES_OUT}
 
 
-def append_excluded(path: str, host: str, why: str, when: float | None = None) -> str | None:
-    """Add a lost host to the exclusion file, with why and when (UTC); a warning, or None."""
+def append_excluded(path: str, host: str, why: str, when: float | None = None, how: str = LOST) -> str | None:
+    """Add a host to the exclusion file, `how` (lost, or excluded at once), with why and when (UTC); a
+    warning, or None."""
     stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(when if when is not None else time.time()))
-    line = f"{host}  # lost {stamp}: {' '.join(why.split())}\n"
+    line = f"{host}  # {how} {stamp}: {' '.join(why.split())}\n"
     try:
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644)
         try:
