@@ -5,6 +5,7 @@ Pure (the dry run shows it); node/rank_template.py starts the template, rank/tem
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from detlaunch.rank import warm
@@ -12,6 +13,9 @@ from detlaunch.rank import warm
 LaunchPlan = Any  # planning/plan.py's, which imports this module
 
 PRELOAD_ENV = "DETLAUNCH_PRELOAD"
+# `import torch`, `import os, torch.distributed as dist`, `from torch import nn`: at any indentation
+IMPORTS_TORCH = re.compile(rb"^[ \t]*(?:from[ \t]+torch\b|import[ \t]+(?:[\w.]+(?:[ \t]+as[ \t]+\w+)?[ \t]*,[ \t]*)*torch\b)",
+                           re.MULTILINE)
 DEFAULT_IMPORTS = ("torch", "torch.distributed")
 
 
@@ -41,7 +45,7 @@ def mentions_torch(command: tuple[str, ...]) -> bool:
         return True
     try:
         with open(parsed[2], "rb") as f:
-            return b"torch" in f.read(1 << 20)
+            return IMPORTS_TORCH.search(f.read(1 << 20)) is not None
     except OSError:
         return True
 

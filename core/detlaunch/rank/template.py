@@ -241,6 +241,7 @@ def uncaught(e: BaseException) -> None:
     tb = e.__traceback__
     while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
         tb = tb.tb_next
+    e.with_traceback(tb)  # what the interpreter's hook prints
     sys.last_exc = sys.last_value = e  # type: ignore[attr-defined]
     sys.last_type, sys.last_traceback = type(e), tb
     sys.excepthook(type(e), e, tb)
