@@ -35,6 +35,7 @@ from . import (
     teardown_nodes,
     teardown_tutorial,
     throughput,
+    warm,
 )
 from .common import BENCH, DET_PY, ROOT, Section, Table, base_env, become_subreaper, nothing_left, say
 
@@ -51,6 +52,7 @@ MEASUREMENTS: dict[str, Callable[..., Section]] = {
     "direct": direct.main,
     "status": status.measure,
     "flood": flood.measure,
+    "warm": warm.main,
 }
 
 

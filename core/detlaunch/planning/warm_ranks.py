@@ -14,8 +14,8 @@ LaunchPlan = Any  # planning/plan.py's, which imports this module
 
 PRELOAD_ENV = "DETLAUNCH_PRELOAD"
 # `import torch`, `import os, torch.distributed as dist`, `from torch import nn`: at any indentation
-IMPORTS_TORCH = re.compile(rb"^[ \t]*(?:from[ \t]+torch\b|import[ \t]+(?:[\w.]+(?:[ \t]+as[ \t]+\w+)?[ \t]*,[ \t]*)*torch\b)",
-                           re.MULTILINE)
+IMPORTS_TORCH = re.compile(
+    rb"^[ \t]*(?:from[ \t]+torch\b|import[ \t]+(?:[\w.]+(?:[ \t]+as[ \t]+\w+)?[ \t]*,[ \t]*)*torch\b)", re.MULTILINE)
 DEFAULT_IMPORTS = ("torch", "torch.distributed")
 
 
