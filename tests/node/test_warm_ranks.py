@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import textwrap
 from pathlib import Path
 
@@ -38,6 +39,7 @@ FIELDS = textwrap.dedent('''\
         "own_group": os.getpgid(0) == os.getpid(), "death_signal": died.value,
         "stdio": [os.readlink(f"/proc/self/fd/{fd}")[:5] for fd in (0, 1, 2)],
         "line_buffering": [sys.stdout.line_buffering, sys.stderr.line_buffering],
+        "cmdline": open("/proc/self/cmdline", "rb").read().replace(b"\\0", b" ").decode().split()[1:],
         "flags": str(sys.flags), "executable": sys.executable, "threads": len(os.listdir("/proc/self/task")),
     }
     out = os.path.join(sys.argv[1], os.environ["RANK"] + ".json")
@@ -106,6 +108,7 @@ def test_a_warm_rank_sees_what_a_cold_rank_sees_field_by_field(launcher: Launche
         for job in (wf, cf):
             job["argv"] = job["argv"][:1]
             job["orig_argv"] = job["orig_argv"][:-1]
+            job["cmdline"] = job["cmdline"][:-1]
             job["env"] = {k: v for k, v in job["env"].items() if k not in PER_JOB}
         assert {k: wf[k] for k in wf if wf[k] != cf[k]} == {}, {k: (wf[k], cf[k]) for k in wf if wf[k] != cf[k]}
         assert wf["own_group"] and wf["threads"] == 1 and wf["name"] == "__main__"
@@ -124,14 +127,15 @@ RESUMABLE = textwrap.dedent('''\
         print(f"resumed from step {step}", flush=True)
         open(ckpt, "w").write(str(step + 1))
     if attempt == 1 and rank == "0":  # the template, killed mid-job: the next attempt starts cold
+        started = {}  # the template is the oldest process with its command line: its forked ranks keep it
         for pid in filter(str.isdigit, os.listdir("/proc")):
             try:
-                argv = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\\0")
+                if b"rank/template.py" in open(f"/proc/{pid}/cmdline", "rb").read():
+                    started[pid] = int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[19])
             except OSError:
                 continue
-            if any(a.endswith(b"rank/template.py") for a in argv):
-                os.kill(int(pid), signal.SIGKILL)
-    sys.exit(3 if attempt < 2 and rank == "0" else 0)
+        os.kill(int(min(started, key=started.__getitem__)), signal.SIGKILL)
+    sys.exit(10 + attempt if attempt < 2 and rank == "0" else 0)  # not the same failure twice: no crash loop
 ''')
 
 
@@ -149,6 +153,7 @@ def test_a_restart_resumes_warm_and_a_killed_template_means_cold_ranks(launcher:
                     "resumed from step 0", "resumed from step 1", "resumed from step 2"], r.output
     ended = [line for line in r.stderr.splitlines() if "warm ranks:" in line]
     assert len(ended) == 1 and "the rank template (pid" in ended[0] and "killed by SIGKILL" in ended[0], r.stderr
+    assert re.search(r"attempt 2: rank-failed .* rank 0 on node 0 .* exited with code 11$", r.stderr, re.M), r.stderr
 
 
 def test_a_template_that_cannot_be_used_means_cold_ranks_said_once(launcher: Launcher, tmp_path: Path) -> None:

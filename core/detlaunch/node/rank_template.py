@@ -28,6 +28,7 @@ from detlaunch.planning.warm_ranks import PRELOAD_ENV, imports, why_cold
 from detlaunch.rank import warm
 from detlaunch.system import procs
 
+TITLE_ROOM = " " * 2048  # room in the template's command line for a forked rank's own (template.retitle)
 TEMPLATE_PATH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "rank", "template.py")
 PRELOAD_FAILED = 3  # template.PRELOAD_FAILED: it said why itself
 class RankTemplate:
@@ -63,8 +64,8 @@ class RankTemplate:
             os.chmod(self.path, 0o600)
             listener.listen(1024)
             listener.set_inheritable(True)
-            self.pid = procs.spawn((exe, *interpreter[1:], TEMPLATE_PATH, str(listener.fileno()), exe), template_env,
-                                   output_fd=2)
+            self.pid = procs.spawn((exe, *interpreter[1:], TEMPLATE_PATH, str(listener.fileno()), exe, TITLE_ROOM),
+                                   template_env, output_fd=2)
         except OSError as e:
             self.say(f"warm ranks: the rank template cannot start ({e.strerror or e}): ranks start cold")
             self.close_socket()

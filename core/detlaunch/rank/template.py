@@ -25,11 +25,11 @@ handlers, which a raw clone through ctypes would skip. A rank killed with its wr
 by the wrapper's supervisor, as a cold one is (its process group).
 
 The forked rank is a fresh interpreter for its script: argv, ``__main__`` (its ``__file__``,
-loader and spec), sys.path[0], sys.orig_argv, the environment, cwd, umask, resource limits, signal
-dispositions and mask, stdin/stdout/stderr (the wrapper's), its own session and process group,
-its random seeds (random's and numpy's) and tempfile's folder. What differs: its parent (the
-supervisor, not its wrapper), its session id (its own), str hashes (the template's seed) and
-sys.modules (torch is already there). docs/RESTARTS.md, "Warm ranks".
+loader and spec), sys.path[0], sys.orig_argv, its command line in ps (retitle), the environment,
+cwd, umask, resource limits, signal dispositions and mask, stdin/stdout/stderr (the wrapper's), its
+own process group, its random seeds (random's and numpy's) and tempfile's folder. What differs: its
+parent (the supervisor, not its wrapper), its session (its own), str hashes (the template's seed)
+and sys.modules (torch is already there). docs/RESTARTS.md, "Warm ranks".
 """
 
 from __future__ import annotations
@@ -205,6 +205,22 @@ def become(request: Request, fds: list[int]) -> None:
         site["_undo_path"]()
 
 
+def retitle(argv: list[str]) -> None:
+    """The rank's command line in /proc/PID/cmdline (ps, top, nvidia-smi), over the template's: written in
+    place, as setproctitle(3) does, in the room the supervisor's padding argument left; '' when it does not fit."""
+    try:
+        with open("/proc/self/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        start, end = int(fields[45]), int(fields[46])  # arg_start, arg_end (fields 48 and 49 of stat)
+        title = " ".join(argv).encode(errors="replace")[:end - start - 2]
+        import ctypes
+
+        # A last byte that is not NUL tells the kernel to read the title up to its first NUL.
+        ctypes.memmove(start, title + b"\0" * (end - start - 1 - len(title)) + b" ", end - start)
+    except (OSError, ValueError, IndexError):
+        pass
+
+
 def run(request: Request) -> None:
     """Run the script or module as `__main__`, as ``python SCRIPT`` or ``python -m MODULE`` would."""
     import builtins
@@ -215,6 +231,7 @@ def run(request: Request) -> None:
     interpreter, kind, target = parsed
     at = len(interpreter)
     sys.orig_argv = list(request["argv"])
+    retitle(sys.orig_argv)
     if kind == "module":
         sys.argv = ["-m", *request["argv"][at + 2:]]
         sys.path[0] = os.getcwd()
