@@ -38,6 +38,7 @@ from . import (
     teardown_nodes,
     teardown_tutorial,
     throughput,
+    warm,
 )
 from .common import BENCH, DET_PY, ROOT, Section, Table, base_env, become_subreaper, nothing_left, say
 
@@ -57,6 +58,7 @@ MEASUREMENTS: dict[str, Callable[..., Section]] = {
     "flood": flood.measure,
     "spawn": spawn.measure,
     "stragglers": stragglers.measure,
+    "warm": warm.main,
 }
 
 

@@ -408,3 +408,16 @@ class Section:
     tables: list[Table]
     panels: list[Panel]
     goals: list[Goal]
+
+
+def print_section(section: Section) -> None:
+    """A measurement run on its own (`python -m bench.NAME`): its tables and goals as Markdown."""
+    for t in section.tables:
+        print(f"\n## {t.title}\n\n| {' | '.join(t.columns)} |\n|{'---|' * len(t.columns)}")
+        for r in t.rows:
+            print(f"| {' | '.join(r)} |")
+        for note in t.notes:
+            print(f"- {note}")
+    for g in section.goals:
+        met = "met" if g.met else "not met" if g.met is False else "-"
+        print(f"- goal: {g.what}: {g.target}: {g.measured} ({met})")

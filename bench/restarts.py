@@ -210,18 +210,10 @@ def main(env: dict[str, str], reps: int, quick: bool, tmp: Path, only: str = "")
 if __name__ == "__main__":  # python -m bench.restarts [REPS [CASE]]: this measurement alone, printed
     import tempfile
 
-    from .common import base_env, become_subreaper
+    from .common import base_env, become_subreaper, print_section
 
     become_subreaper()
     with tempfile.TemporaryDirectory() as d:
         section = main(base_env(Path(d)), int(sys.argv[1]) if len(sys.argv) > 1 else 3, False, Path(d),
                        sys.argv[2] if len(sys.argv) > 2 else "")
-    for t in section.tables:
-        print(f"\n## {t.title}\n\n| {' | '.join(t.columns)} |\n|{'---|' * len(t.columns)}")
-        for r in t.rows:
-            print(f"| {' | '.join(r)} |")
-        for note in t.notes:
-            print(f"- {note}")
-    for g in section.goals:
-        met = "met" if g.met else "not met" if g.met is False else "-"
-        print(f"- goal: {g.what}: {g.target}: {g.measured} ({met})")
+    print_section(section)

@@ -78,6 +78,22 @@ def parent_of(pid: int) -> int:
     return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
 
 
+def wrapper_of(rank_pid: int, rank: int) -> int:
+    """The rank's wrapper: its parent, or, for a warm rank (forked from the rank template, a child of its
+    node's supervisor: docs/RESTARTS.md), the wrapper in front of that rank (it names the rank in RANK)."""
+    parent = parent_of(rank_pid)
+    if b"run_wrapper.py" in Path(f"/proc/{parent}/cmdline").read_bytes():
+        return parent
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if (b"run_wrapper.py" in Path(f"/proc/{pid}/cmdline").read_bytes()
+                    and f"RANK={rank}".encode() in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")):
+                return int(pid)
+        except OSError:
+            continue
+    raise AssertionError(f"no wrapper of rank {rank} (pid {rank_pid})")
+
+
 CELLS = {
     # fault: (env, how to inject, chief exit, worker exit, chief's report line, worker's report line);
     # a node that was SIGKILLed itself reports nothing (None)
@@ -135,7 +151,7 @@ def inject(job: TwoNodes, how: str) -> None:
     elif how == "kill_rank":
         os.kill(job.pid_of(FAULTY), signal.SIGKILL)
     elif how == "kill_wrapper":
-        os.kill(parent_of(job.pid_of(FAULTY)), signal.SIGKILL)
+        os.kill(wrapper_of(job.pid_of(FAULTY), FAULTY), signal.SIGKILL)
     elif how == "kill_worker":
         job.worker.send_signal(signal.SIGKILL)
     elif how == "sigint_chief":

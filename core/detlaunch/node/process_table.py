@@ -50,11 +50,13 @@ class ProcessTable:
 
     def __init__(self, loop: EventLoop, *, log_dir: str | None, node_rank: int,
                  on_output: Callable[[Child, bytes], None], on_exit: Callable[[Child], None],
-                 on_log_error: Callable[[str], None] = lambda _why: None) -> None:
+                 on_log_error: Callable[[str], None] = lambda _why: None,
+                 on_orphan: Callable[[int, ProcessEnd], None] = lambda _pid, _end: None) -> None:
         self.loop = loop
         self.log_dir = log_dir
         self.node_rank = node_rank
         self.on_output, self.on_exit, self.on_log_error = on_output, on_exit, on_log_error
+        self.on_orphan = on_orphan  # a process it did not start (a warm rank, the rank template) was reaped
         self.children: dict[int, Child] = {}
         self.spared: set[int] = set()  # an idle standby launcher (standby.py): not this attempt's, kept
         self.log_errors: list[str] = []  # a launcher's log that could not be written: never fatal
@@ -160,13 +162,15 @@ class ProcessTable:
 
     # -- ending -------------------------------------------------------------------------------
     def reap(self) -> None:
-        """Collect every exited process; `on_exit` for ours (orphans are reaped silently)."""
+        """Collect every exited process; `on_exit` for ours, `on_orphan` for the others."""
         for pid, end in procs.reap():
             self.spared.discard(pid)  # a standby that died idle: its pid may be reused
             child = self.children.get(pid)
             if child is not None:
                 child.exit = end
                 self.on_exit(child)
+            else:
+                self.on_orphan(pid, end)
 
     def live(self) -> list[Child]:
         return [c for c in self.children.values() if c.running]

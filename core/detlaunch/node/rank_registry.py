@@ -39,6 +39,7 @@ class RankEntry:
     stopped: bool = False  # detlaunch asked it to stop
     stopped_at: float = 0.0  # when (wall clock): a rank that ended before that was not stopped by detlaunch
     killed: bool = False  # detlaunch SIGKILLed it
+    warm: bool = False  # its rank was forked from the rank template: this supervisor reaps it (rank_template.py)
     asked: bool = False  # a control client (control.py) that has sent its one question
     outbox: bytes = b""  # the answer still to send it
 
@@ -74,6 +75,7 @@ class RankRegistry:
         self.conns: dict[socket.socket, RankEntry] = {}
         self.ranks: dict[int, RankEntry] = {}
         self.listener: socket.socket | None = None
+        self.early_ends: dict[int, tuple[int, int | None]] = {}  # orphans reaped before a wrapper named them
         self.releasing = False  # the job stops: a wrapper whose rank's end comes in now is let go at once
 
     def listen(self, path: str) -> None:
@@ -128,6 +130,24 @@ class RankRegistry:
         if entry.sock in self.conns:
             try:
                 entry.sock.send(rank_protocol.encode({"t": rank_protocol.RELEASE}))
+            except OSError:
+                pass
+
+    def reaped(self, pid: int, code: int, signum: int | None) -> None:
+        """An orphan this supervisor reaped: when it is a warm rank, its wrapper learns how it ended (it is
+        not the wrapper's child); one not named yet is kept until its wrapper names it (a bounded few)."""
+        for entry in self.ranks.values():
+            if entry.warm and entry.rank_pid == pid:
+                self._tell_reaped(entry, code, signum)
+                return
+        if len(self.early_ends) >= 4096:
+            self.early_ends.pop(next(iter(self.early_ends)))
+        self.early_ends[pid] = (code, signum)
+
+    def _tell_reaped(self, entry: RankEntry, code: int, signum: int | None) -> None:
+        if entry.sock in self.conns:
+            try:
+                entry.sock.send(rank_protocol.encode({"t": rank_protocol.REAPED, "code": code, "signal": signum}))
             except OSError:
                 pass
 
@@ -195,7 +215,10 @@ class RankRegistry:
             self._on_hello(entry, message)
         elif kind == rank_protocol.STARTED and entry.rank is not None:
             entry.rank_pid = int(message["pid"])
+            entry.warm = bool(message.get("warm"))
             self.on_started(entry)
+            if entry.warm and entry.rank_pid in self.early_ends:  # it ended before its wrapper said its pid
+                self._tell_reaped(entry, *self.early_ends.pop(entry.rank_pid))
         elif kind == rank_protocol.REQUEST and entry.rank is None and not entry.asked:
             entry.asked = True
             self.on_request(entry, message)

@@ -43,6 +43,7 @@ from detlaunch.node.node_status import NodeStatus
 from detlaunch.node.phase import Phase as Phase  # the phases were defined here first
 from detlaunch.node.process_table import Child, ProcessTable
 from detlaunch.node.rank_registry import RankEntry, RankRegistry, RankRules
+from detlaunch.node.rank_template import RankTemplate
 from detlaunch.node.shutdown import Shutdown
 from detlaunch.node.stage_files import StageFiles
 from detlaunch.node.startup import Startup
@@ -127,6 +128,8 @@ class NodeSupervisor:
         self.startup = Startup(self)
         self.shutdown = Shutdown(self)
         self.link_events = LinkEvents(self)  # what the other nodes' news means here
+        self.ranks: RankRegistry  # this attempt's (below); a warm rank's end goes to its wrapper through it
+        self.template = RankTemplate(plan, self.say, lambda pid, end: self.ranks.reaped(pid, end.code, end.signal))
         self._new_attempt_parts()
 
     @property
@@ -143,8 +146,10 @@ class NodeSupervisor:
         log_dir = per_attempt.attempt_log_dir(plan.log_dir, self.attempt, self.policy.enabled) if plan.log_dir else None
         self.processes = ProcessTable(self.loop, log_dir=log_dir, node_rank=self.node,
                                       on_output=self._on_child_output, on_exit=self._on_child_exit,
-                                      on_log_error=lambda why: self.say(f"warning: {why}; the job goes on"))
+                                      on_log_error=lambda why: self.say(f"warning: {why}; the job goes on"),
+                                      on_orphan=self.template.reaped)
         self.startup.spare_standby(self.processes)
+        self.template.spare(self.processes.spared)
         rules = RankRules(job_id=c.job_id, node_rank=self.node, first_rank=c.first_rank,
                           local_slots=c.local_slots, check_range=plan.stage.expected_ranks is None)
         self.ranks = RankRegistry(self.loop, rules, c.node_addr or socket.gethostname(),
@@ -174,6 +179,7 @@ class NodeSupervisor:
             self.rank_defaults = ready_rank_defaults(self.plan, self.trace)
             write_job_file(self.plan.run_dir, self.plan.cluster.job_id, self.node)
             self.ranks.listen(self.plan.socket_path)
+            self.template.start(self.env, self.rank_defaults, self.processes.spared)
         except OSError as e:
             raise LaunchError(f"cannot set up {self.plan.run_dir}: {e.strerror or e}") from None
         self.loop.catch_signals((*STOP_SIGNALS, signal.SIGCHLD), self._on_signal)
@@ -241,6 +247,7 @@ class NodeSupervisor:
             welcome["env"] = per_attempt.attempt_env(self.attempt, self.policy.max_restarts)
         if self.rank_defaults:  # the wrapper sets each one the rank's environment does not have
             welcome["defaults"] = self.rank_defaults
+        welcome.update(self.template.welcome())
         return welcome
 
     def _on_registered(self, entry: RankEntry) -> None:
@@ -387,6 +394,7 @@ class NodeSupervisor:
         if self.link is not None:
             self.link.close()
         self.startup.close()  # its probes, and a standby no attempt used
+        self.template.stop()
         self.driver.release.cancel()
         if not self.phase.over:
             self.processes.kill_all()

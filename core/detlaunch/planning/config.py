@@ -140,6 +140,11 @@ SUPERVISION = OptionGroup("supervision", (
     Option("--no-pid-namespace", action="store_true",
            help="do not run the job in a PID namespace of its own (by default every process of the job is in one, "
            "so nothing it starts can outlive detlaunch, even a SIGKILLed one)"),
+    Option("--no-warm-ranks", action="store_true", supervision=True,
+           help="start every rank as a new interpreter (by default, under --layer direct, each node imports torch "
+           "once, in a rank template, and forks its ranks from it: docs/RESTARTS.md, \"Warm ranks\")"),
+    Option("--preload", metavar="MOD,...", supervision=True,
+           help="warm ranks: the rank template also imports these modules (a model library, your own package)"),
     Option("--link-port", type=ports(), metavar="PORT", old_flags=("--control-port",),
            help="multi-node: the chief's port for the job link, the other nodes' supervisors' connections "
            "(default: master port + 1; --control-port, its old name, is still accepted)"),

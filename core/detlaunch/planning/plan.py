@@ -20,6 +20,7 @@ from detlaunch.errors import PluginLoadError
 from detlaunch.observe.events import node_events_path
 from detlaunch.options import Option
 from detlaunch.outcome import signal_name
+from detlaunch.planning import warm_ranks
 from detlaunch.planning.addresses import socket_ifname_env
 from detlaunch.planning.cluster import ClusterInfo
 from detlaunch.planning.config import Config, supervision_options
@@ -145,7 +146,12 @@ class LaunchPlan:
             "unset_env": list(self.unset_env),
             "rank_defaults": dict(self.rank_defaults),
             "restarts": self.restarts.to_json(),
+            "warm_ranks": self.warm_ranks_json(),
         }
+
+    def warm_ranks_json(self) -> dict[str, Any]:
+        why = warm_ranks.why_cold(self)
+        return {"on": not why, "why_not": why or None, "imports": list(warm_ranks.imports(self))}
 
 
 def wrapper_argv(config: Config, job_id: str, rank_env: tuple[str, ...]) -> tuple[str, ...]:
@@ -298,6 +304,7 @@ def render_text(plan: LaunchPlan) -> str:
             lines.append(f"{inner}└── {_quote(plan.user_command)}")
     if rank_commands:
         lines.extend(_render_rank_commands(plan, rank_commands))
+    lines.append(warm_ranks.describe(plan))
     lines.extend(plan.restarts.describe())
     if plan.restarts.enabled:
         lines.append(f"  between attempts: at most {plan.release_timeout:g} s for every thread of the last "

@@ -5,12 +5,16 @@ One JSON object per line over the supervisor's Unix socket:
     wrapper -> supervisor   {"t": "hello", "job": ID, "rank": N, "pid": P}
     supervisor -> wrapper   {"t": "ok", "log_dir": DIR|null, "console_ranks": [..]|null,
                              "prefix": "[rank={rank}] ", "node": N, "host": H, "hold": S,
-                             "not_progress": [TEXT, ...] (only when a layer declares some)}  + 2 fds (SCM_RIGHTS);
+                             "not_progress": [TEXT, ...] (only when a layer declares some),
+                             "template": PATH (warm ranks only: the rank template's socket, rank/warm.py)}
+                            + 2 fds (SCM_RIGHTS);
                             hold: after a failure of its own rank, the wrapper stays up to S seconds, until
                             the supervisor's {"t": "release"} (the others' stacks are taken);
                             not_progress: output lines the wrapper does not mark as progress (RankWrapper)
                             {"t": "reject", "why": "..."}
-    wrapper -> supervisor   {"t": "started", "pid": RANK_PID}
+    wrapper -> supervisor   {"t": "started", "pid": RANK_PID, "warm": true|false}
+                            (warm: forked from the node's rank template, so the supervisor reaps it and says
+                            supervisor -> wrapper {"t": "reaped", "code": C, "signal": S|null})
     wrapper -> supervisor   {"t": "traceback", "tail": [...], "wall": T}   (the rank printed a whole Python
                              traceback and is still running: it may hang in atexit; see ends_traceback)
     wrapper -> supervisor   {"t": "exit", "code": C, "signal": S|null, "tail": [...], "wall": T,
@@ -48,6 +52,7 @@ LEFTOVER_WAIT = 5.0  # at most this of the grace for what an ended rank left (it
 
 HELLO, OK, REJECT, STARTED, EXIT = "hello", "ok", "reject", "started", "exit"
 TRACEBACK, RELEASE = "traceback", "release"
+REAPED = "reaped"  # supervisor -> wrapper: how a warm rank (not the wrapper's child: rank/template.py) ended
 REQUEST, REPLY = "request", "reply"  # a control client's question on the supervisor socket, and its answer
 TRACEBACK_HEADER = b"Traceback (most recent call last):"
 

@@ -48,7 +48,92 @@ class Stream:
         self.quiet_until = 0.0  # until then (monotonic), a read continues a message that is not progress
 
 
-class WrappedRank:
+class RankEnd:
+    """The wrapper's report of its rank's end (WrappedRank's last part): what the supervisor is told."""
+
+    rank: int
+    command: list[str]
+    supervisor: SupervisorConnection | None
+    status: int | None
+    ended_at: float
+    tail: bytes
+    log: RankLog | None
+    reported: bool
+    told_traceback: bool
+    output_mark: OutputMark | None
+    hold: float
+    asked_to_stop: bool
+    released: bool
+    prefix: bytes
+    outputs: dict[int, Output]
+
+    def finish(self) -> int:
+        self.report()
+        self.hold_exit()
+        return self.exit_code()[0]
+
+    def tell_traceback(self) -> None:
+        """The rank printed a whole Python traceback: if it does not exit soon, the supervisor counts it as failed."""
+        self.told_traceback = True
+        if self.supervisor and self.status is None:
+            try:
+                self.supervisor.send({"t": rank_protocol.TRACEBACK, "tail": rank_protocol.last_lines(self.tail),
+                                      "wall": time.time()})
+            except OSError:
+                pass
+
+    def cannot_start(self, e: OSError) -> int:
+        """The command could not be started: the rank ends as a shell would say it (127 not found,
+        126 not executable), with the reason as its last stderr line, reported like any exit."""
+        program = self.command[0]
+        why = e.strerror or str(e)
+        if e.errno == errno.ENOENT and os.path.exists(program):
+            why += " (the interpreter on its #! line is missing)"
+        line = f"cannot start {program}: {why}"
+        self.outputs[2].write(self.prefix + line.encode() + b"\n")
+        self.tail = line.encode() + b"\n"
+        self.status = (127 if e.errno == errno.ENOENT else 126) << 8  # a wait status, as if it had exited
+        self.ended_at = time.time()
+        return self.finish()
+
+    def exit_code(self) -> tuple[int, int | None]:
+        assert self.status is not None
+        code = os.waitstatus_to_exitcode(self.status)
+        return rank_protocol.exit_code_of(code), (-code if code < 0 else None)
+
+    def report(self) -> None:
+        """Tell the supervisor how the rank ended (once; a log problem known by then goes with it)."""
+        if self.reported or not self.supervisor:
+            return
+        self.reported = True
+        code, signum = self.exit_code()
+        message = rank_protocol.exit_message(code, signum, rank_protocol.last_lines(self.tail), self.ended_at)
+        ended = self.output_mark.script_end() if self.output_mark is not None else ""
+        if ended:  # its script had ended before it died: Python was shutting down
+            message["ended"] = ended
+        if self.log is not None and self.log.error:
+            message["log_error"] = self.log.error
+        try:
+            self.supervisor.send(message)
+        except OSError:
+            pass
+
+    def hold_exit(self) -> None:
+        """The rank failed on its own: stay until the supervisor says so (any message, or its socket closing),
+        at most `hold` seconds. A launcher (torchrun) kills the other ranks as soon as one of its workers
+        exits: the supervisor takes their stacks first (dump before kill)."""
+        supervisor = self.supervisor
+        if supervisor is None or self.hold <= 0 or self.asked_to_stop or self.released or self.exit_code()[0] == 0:
+            return
+        poller = select.poll()
+        poller.register(supervisor.sock.fileno(), select.POLLIN)
+        try:
+            poller.poll(self.hold * 1000)
+        except OSError:
+            pass
+
+
+class WrappedRank(RankEnd):
     """The rank's process, its output streams, and its report: the wrapper's whole job."""
 
     def __init__(self, rank: int, command: list[str], supervisor: SupervisorConnection | None,
@@ -76,6 +161,8 @@ class WrappedRank:
         self.asked_to_stop = False  # a signal came: the rank's end is not a failure of its own
         self.asked_once = False  # a stop signal was passed on: the next one is not (stopping.py)
         self.released = False  # the supervisor let it go already
+        self.template = ""  # the node's rank template's socket: the rank is forked from it (warm.py)
+        self.warm = False  # it was: the supervisor reaps it and says how it ended (rank_protocol.REAPED)
         out, err = console if console else (None, None)
         self.outputs = {1: Output(out, log), 2: Output(err, log)}
         # The watch (see watch()): the rank's open output pipes by fd, and what wakes the loop.
@@ -164,11 +251,14 @@ class WrappedRank:
             fcntl.fcntl(out_w, fcntl.F_SETPIPE_SZ, PIPE_SIZE)
         except OSError:  # over the user's pipe quota: read as soon as anything arrives
             self.gather = 0
+        if self.template:
+            self.pid = self.start_warm(out_w, err_w)
         actions = [(os.POSIX_SPAWN_DUP2, out_w, 1), (os.POSIX_SPAWN_DUP2, err_w, 2),
                    (os.POSIX_SPAWN_CLOSE, out_w), (os.POSIX_SPAWN_CLOSE, err_w)]
         try:
-            self.pid = os.posix_spawnp(self.command[0], self.command, os.environ, file_actions=actions,
-                                       setpgroup=0, setsigdef=FORWARDED_SIGNALS + (signal.SIGPIPE,))
+            if not self.pid:
+                self.pid = os.posix_spawnp(self.command[0], self.command, os.environ, file_actions=actions,
+                                           setpgroup=0, setsigdef=FORWARDED_SIGNALS + (signal.SIGPIPE,))
         except OSError:
             for fd in (out_r, err_r):
                 os.close(fd)
@@ -179,11 +269,22 @@ class WrappedRank:
         self.streams = {out_r: Stream(self.prefix, self.outputs[1], False),
                         err_r: Stream(self.prefix, self.outputs[2], True)}
 
+    def start_warm(self, out_w: int, err_w: int) -> int | None:
+        """The rank forked from its node's rank template (warm.py), or None: it starts cold (the template or
+        the supervisor says why, once for the job). Not this process's child: its supervisor reaps it."""
+        try:
+            from . import warm
+        except ImportError:  # by file
+            import warm  # type: ignore[no-redef]
+        pid, _why = warm.ask(self.template, self.command, (0, out_w, err_w), FORWARDED_SIGNALS + (signal.SIGPIPE,))
+        self.warm = pid > 0
+        return pid or None
+
     def tell_started(self) -> None:
         """Tell the supervisor the rank's pid; pass on a signal that came before the rank existed."""
         if self.supervisor:
             try:
-                self.supervisor.send({"t": rank_protocol.STARTED, "pid": self.pid})
+                self.supervisor.send({"t": rank_protocol.STARTED, "pid": self.pid, "warm": self.warm})
             except OSError:  # the supervisor is gone already: the rank must not outlive it
                 self.supervisor = None
                 self.stop_rank()
@@ -194,12 +295,15 @@ class WrappedRank:
         """Until the rank has ended and its output is closed: pass output on, take its exit, heed the
         supervisor, and SIGKILL the rank's group at the kill deadline."""
         assert self.pid is not None
-        self.pidfd = os.pidfd_open(self.pid)
+        try:
+            self.pidfd = os.pidfd_open(self.pid)
+        except ProcessLookupError:  # a warm rank that has ended and been reaped: its supervisor says how
+            self.pidfd = -1
         self.sup_fd = self.supervisor.sock.fileno() if self.supervisor else None
         for fd in self.streams:
             self.poller.register(fd, select.POLLIN)
         for event_fd in (self.pidfd, self.sup_fd):
-            if event_fd is not None:
+            if event_fd is not None and event_fd >= 0:
                 self.poller.register(event_fd, select.POLLIN)
                 self.events_only.register(event_fd, select.POLLIN)
         streams, take = self.streams, self.take  # this loop runs once per read of the rank's output: kept lean
@@ -230,11 +334,6 @@ class WrappedRank:
             # exit is reported without delay.
             if short_read and self.gather and self.status is None:
                 self.events_only.poll(self.gather * 1000)
-
-    def finish(self) -> int:
-        self.report()
-        self.hold_exit()
-        return self.exit_code()[0]
 
     # -- the watch's events -----------------------------------------------------
     def poll_timeout(self) -> float:
@@ -295,14 +394,23 @@ class WrappedRank:
         except BlockingIOError:
             pass
 
-    def rank_ended(self) -> None:
-        """The rank's process ended: take what it wrote, and report at once."""
+    def rank_ended(self, status: int | None = None) -> None:
+        """The rank's process ended: take what it wrote, and report at once. A warm rank is not this
+        process's child: `status` comes from its supervisor, which reaped it (its pidfd only wakes us)."""
         assert self.pid is not None
-        _, self.status = os.waitpid(self.pid, 0)
+        if self.pidfd >= 0:
+            self.poller.unregister(self.pidfd)
+            self.events_only.unregister(self.pidfd)
+            os.close(self.pidfd)
+            self.pidfd = -1
+        if self.warm and status is None:
+            if self.supervisor is not None:
+                return  # its status is on its way
+            status = signal.SIGKILL  # no supervisor left to say: it is not reported anyway
+        if self.status is not None:
+            return
+        self.status = os.waitpid(self.pid, 0)[1] if status is None else status
         self.ended_at = time.time()  # wall clock: failures on different nodes are ordered by it
-        self.poller.unregister(self.pidfd)
-        self.events_only.unregister(self.pidfd)
-        os.close(self.pidfd)
         for fd in list(self.streams):  # what the rank wrote before it ended, for its report
             self.drain(fd)
         # Report now: a process the rank left behind may hold its output open for long,
@@ -330,71 +438,18 @@ class WrappedRank:
             data = self.supervisor.sock.recv(4096)
         except OSError:  # reset: the supervisor died with our messages unread
             data = b""
-        self.released = self.released or bool(data)  # its only message: rank_protocol.RELEASE
+        self.supervisor.buffer += data
+        while b"\n" in self.supervisor.buffer:
+            line, self.supervisor.buffer = self.supervisor.buffer.split(b"\n", 1)
+            message = rank_protocol.decode(line) if line.strip() else {}
+            if message.get("t") == rank_protocol.REAPED:  # a warm rank's end (see rank_ended)
+                code = int(message.get("code") or 0)
+                self.rank_ended(int(message["signal"]) if message.get("signal") else (code & 0xFF) << 8)
+            else:
+                self.released = True  # rank_protocol.RELEASE
         if not data:
             self.poller.unregister(self.sup_fd)
             self.events_only.unregister(self.sup_fd)
             self.supervisor.sock.close()
             self.supervisor, self.sup_fd = None, None
             self.stop_rank()
-
-    # -- the report -------------------------------------------------------------
-    def tell_traceback(self) -> None:
-        """The rank printed a whole Python traceback: if it does not exit soon, the supervisor counts it as failed."""
-        self.told_traceback = True
-        if self.supervisor and self.status is None:
-            try:
-                self.supervisor.send({"t": rank_protocol.TRACEBACK, "tail": rank_protocol.last_lines(self.tail),
-                                      "wall": time.time()})
-            except OSError:
-                pass
-
-    def cannot_start(self, e: OSError) -> int:
-        """The command could not be started: the rank ends as a shell would say it (127 not found,
-        126 not executable), with the reason as its last stderr line, reported like any exit."""
-        program = self.command[0]
-        why = e.strerror or str(e)
-        if e.errno == errno.ENOENT and os.path.exists(program):
-            why += " (the interpreter on its #! line is missing)"
-        line = f"cannot start {program}: {why}"
-        self.outputs[2].write(self.prefix + line.encode() + b"\n")
-        self.tail = line.encode() + b"\n"
-        self.status = (127 if e.errno == errno.ENOENT else 126) << 8  # a wait status, as if it had exited
-        self.ended_at = time.time()
-        return self.finish()
-
-    def exit_code(self) -> tuple[int, int | None]:
-        assert self.status is not None
-        code = os.waitstatus_to_exitcode(self.status)
-        return rank_protocol.exit_code_of(code), (-code if code < 0 else None)
-
-    def report(self) -> None:
-        """Tell the supervisor how the rank ended (once; a log problem known by then goes with it)."""
-        if self.reported or not self.supervisor:
-            return
-        self.reported = True
-        code, signum = self.exit_code()
-        message = rank_protocol.exit_message(code, signum, rank_protocol.last_lines(self.tail), self.ended_at)
-        ended = self.output_mark.script_end() if self.output_mark is not None else ""
-        if ended:  # its script had ended before it died: Python was shutting down
-            message["ended"] = ended
-        if self.log is not None and self.log.error:
-            message["log_error"] = self.log.error
-        try:
-            self.supervisor.send(message)
-        except OSError:
-            pass
-
-    def hold_exit(self) -> None:
-        """The rank failed on its own: stay until the supervisor says so (any message, or its socket closing),
-        at most `hold` seconds. A launcher (torchrun) kills the other ranks as soon as one of its workers
-        exits: the supervisor takes their stacks first (dump before kill)."""
-        supervisor = self.supervisor
-        if supervisor is None or self.hold <= 0 or self.asked_to_stop or self.released or self.exit_code()[0] == 0:
-            return
-        poller = select.poll()
-        poller.register(supervisor.sock.fileno(), select.POLLIN)
-        try:
-            poller.poll(self.hold * 1000)
-        except OSError:
-            pass

@@ -87,6 +87,9 @@ class _FlightWatch:
         if name != "torch.distributed" or self not in sys.meta_path:
             return
         sys.meta_path.remove(self)
+        self.start()
+
+    def start(self) -> None:
         try:
             import _thread
 
@@ -99,7 +102,9 @@ class _FlightWatch:
 
 def _listen_for_flight_questions() -> None:
     fifo = os.environ.pop("DETLAUNCH_FLIGHT_FIFO", None)  # flightrec.ENV
-    if fifo:
+    if fifo and "torch.distributed" in sys.modules:  # a rank forked from a template that imported it
+        _FlightWatch(fifo).start()
+    elif fifo:
         sys.meta_path.insert(0, _FlightWatch(fifo))
 
 
@@ -174,24 +179,30 @@ def _undo_path() -> None:
     sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != here]
 
 
-try:
-    _register()
-except Exception as e:  # never break the rank for a fallback
-    sys.stderr.write(f"detlaunch: faulthandler fallback not registered: {e!r}\n")
-try:
-    _mark_the_end()
-except Exception:  # noqa: BLE001 - never break the rank for a mark; without it, its end reads as before
-    pass
-try:
-    _listen_for_flight_questions()
-except Exception:  # noqa: BLE001 - never break the rank for it; without it, the hang report has stacks only
-    pass
-_undo_path()
-_this = sys.modules.pop("sitecustomize")
-try:
-    import sitecustomize  # noqa: F401  (the next one on sys.path: the one this file shadows)
-except ImportError as e:
-    if e.name != "sitecustomize":
-        raise
-finally:
-    sys.modules.setdefault("sitecustomize", _this)  # none further on: the import system expects this one
+def start() -> None:
+    """All but the path: also what a rank forked from a rank template runs (rank/template.py)."""
+    try:
+        _register()
+    except Exception as e:  # never break the rank for a fallback
+        sys.stderr.write(f"detlaunch: faulthandler fallback not registered: {e!r}\n")
+    try:
+        _mark_the_end()
+    except Exception:  # noqa: BLE001 - never break the rank for a mark; without it, its end reads as before
+        pass
+    try:
+        _listen_for_flight_questions()
+    except Exception:  # noqa: BLE001 - never break the rank for it; without it, the hang report has stacks only
+        pass
+
+
+if __name__ == "sitecustomize":  # run by site (not by a rank template, which calls start itself)
+    start()
+    _undo_path()
+    _this = sys.modules.pop("sitecustomize")
+    try:
+        import sitecustomize  # noqa: F401  (the next one on sys.path: the one this file shadows)
+    except ImportError as e:
+        if e.name != "sitecustomize":
+            raise
+    finally:
+        sys.modules.setdefault("sitecustomize", _this)  # none further on: the import system expects this one
