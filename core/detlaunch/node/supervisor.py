@@ -208,7 +208,7 @@ class NodeSupervisor:
                 self.loop.run(done=lambda: self.phase is Phase.DONE, after_each=self._advance)
         finally:
             self._cleanup()
-        result = self._result()
+        result = node_result(self)
         if self.policy.enabled and self.attempts.running:
             self.events.emit(EventKind.ATTEMPT_ENDED, **self.attempts.ended_event(self.attempt, result.exit_code))
         if result.failure is not None:
@@ -415,22 +415,24 @@ class NodeSupervisor:
         if self.run_dir is not None:
             self.run_dir.close()
 
-    def _result(self) -> JobResult:
-        local = self.ranks.statuses()
-        remote = self.link.remote_ranks if isinstance(self.link, ChiefLink) else {}
-        ranks = tuple(status for _, status in sorted({**remote, **local}.items()))
-        failure = self.verdict.failure
-        cause = self.verdict.cause
-        if failure is not None and isinstance(cause, ChildExited):  # its output may have grown since
-            child = self.processes.children[cause.pid]
-            tail = tuple(rank_protocol.last_lines(child.tail, rank_protocol.SHOWN_LINES))
-            failure = Failure(failure.what, failure.exit_code, tail=tail, tail_of=child.command.name, at=failure.at,
-                              kind=failure.kind)
-        return JobResult(exit_code=self.verdict.exit_code, ranks=ranks, failure=failure,
-                         interrupted_by=self.verdict.interrupted_by,
-                         duration=time.monotonic() - self.started_at, node_rank=self.node,
-                         warnings=tuple(self.processes.log_errors), stacks=self.hangs.dumped,
-                         attempts=tuple(self.attempts.report()))
+
+def node_result(sup: NodeSupervisor) -> JobResult:
+    """This node's JobResult: its ranks and, on the chief, every node's; the verdict; the attempts."""
+    local = sup.ranks.statuses()
+    remote = sup.link.remote_ranks if isinstance(sup.link, ChiefLink) else {}
+    ranks = tuple(status for _, status in sorted({**remote, **local}.items()))
+    failure = sup.verdict.failure
+    cause = sup.verdict.cause
+    if failure is not None and isinstance(cause, ChildExited):  # its output may have grown since
+        child = sup.processes.children[cause.pid]
+        tail = tuple(rank_protocol.last_lines(child.tail, rank_protocol.SHOWN_LINES))
+        failure = Failure(failure.what, failure.exit_code, tail=tail, tail_of=child.command.name, at=failure.at,
+                          kind=failure.kind)
+    return JobResult(exit_code=sup.verdict.exit_code, ranks=ranks, failure=failure,
+                     interrupted_by=sup.verdict.interrupted_by,
+                     duration=time.monotonic() - sup.started_at, node_rank=sup.node,
+                     warnings=tuple(sup.processes.log_errors), stacks=sup.hangs.dumped,
+                     attempts=tuple(sup.attempts.report()))
 
 
 def ready_rank_defaults(plan: LaunchPlan, trace: Callable[[str], None]) -> dict[str, str]:

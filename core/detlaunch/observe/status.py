@@ -103,6 +103,7 @@ class JobStatus:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "ranks", tuple(sorted(self.ranks, key=lambda r: r.rank)))
+        object.__setattr__(self, "spares", tuple(self.spares))
 
     def to_json(self) -> str:
         obj = {"v": STATUS_VERSION, **dataclasses.asdict(self)}
