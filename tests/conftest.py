@@ -36,10 +36,17 @@ from hypothesis import settings
 from support import pyenv_lock, reaper
 from support.jobs import Launcher
 
+# pytest caches each test module as rewritten for its asserts (__pycache__, git-ignored) unless Python may not write
+# bytecode: where PYTHONDONTWRITEBYTECODE is set (as on these machines), every run rewrote all ~150 test modules
+# again, 6 s of the fast loop's minute. The suite's own modules may be cached; nothing else is changed.
+sys.dont_write_bytecode = False
+
 # Property tests: no per-example deadline. Hypothesis's 200 ms default measures the machine, not the code: on
 # 2 shared cores an example now and then takes longer and fails the test (pytest-timeout still bounds each test).
-settings.register_profile("detlaunch", deadline=None)
-settings.load_profile("detlaunch")
+# The fast loop tries 50 examples a property (it must stay under a minute); CI (CI=true), hypothesis's 100.
+settings.register_profile("dev", deadline=None, max_examples=50)
+settings.register_profile("ci", deadline=None)
+settings.load_profile("ci" if os.environ.get("CI") else "dev")
 
 reaper.start()  # first: every process the run starts carries its marker
 if os.environ.get("PYTEST_XDIST_WORKER"):
