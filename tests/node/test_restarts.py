@@ -7,6 +7,7 @@ processes themselves may be alive (each attempt starts its launchers and per-job
 
 from __future__ import annotations
 
+import os
 import re
 import signal
 import time
@@ -38,7 +39,8 @@ def torchrun_nodes(*extra: str) -> tuple[list[str], list[str]]:
 
 def only_detlaunch_between_attempts(launcher: Launcher, jobs: list[Job]) -> None:
     """Every live process of the job is a detlaunch (the command a test started, or its PID-namespace child),
-    or the next attempt's launcher waiting, past its imports (standby.py; at most one a node)."""
+    the next attempt's launcher waiting, past its imports (standby.py; at most one a node), or the node's rank
+    template (rank/template.py, warm ranks: it lives as long as the job, at most one a node)."""
     argvs = {job.argv for job in jobs}
     others, standbys = [], []
     for pid in processes_with_marker(launcher.marker):
@@ -46,11 +48,12 @@ def only_detlaunch_between_attempts(launcher: Launcher, jobs: list[Job]) -> None
             argv = tuple(psutil.Process(pid).cmdline())
         except psutil.NoSuchProcess:
             continue
-        if argv[1:2] == ("-c",) and argv[-1].endswith(":main") and len(argv) == 5:
+        if argv[1:2] == ("-c",) and argv[-1].endswith(":main") and len(argv) == 5 \
+                or any(a.endswith(os.path.join("rank", "template.py")) for a in argv[:4]):
             standbys.append((pid, argv))
         elif argv not in argvs:
             others.append((pid, argv))
-    assert others == [] and len(standbys) <= len(jobs), (others, standbys)
+    assert others == [] and len(standbys) <= 2 * len(jobs), (others, standbys)
 
 
 def attempt_lines(stderr: str) -> list[str]:

@@ -25,7 +25,7 @@ def why_cold(plan: LaunchPlan) -> str:
         return "--no-warm-ranks"
     commands = [c for c in plan.stage.commands if c.rank is not None]
     if not commands:
-        return f"the {plan.layer} layer's launcher starts the ranks (warm ranks: --layer direct)"
+        return "this layer's launcher starts the ranks (warm ranks: --layer direct)"
     if warm.python_command(plan.user_command) is None:
         return "the command is not `python SCRIPT` or `python -m MODULE`"
     return ""

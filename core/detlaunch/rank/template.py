@@ -185,6 +185,11 @@ def become(request: Request, fds: list[int]) -> None:
         except (OSError, ValueError):
             pass
     os.umask(int(request["umask"]))
+    if request.get("cpus"):  # the CPUs a cold rank would inherit from its wrapper (rank/affinity.py)
+        try:
+            os.sched_setaffinity(0, [int(c) for c in request["cpus"]])
+        except (OSError, ValueError):
+            pass
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])

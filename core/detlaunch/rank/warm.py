@@ -116,7 +116,8 @@ def ask(path: str, command: list[str], fds: tuple[int, int, int], reset: tuple[i
                 pass
     request = {"argv": list(command), "env": dict(os.environ), "cwd": os.getcwd(), "umask": umask,
                "limits": limits, "blocked": sorted(int(s) for s in signal.pthread_sigmask(signal.SIG_BLOCK, [])),
-               "ignored": [s for s in ignored_signals() if s not in reset]}
+               "ignored": [s for s in ignored_signals() if s not in reset],
+               "cpus": sorted(os.sched_getaffinity(0))}  # the wrapper's: --numa-binding bound it (affinity.py)
     from_wrapper = request_bytes(request)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
