@@ -61,6 +61,10 @@ def test_one_node_the_next_attempt_runs_in_the_standby_launcher(launcher: Launch
     assert re.search(rf"started {name} \(pid \d+, its standby\)\n", err), err  # attempt 2: in its standby
     assert err.count(f"standby {name} for the next attempt") == 1, err  # none for an attempt 3
     assert "DETLAUNCH_HOROVOD_PROBE" not in out + err  # horovodrun.py takes it out before anything runs
+    # The restart as the report tells it (one node: tests/node/test_restarts.py has these layers' two-node restarts).
+    lines = [line for line in err.splitlines() if re.match(r"detlaunch:   (attempt|  ->)", line)]
+    assert lines[0].endswith(": rank 1 on node 0 (127.0.0.1) killed by SIGKILL"), lines
+    assert len(lines) == 3 and lines[2].startswith("detlaunch:   attempt 2: finished"), lines
 
 
 def test_horovodrun_module_is_horovodrun(real_processes: None) -> None:

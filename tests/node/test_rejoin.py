@@ -22,9 +22,10 @@ pytestmark = pytest.mark.timeout(300)
 HANG = ("--crash-step", "3", "--crash-rank", "1", "--crash-how", "hang")
 
 
-def kill_the_worker_mid_run(launcher: Launcher, tmp_path: Path, *extra: str) -> tuple[Job, list[str], list[str]]:
+def kill_the_worker_mid_run(launcher: Launcher, tmp_path: Path, *extra: str,
+                            layer: str = "torchrun") -> tuple[Job, list[str], list[str]]:
     """Start a 2-node job, SIGKILL the worker node's detlaunch mid-run; the chief then waits for it."""
-    chief_args, worker_args = torchrun_nodes("--max-restarts", "1", "--restart-backoff", "0", *extra)
+    chief_args, worker_args = torchrun_nodes("--max-restarts", "1", "--restart-backoff", "0", *extra, layer=layer)
     script = train_args(tmp_path, DDP, *HANG)
     chief = launcher.start(*chief_args, *script)
     worker = launcher.start(*worker_args, *script)
@@ -64,7 +65,7 @@ def test_a_sigkilled_worker_node_started_again_rejoins_and_the_job_resumes(
 def test_a_lost_worker_node_that_never_comes_back_ends_the_job_after_the_start_timeout(
         launcher: Launcher, tmp_path: Path) -> None:
     # The timeout bounds the first start too (torch's imports on a loaded machine): 20 s, not less.
-    chief, _, _ = kill_the_worker_mid_run(launcher, tmp_path, "--start-timeout", "20")
+    chief, _, _ = kill_the_worker_mid_run(launcher, tmp_path, "--start-timeout", "20", layer="direct")
     rc = chief.wait(120)
     assert rc.returncode == 1, rc.output
     assert report_line(rc.stderr) == "detlaunch: job failed: lost node 1 (127.0.0.2): it did not join again " \
@@ -74,7 +75,8 @@ def test_a_lost_worker_node_that_never_comes_back_ends_the_job_after_the_start_t
 
 def test_three_nodes_the_surviving_worker_waits_for_the_lost_one_then_all_resume(
         launcher: Launcher, tmp_path: Path) -> None:
-    common = ["--layer", "torchrun", "--nnodes", "3", "--nproc-per-node", "1", "--master-addr", "127.0.0.1",
+    # The link's part, the same on every layer (the 2-node test above runs torchrun): --layer direct.
+    common = ["--layer", "direct", "--nnodes", "3", "--nproc-per-node", "1", "--master-addr", "127.0.0.1",
               "--master-port", str(free_port()), "--max-restarts", "1", "--restart-backoff", "0"]
     script = train_args(tmp_path, DDP, "--crash-step", "3", "--crash-rank", "2", "--crash-how", "hang")
 

@@ -135,10 +135,22 @@ class Shutdown:
             self.kill_all()
         if h.phase.stopping and not h.processes.live() and not h.ranks.wrappers_connected():
             h.enter(Phase.SWEEPING)
-            wait = max(min(h.plan.grace_period, rank_protocol.LEFTOVER_WAIT), 1.0)  # no rank is left to save anything
-            self.sweep_timer = h.loop.call_later(wait, self.sweep_deadline)
+            self.sweep_timer = h.loop.call_later(self._sweep_wait(), self.sweep_deadline)
         if h.phase is Phase.SWEEPING:
             self._sweep()
+
+    def _sweep_wait(self) -> float:
+        """How long leftovers may take to end on their own. No rank is left to save anything: at most
+        LEFTOVER_WAIT of the grace period. But after a clean end, a daemon's sessions (sshd: the chief's
+        launcher's ssh connection to this node, whose remote launcher is reporting its ranks' exit 0)
+        get the whole grace period: killed, the remote launcher's ssh exits 255 and a job whose ranks all
+        succeeded fails on the chief (deepspeed's launcher polls its ranks once a second, then exits: on a
+        loaded machine, more than 5 s)."""
+        h = self.host
+        daemons = any(c.daemon for c in h.plan.stage.commands)
+        if daemons and not h.verdict.stopping:
+            return max(h.plan.grace_period, 1.0)
+        return max(min(h.plan.grace_period, rank_protocol.LEFTOVER_WAIT), 1.0)
 
     def _ranks_over(self) -> bool:
         """RUNNING: every launcher has exited (daemons only, as sshd: every expected rank came and went)."""
@@ -152,8 +164,7 @@ class Shutdown:
         """The job is over on this node (SWEEPING): nothing it started may outlive it.
 
         After a clean end, leftovers (an sshd session delivering its rank's exit status) get
-        the grace period, at most LEFTOVER_WAIT (5 s), to finish on their own; after a failure
-        they are killed now. Orphans
+        a while to finish on their own (_sweep_wait); after a failure they are killed now. Orphans
         are re-parented to this subreaper, so each exit wakes the loop and this runs again;
         whatever is still there at the deadline is SIGKILLed (see sweep_deadline).
         """
