@@ -626,29 +626,6 @@ def test_dump_budget_0_stops_at_once_without_stacks(launcher: Launcher, tmp_path
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("layer", ["horovod", "deepspeed"])
-def test_stacks_of_ranks_started_over_sshd_on_two_nodes(launcher: Launcher, tmp_path: Path, layer: str) -> None:
-    from test_faults import TwoNodes
-
-    job_id = f"sshd-{uuid.uuid4().hex[:8]}"
-    job = TwoNodes(launcher, tmp_path, layer, RANKS, {"DETLAUNCH_JOB_ID": job_id})
-    job.wait_until_every_rank_is_up()
-    for fmt in ("json", "text"):
-        answer = ask(launcher, "stacks", job_id, "--format", fmt)
-        assert answer.returncode == 0, answer.stderr
-        if fmt == "json":
-            data = json.loads(answer.stdout)
-            assert data["missing"] == [] and data["unavailable"] == [], data
-            assert [(g["ranks"], g["nodes"]) for g in data["groups"]] == [([0, 1, 2, 3], [0, 1])], data
-        else:
-            assert re.match(r"ranks 0-3 \(node 0, 1\): time\.sleep <- <module> \(ranks\.py:\d+\)$",
-                            answer.stdout.splitlines()[1]), answer.stdout
-    for node in (job.chief, job.worker):
-        node.send_signal(signal.SIGTERM)
-    for node in (job.chief, job.worker):
-        node.wait(90)
-
-
 class AsUser:
     """detlaunch as the throwaway user, in a home of its own. The venv's interpreter lives under /root
     (0700): the user runs Debian's python3 (3.11, like the venv's) with the venv's site-packages on its
@@ -741,12 +718,25 @@ def test_as_a_user_an_undumpable_rank_in_a_collective_is_read_with_faulthandler_
 
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("layer", ["horovod", "deepspeed"])
-def test_a_silent_job_over_sshd_hangs_on_both_nodes_from_the_variable(launcher: Launcher, tmp_path: Path,
-                                                                     layer: str) -> None:
+def test_a_silent_job_over_sshd_shows_its_stacks_then_hangs_on_both_nodes_from_the_variable(
+        launcher: Launcher, tmp_path: Path, layer: str) -> None:
+    """Ranks started over sshd (the chief's launcher reaches node 1): `detlaunch stacks` reads every rank of both
+    nodes while the job runs; then, silent, it hangs from DETLAUNCH_HANG_TIMEOUT, with the same stacks."""
     from test_faults import TwoNodes
 
-    job = TwoNodes(launcher, tmp_path, layer, RANKS, {"DETLAUNCH_HANG_TIMEOUT": "8"})
+    job_id = f"sshd-{uuid.uuid4().hex[:8]}"
+    job = TwoNodes(launcher, tmp_path, layer, RANKS, {"DETLAUNCH_HANG_TIMEOUT": "15", "DETLAUNCH_JOB_ID": job_id})
     job.wait_until_every_rank_is_up()
+    for fmt in ("json", "text"):
+        answer = ask(launcher, "stacks", job_id, "--format", fmt)
+        assert answer.returncode == 0, answer.stderr
+        if fmt == "json":
+            data = json.loads(answer.stdout)
+            assert data["missing"] == [] and data["unavailable"] == [], data
+            assert [(g["ranks"], g["nodes"]) for g in data["groups"]] == [([0, 1, 2, 3], [0, 1])], data
+        else:
+            assert re.match(r"ranks 0-3 \(node 0, 1\): time\.sleep <- <module> \(ranks\.py:\d+\)$",
+                            answer.stdout.splitlines()[1]), answer.stdout
     chief, worker = job.chief.wait(120), job.worker.wait(120)
     assert (chief.returncode, worker.returncode) == (124, 124), chief.output + worker.output
     for r in (chief, worker):  # the worker reports the chief's verdict, stacks included
