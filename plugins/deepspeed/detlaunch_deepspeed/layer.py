@@ -72,7 +72,7 @@ from detlaunch import (
 from detlaunch.launcher_flags import add_launcher_flags, check_launcher_args
 from detlaunch.ssh import SshLayout, SshParts, add_ssh_options, ssh_client_parts, ssh_port_check, sshd_parts
 
-from . import envfile, ops, rank_shim
+from . import envfile, ops, rank_shim, resources
 from .envfile import DENY, parse_version, quoting_for
 from .flags import TABLE
 
@@ -207,6 +207,22 @@ def one_node_gpu_args(env: Mapping[str, str], devices: Sequence[str], slots: int
     return None
 
 
+def picked_devices_env(ctx: StageContext) -> dict[str, str]:
+    """This node's CUDA_VISIBLE_DEVICES where --include/--exclude/--num_gpus picked its devices (resources.py)."""
+    slots = resources.node_devices(ctx.option(resources.DEVICES), ctx.cluster.node_addr)
+    if slots is None:
+        return {}
+    own = cuda_visible_devices(ctx.env)
+    shown = ctx.env.get("CUDA_VISIBLE_DEVICES", "")
+    return {"CUDA_VISIBLE_DEVICES": resources.visible_devices_for(slots, own, shown)}
+
+
+def with_picked_devices(ctx: StageContext) -> StageContext:
+    """The stage's view of this node: its devices as picked, as if its detlaunch had been started with them."""
+    picked = picked_devices_env(ctx)
+    return ctx.replace(env={**ctx.env, **picked}) if picked else ctx
+
+
 # -- what reads the machine ------------------------------------------------------------------------
 
 
@@ -317,7 +333,8 @@ def detlaunch_rank_wrappers(ctx: StageContext) -> RankWrapper:
 
 @hookimpl
 def detlaunch_environment(ctx: StageContext) -> dict[str, str]:
-    return {"USE_DEEPSPEED": "1", **accelerator_env(ctx.env, accelerator_devices()), **network_env(ctx.env)}
+    return {"USE_DEEPSPEED": "1", **accelerator_env(ctx.env, accelerator_devices()), **network_env(ctx.env),
+            **picked_devices_env(ctx)}
 
 
 def _master_port(ctx: StageContext) -> int:
@@ -333,6 +350,7 @@ def _warn_unexported(env: Mapping[str, str], quoting: str) -> None:
 
 @hookimpl
 def detlaunch_chief_stage(ctx: StageContext) -> Stage:
+    ctx = with_picked_devices(ctx)
     c = ctx.cluster
     check_launcher_args(TABLE, ctx.launcher_args, NAME)
     multi = c.num_nodes > 1
@@ -376,4 +394,5 @@ def detlaunch_chief_stage(ctx: StageContext) -> Stage:
 
 @hookimpl
 def detlaunch_worker_stage(ctx: StageContext) -> Stage:
+    ctx = with_picked_devices(ctx)
     return sshd_parts(ctx, env=node_devices_env(ctx.env)).stage()
