@@ -35,6 +35,8 @@ plugins add). deepspeed puts every exported value on pdsh's command line, visibl
 the chief, as it does without detlaunch. What the file leaves out as node-local comes from each
 node's own sshd (detlaunch.ssh): its supervisor's socket, and the node's own CUDA_VISIBLE_DEVICES,
 which rank_shim.py puts back after deepspeed's launch has overwritten it with slot indices.
+Devices picked with ``--include host:1,3`` (resources.py) narrow that node's own list first, as if its
+detlaunch had been started with them (``picked_devices_env``).
 
 Stopping: deepspeed's runner answers SIGINT/SIGTERM by running ``pkill -f <python> -u -m
 deepspeed.launcher.launch`` on every host through pdsh, which kills every deepspeed job on those
