@@ -94,9 +94,9 @@ class StaticProvider:
 
     def _from_hosts(self, config: Config) -> ClusterInfo:
         o = config.options
-        given = given_hosts(o)
-        assert given is not None
-        hosts, source = given
+        read = given_hosts(o)
+        assert read is not None
+        hosts, source = read
         spares = o.get("spares") or 0
         if o.get("nnodes") and o["nnodes"] + spares != len(hosts):
             given = f"--nnodes {o['nnodes']} and --spares {spares} disagree" if spares else \

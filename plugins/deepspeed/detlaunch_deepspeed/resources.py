@@ -54,7 +54,7 @@ def _check_known(flag: str, text: str, pool: Mapping[str, int | None], host: str
                           f"({', '.join(pool)})")
     have = pool[host]
     missing = [s for s in slots if have is not None and s >= have]
-    if missing:
+    if missing and have is not None:
         raise ConfigError(f"{flag} {text}: {host} has no device {missing[0]} ({source} gives it {have} slots: "
                           f"0..{have - 1})")
 
