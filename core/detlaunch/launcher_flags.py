@@ -210,11 +210,11 @@ def finish_launcher_flags(parser: argparse.ArgumentParser, ns: argparse.Namespac
         for dest, new in row.convert(value, {**vars(ns), GIVEN: given}).items():
             new = _parse_like(actions.get(dest), new, typed)
             current = getattr(ns, dest, None)
-            if dest in row.narrows:
-                pass  # the conversion read the value it replaces
-            elif dest in by_flag and by_flag[dest][1] != new:
+            narrowed = dest in row.narrows  # the conversion read the value it replaces: no contradiction
+            if not narrowed and dest in by_flag and by_flag[dest][1] != new:
                 raise ConfigError(f"{typed} contradicts {by_flag[dest][0]}: give one of them")
-            elif dest not in by_flag and current is not None and current != parser.get_default(dest) and current != new:
+            if not narrowed and dest not in by_flag and current is not None and current != parser.get_default(dest) \
+                    and current != new:
                 raise ConfigError(f"{typed} contradicts {_spelling(actions.get(dest), dest)} {_show(current)}: "
                                   "give one of them")
             by_flag[dest] = (typed, new)
