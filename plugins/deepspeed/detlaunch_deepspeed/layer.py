@@ -276,11 +276,22 @@ def shim_args(ctx: StageContext, master_addr: str) -> tuple[str, ...]:
 
 
 def _launch_command(ctx: StageContext, argv: Sequence[str], master_addr: str = "",
-                    env: Mapping[str, str] | None = None) -> Command:
+                    env: Mapping[str, str] | None = None, over_pdsh: bool = False) -> Command:
     # deepspeed's runner runs as `python -m detlaunch_deepspeed.runner` (runner.py), the `deepspeed` command's
     # run: with restarts on, the next attempt's waits past its imports (deepspeed and torch).
-    return Command((sys.executable, "-m", RUNNER_MODULE, *argv[1:], *shim_args(ctx, master_addr), *ctx.rank_command),
-                   name=NAME, stop_signal=signal.SIGKILL, env=dict(env or {}), standby=f"{RUNNER_MODULE}:main")
+    # Over pdsh, the rank command and directory go as one word no remote shell changes (rank_shim.py).
+    words = (rank_shim.encode_words(list(ctx.rank_command), os.getcwd()),) if over_pdsh else ctx.rank_command
+    env = dict(env or {})
+    if over_pdsh and shlex.quote(os.getcwd()) != os.getcwd():  # deepspeed's `cd DIR;` would break on it
+        env[runner_cwd_env()] = "/"
+    return Command((sys.executable, "-m", RUNNER_MODULE, *argv[1:], *shim_args(ctx, master_addr), *words),
+                   name=NAME, stop_signal=signal.SIGKILL, env=env, standby=f"{RUNNER_MODULE}:main")
+
+
+def runner_cwd_env() -> str:
+    """The variable that runs deepspeed's runner from another directory (runner.py; written out: importing it
+    imports deepspeed)."""
+    return "DETLAUNCH_DS_RUNNER_CWD"
 
 
 @hookimpl
@@ -390,7 +401,7 @@ def detlaunch_chief_stage(ctx: StageContext) -> Stage:
                               optional_args=ctx.launcher_args, shim=True, local_rank=not ctx.option("no_local_rank"))
     env = {"DS_ENV_FILE": env_file,
            "PDSH_SSH_ARGS_APPEND": pdsh_ssh_args_append(ctx.env.get("PDSH_SSH_ARGS_APPEND"), ssh_config, layout.port)}
-    launcher = _launch_command(ctx, argv, env=env)
+    launcher = _launch_command(ctx, argv, env=env, over_pdsh=True)
     return (sshd_parts(ctx, layout, node_devices_env(ctx.env)) + client + own).stage(launcher)
 
 
