@@ -38,7 +38,8 @@ else:
     dist.all_reduce(t)
     total = t.item()
 args = [a for a in sys.argv[1:] if not a.startswith("--local_rank=")]  # deepspeed's, put first
-print("args", args, os.getcwd(), os.environ.get("DL_SHARED"), os.environ.get("CUDA_VISIBLE_DEVICES"),
+print("args", args, os.getcwd(), os.environ.get("DL_SHARED"), os.environ.get("DL_FILE"),
+      os.environ.get("CUDA_VISIBLE_DEVICES"),
       f"sum {total:g}", flush=True)
 if rank == 2:
     time.sleep(3)  # the others have printed by then
@@ -49,7 +50,7 @@ time.sleep(300)
 TRICKY = "my dir/$x 'é\"q\".py"
 ARGS = ["a b", "$HOME", "`id`; ls", "ünï"]
 SHARED = "it's $shared"
-PASSED = "PYTHONPATH,DETLAUNCH_CONTRACT_ID,DL_LAYER"
+PASSED = "PYTHONPATH,DETLAUNCH_CONTRACT_ID,DL_LAYER,DL_SHARED"
 # deepspeed's hosts: 127.0.0.5 and a device of 127.0.0.4 excluded, as deepspeed's runner would.
 HOSTFILE = f"{HOSTS[0]} slots=1\n{HOSTS[1]} slots=1\n127.0.0.5 slots=1\n{HOSTS[2]} slots=2\n"
 EXCLUDE = f"127.0.0.5@{HOSTS[2]}:0"
@@ -61,7 +62,8 @@ def nodes(throwaway_user: pwd.struct_passwd) -> Iterator[SshNodes]:
         (found.home / "my dir").mkdir()
         (found.home / TRICKY).write_text(SCRIPT)
         (found.home / "hosts").write_text(HOSTFILE)
-        (found.home / ".deepspeed_env").write_text(f"DL_SHARED={SHARED}\n")  # read for every layer, as documented
+        # Read for every layer (a plain value: deepspeed's runner gives a shell its lines as they are).
+        (found.home / ".deepspeed_env").write_text("DL_FILE=from-file\n")
         yield found
 
 
@@ -76,7 +78,7 @@ LAYER_ARGS = {
 def test_three_nodes_from_one_command_a_failure_on_node_2(layer: str, nodes: SshNodes, launcher: Launcher) -> None:
     ssh_port = str(free_port())
     args = [a.format(ssh_port=ssh_port) for a in LAYER_ARGS[layer]]
-    env = {**nodes.env, "DL_LAYER": layer}
+    env = {**nodes.env, "DL_LAYER": layer, "DL_SHARED": SHARED}
     done = launcher.start("--layer", layer, *args, "--spawn", "ssh", "--master-port", str(free_port()),
                           "--grace-period", "5", "--export", PASSED, TRICKY, *ARGS, env=env, cwd=nodes.home,
                           command=(PYTHON, "-m", "detlaunch"), prefix=nodes.as_user).wait(timeout=360)
@@ -84,7 +86,7 @@ def test_three_nodes_from_one_command_a_failure_on_node_2(layer: str, nodes: Ssh
     devices = {"deepspeed": "1"}.get(layer)  # 127.0.0.4's device 0 excluded: its rank runs on device 1
     for rank in range(3):
         seen = devices if rank == 2 else ("0" if layer == "deepspeed" else None)
-        assert f"[rank={rank}] args {ARGS!r} {nodes.home} {SHARED} {seen} sum 3" in done.stdout, done.output
+        assert f"[rank={rank}] args {ARGS!r} {nodes.home} {SHARED} from-file {seen} sum 3" in done.stdout, done.output
     cause = f"detlaunch: [node 0 ({HOSTS[0]})] job failed: rank 2 on node 2 ({HOSTS[2]}) exited with code 7"
     assert cause in done.stderr.splitlines(), done.output
     launcher.assert_no_leftovers(settle=15)
