@@ -2,7 +2,7 @@
 test_spawn_ssh.py): 3 nodes from one command, over a real sshd on 127.0.0.2-4 for a throwaway user with their
 own key and ssh config (tests/support/ssh_nodes.py). One job a layer, each checking at once what the issue asks:
 every rank's real all_reduce; a script whose path and arguments hold spaces, quotes, `$` and unicode, run exactly
-as given; a variable passed the layer's own way; then rank 2, on node 2, fails: the job's exit code is its
+as given; variables from --export and .deepspeed_env; then rank 2, on node 2, fails: the job's exit code is its
 code, the chief's report names it, and nothing is left on any node (the per-job sshds and their sessions too).
 deepspeed's job picks its nodes and devices from a hostfile with --exclude, as deepspeed's runner does.
 """
