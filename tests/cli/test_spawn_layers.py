@@ -69,7 +69,8 @@ def nodes(throwaway_user: pwd.struct_passwd) -> Iterator[SshNodes]:
 
 LAYER_ARGS = {
     "torchrun": ("--nproc_per_node", "1", "--hosts", ",".join(HOSTS)),
-    "horovod": ("-H", ",".join(f"{h}:1" for h in HOSTS), "-p", "{ssh_port}"),
+    # --network-interfaces: horovodrun's own probe of the hosts' interfaces runs a Python without the user's path
+    "horovod": ("-H", ",".join(f"{h}:1" for h in HOSTS), "-p", "{ssh_port}", "--network-interfaces", "lo"),
     "deepspeed": ("--hostfile", "hosts", "--exclude", EXCLUDE, "--ssh_port", "{ssh_port}"),
 }
 

@@ -285,7 +285,7 @@ def test_dry_run_shows_the_chief_and_worker_chains(launcher: Launcher) -> None:
     assert re.search(r"├── writes /\S*/detlaunch-[0-9a-f]+/deepspeed/hostfile\n", chief.stdout)
     assert re.search(r"├── then runs: \S+ -S \S+/envfile.py --quoting double --deny 'BASH_FUNC_.\*' ", chief.stdout)
     assert "--deny '.*CUDA_VISIBLE_DEVICES' --deny SLURM_PROCID" in chief.stdout
-    assert "[stop with SIGKILL]" in chief.stdout and "rank/run_wrapper.py" in chief.stdout
+    assert "[stop with SIGKILL]" in chief.stdout and " --words=" in chief.stdout  # the rank command, encoded
     assert "detlaunch: warning: deepspeed: not exporting MULTI to the ranks: its value holds a newline" in chief.stderr
     assert "sshd -D -e -f" in worker.stdout and "[daemon, stop with SIGTERM]" in worker.stdout
     assert "deepspeed" not in worker.stdout.split("environment added")[0].replace("layer deepspeed", "")
