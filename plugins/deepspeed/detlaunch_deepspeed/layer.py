@@ -396,7 +396,9 @@ def detlaunch_chief_stage(ctx: StageContext) -> Stage:
     _warn_unexported(ctx.env, quoting)
     writer = (sys.executable, "-S", os.path.abspath(envfile.__file__), "--quoting", quoting,
               *[arg for pattern in DENY for arg in ("--deny", pattern)], "--replace", env_file)
-    own = SshParts(dirs=(folder,), files={hostfile: create_hostfile(c.slots, addrs)}, prelaunch=(writer,))
+    # The rank command crosses pdsh as one encoded word (rank_shim.py); this file says in words what it carries.
+    shown = {os.path.join(folder, "rank-command"): shlex.join(ctx.rank_command) + "\n"}
+    own = SshParts(dirs=(folder,), files={hostfile: create_hostfile(c.slots, addrs), **shown}, prelaunch=(writer,))
     argv = create_run_command(master_address=c.chief_addr, master_port=port, hostfile_path=hostfile,
                               optional_args=ctx.launcher_args, shim=True, local_rank=not ctx.option("no_local_rank"))
     env = {"DS_ENV_FILE": env_file,
