@@ -1,14 +1,27 @@
-"""--spawn ssh: what one command costs over starting the nodes one by one (issue 29).
+"""--spawn ssh: what one command costs over starting the nodes one by one, and against the launchers' own
+one-command fan-out (issue 29).
 
-4 and 16 nodes on 127.0.0.2, 127.0.0.3, ... (`--layer direct`, one trivial rank each, bench/scripts/rank.py),
-two cases interleaved: every node's `python -m detlaunch --node-rank I` started here at once, as a scheduler
-would (bench/scripts/nodes.py), and one `python -m detlaunch --spawn ssh` reaching every node over ssh, in
-parallel, through an sshd of the bench's own (root, key-only, the loopback addresses, a bench key and ssh
-config given with --ssh-opts). The extra wall time of the spawn is the difference of the medians, whole job
-(start to every process gone). Needs root (the sshd), like the bench's flood measurement.
+4 and 16 nodes on 127.0.0.2, 127.0.0.3, ... (one trivial rank each, bench/scripts/rank.py, which imports no
+torch), four cases interleaved:
+
+- one by one: every node's `python -m detlaunch --layer direct --node-rank I` started here at once, as a
+  scheduler would (bench/scripts/nodes.py);
+- --spawn ssh: one `python -m detlaunch --layer direct --spawn ssh` reaching every node over ssh, in parallel;
+- deepspeed --hostfile: bare deepspeed's own fan-out (pdsh over ssh, one `deepspeed.launcher.launch` a node,
+  which imports deepspeed and torch), `--no_ssh_check --master_addr 127.0.0.2` (its ssh check and `hostname -I`
+  would not reach the bench's sshd), DS_ACCELERATOR=cpu through its env file;
+- horovodrun -H: bare horovodrun's own fan-out (ssh to each host: its ssh check, then the rank),
+  `--gloo --network-interfaces lo --disable-cache` (no NIC discovery round, no cache file in ~).
+
+Every ssh goes to an sshd of the bench's own (root, key-only, the loopback addresses): detlaunch is given its
+ssh config with --ssh-opts; deepspeed's pdsh and horovodrun find an `ssh` on PATH that uses it. The extra wall
+time of the spawn is the difference of the medians, whole job (start to every process gone; for the bare
+launchers, the ranks' ssh sessions end before they exit). Needs root (the sshd), like the flood measurement.
+A launcher that is not installed is n/a.
 
     python -m bench --only spawn --reps 3
     python -m bench.spawn --nodes 4 16 --reps 3      # alone, printing the figures
+    python -m bench.spawn --nodes 4 16 --reps 3 --no-launchers   # detlaunch's two cases only
 """
 
 from __future__ import annotations
@@ -28,6 +41,7 @@ from pathlib import Path
 from .common import (
     MARKER,
     SCRIPTS,
+    VENV,
     Goal,
     NotAvailable,
     Panel,
@@ -48,6 +62,8 @@ PY = sys.executable
 RANK = str(SCRIPTS / "rank.py")
 NODES_PY = str(SCRIPTS / "nodes.py")
 GOAL = 0.3  # seconds more than one by one, at 16 nodes
+OURS = ["one by one", "--spawn ssh"]
+LAUNCHERS = {"deepspeed --hostfile": VENV / "bin" / "deepspeed", "horovodrun -H": VENV / "bin" / "horovodrun"}
 
 
 @contextmanager
@@ -67,8 +83,12 @@ def sshd(tmp: Path, count: int) -> Iterator[Path]:
         "PasswordAuthentication no\nKbdInteractiveAuthentication no\nUsePAM no\nStrictModes no\n"
         "PermitRootLogin prohibit-password\nAllowUsers root\nLogLevel ERROR\nMaxStartups 200\nMaxSessions 200\n")
     (d / "ssh_config").write_text(
-        f"Host 127.0.0.*\n  Port {port}\n  IdentityFile {d / 'client_key'}\n  StrictHostKeyChecking no\n"
-        "  UserKnownHostsFile /dev/null\n  LogLevel ERROR\n")
+        f"Host 127.0.0.*\n  Port {port}\n  IdentityFile {d / 'client_key'}\n  IdentitiesOnly yes\n  BatchMode yes\n"
+        "  StrictHostKeyChecking no\n  UserKnownHostsFile /dev/null\n  LogLevel ERROR\n")
+    (d / "bin").mkdir()  # the `ssh` that pdsh and horovodrun run: the bench's config, whatever they add
+    (d / "bin" / "ssh").write_text(f'#!/bin/sh\nexec /usr/bin/ssh -F {d / "ssh_config"} "$@"\n')
+    (d / "bin" / "ssh").chmod(0o700)
+    (d / "ds_env").write_text("DS_ACCELERATOR=cpu\n")  # deepspeed's env file (DS_ENV_FILE): every node's launch
     proc = start_service(["/usr/sbin/sshd", "-D", "-e", "-f", str(d / "sshd_config")], d / "sshd.log")
     try:
         deadline = time.monotonic() + 20
@@ -86,7 +106,27 @@ def sshd(tmp: Path, count: int) -> Iterator[Path]:
         stop_service(proc)
 
 
+def launcher_case(case: str, n: int, ssh_config: Path) -> list[str]:
+    """Bare deepspeed or horovodrun starting the same ranks on the same hosts through their own fan-out."""
+    addrs = [f"127.0.0.{i + 2}" for i in range(n)]
+    if case == "horovodrun -H":
+        return [str(LAUNCHERS[case]), "-np", str(n), "-H", ",".join(f"{a}:1" for a in addrs), "--gloo",
+                "--network-interfaces", "lo", "--disable-cache", PY, RANK, "trivial"]
+    hostfile = ssh_config.parent / f"hostfile-{n}"
+    hostfile.write_text("".join(f"{a} slots=1\n" for a in addrs))
+    return [str(LAUNCHERS[case]), "--hostfile", str(hostfile), "--master_addr", addrs[0], "--master_port",
+            str(free_port()), "--no_ssh_check", "--launcher", "pdsh", RANK, "trivial"]
+
+
+def launcher_env(env: dict[str, str], ssh_config: Path) -> dict[str, str]:
+    d = ssh_config.parent
+    return {**env, "PATH": f"{d / 'bin'}:{env.get('PATH', '')}", "DS_ENV_FILE": str(d / "ds_env"),
+            "DS_ACCELERATOR": "cpu"}
+
+
 def argv_for(case: str, n: int, ssh_config: Path) -> list[str]:
+    if case in LAUNCHERS:
+        return launcher_case(case, n, ssh_config)
     hosts = ["--hosts", ",".join(f"127.0.0.{i + 2}:1" for i in range(n)), "--master-port", str(free_port())]
     node = [PY, "-m", "detlaunch", "--layer", "direct", *hosts]
     if case == "one by one":
@@ -98,30 +138,45 @@ def argv_for(case: str, n: int, ssh_config: Path) -> list[str]:
     return [*node, "--spawn", "ssh", "--ssh-opts", f"-F {ssh_config}", "--export", exported, RANK, "trivial"]
 
 
-def wall_times(nodes: list[int], reps: int, env: dict[str, str], tmp: Path) -> dict[tuple[int, str], list[float]]:
-    cases = ["one by one", "--spawn ssh"]
+def cases_here(launchers: bool) -> list[str]:
+    """detlaunch's two cases, and each launcher that is installed (with pdsh for deepspeed)."""
+    if not launchers:
+        return OURS
+    found = [c for c, path in LAUNCHERS.items() if path.exists() and (c != "deepspeed --hostfile" or
+                                                                         shutil.which("pdsh"))]
+    return [*OURS, *found]
+
+
+def wall_times(nodes: list[int], reps: int, env: dict[str, str], tmp: Path,
+               cases: list[str]) -> dict[tuple[int, str], list[float]]:
     out: dict[tuple[int, str], list[float]] = {(n, c): [] for n in nodes for c in cases}
     with sshd(tmp, max(nodes)) as config:
         for n in nodes:
             for rep, case in interleaved(reps, cases):
                 say(f"spawn: {n} nodes, {case} ({rep + 1}/{reps})")
-                r = run(argv_for(case, n, config), env, timeout=180).check(0)
+                job_env = launcher_env(env, config) if case in LAUNCHERS else env
+                r = run(argv_for(case, n, config), job_env, timeout=300).check(0)
                 out[(n, case)].append(r.duration)
     return out
 
 
 def measure(env: dict[str, str], reps: int, quick: bool, tmp: Path) -> Section:
     nodes = [4, 16]
-    t = wall_times(nodes, reps, env, tmp)
+    cases = cases_here(launchers=True)
+    t = wall_times(nodes, reps, env, tmp, cases)
     rows, extra = [], {}
+    others = cases[len(OURS):]
     for n in nodes:
         hand, spawned = Stat(t[(n, "one by one")]), Stat(t[(n, "--spawn ssh")])
         extra[n] = spawned.median - hand.median
-        rows.append([f"{n} nodes", hand.fmt(), spawned.fmt(), f"{extra[n]:+.3f} s"])
-    notes = ["whole job, start to every process gone, one trivial rank a node (no torch); the ssh case includes "
-             "ssh's handshakes to a loopback sshd (one a node, in parallel)"]
-    table = Table("One command for every node: --spawn ssh vs one by one",
-                  ["nodes", "one by one", "--spawn ssh", "extra"], rows, notes)
+        rows.append([f"{n} nodes", hand.fmt(), spawned.fmt(), f"{extra[n]:+.3f} s",
+                     *[Stat(t[(n, c)]).fmt() for c in others]])
+    notes = ["whole job, start to every process gone, one trivial rank a node (no torch); the ssh cases include "
+             "ssh's handshakes to a loopback sshd (one a node, in parallel)",
+             "bare deepspeed's launch on each node imports deepspeed and torch; horovodrun checks ssh to every "
+             "host first (see bench/spawn.py)"]
+    table = Table("One command for every node: --spawn ssh vs one by one, and vs the launchers' own fan-out",
+                  ["nodes", "one by one", "--spawn ssh", "extra", *others], rows, notes)
     goal = Goal("--spawn ssh, extra wall time at 16 nodes", f"<= {GOAL} s", f"{extra[16]:.3f} s", extra[16] <= GOAL)
     panel = Panel("--spawn ssh: extra wall time over one by one (lower is better)", "seconds",
                   [f"{n} nodes" for n in nodes], [Stat([extra[n]]) for n in nodes], goal=GOAL)
@@ -133,15 +188,18 @@ def main(argv: list[str] | None = None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--nodes", type=int, nargs="+", default=[4, 16])
     p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--no-launchers", action="store_true", help="only detlaunch's cases (no bare deepspeed/horovodrun)")
     args = p.parse_args(argv)
+    cases = cases_here(launchers=not args.no_launchers)
     become_subreaper()  # the bench's wait loop: every process of a job reaped, SIGCHLD through a pipe
     with nothing_left(), tempfile.TemporaryDirectory() as tmp_name:
         env = {**os.environ, "TMPDIR": tmp_name}
-        t = wall_times(args.nodes, args.reps, env, Path(tmp_name))
+        t = wall_times(args.nodes, args.reps, env, Path(tmp_name), cases)
     for n in args.nodes:
         hand, spawned = Stat(t[(n, "one by one")]), Stat(t[(n, "--spawn ssh")])
+        others = "".join(f", {c} {Stat(t[(n, c)]).fmt(digits=3)}" for c in cases[len(OURS):])
         print(f"{n:>3} nodes: one by one {hand.fmt(digits=3)}, --spawn ssh {spawned.fmt(digits=3)}, "
-              f"extra {spawned.median - hand.median:+.3f} s", flush=True)
+              f"extra {spawned.median - hand.median:+.3f} s{others}", flush=True)
     return 0
 
 

@@ -34,6 +34,7 @@ _EXPORTS = {
     "LaunchError": "errors",
     "check_port_free": "system.ports",
     "cuda_visible_devices": "planning.gpus",
+    "given_hosts": "planning.discovery",
     "cpu_sets": "planning.cpu_binding",
     "CPUS_ENV": "planning.cpu_binding",
     "NUMA_BINDING_MODES": "planning.cpu_binding",
@@ -64,6 +65,7 @@ if TYPE_CHECKING:  # `X as X`: an explicit re-export, for type checkers
     from detlaunch.planning.cpu_binding import CPUS_ENV as CPUS_ENV
     from detlaunch.planning.cpu_binding import NUMA_BINDING_MODES as NUMA_BINDING_MODES
     from detlaunch.planning.cpu_binding import cpu_sets as cpu_sets
+    from detlaunch.planning.discovery import given_hosts as given_hosts
     from detlaunch.planning.doctor import Check as Check
     from detlaunch.planning.gpus import cuda_visible_devices as cuda_visible_devices
     from detlaunch.planning.hookspecs import hookimpl as hookimpl

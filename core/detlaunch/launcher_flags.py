@@ -56,6 +56,8 @@ class LauncherFlag:
     why: for "refuse" (and a "map" whose dest is missing): the line the user sees after the flag.
     doc: what detlaunch does with it, in a few words (docs/LAUNCHER_FLAGS.md).
     check: for "map", refuses a value detlaunch cannot honour (see :func:`maps`).
+    narrows: for "map", the options its conversion reads and narrows (deepspeed's --include keeps some hosts
+    of --hostfile): it may set them over the user's value, which it has taken into account.
     """
 
     names: tuple[str, ...]
@@ -66,6 +68,7 @@ class LauncherFlag:
     why: str = ""
     doc: str = ""
     check: Callable[[str], None] | None = None
+    narrows: tuple[str, ...] = ()
 
     def convert(self, value: str | None, options: Mapping[str, Any]) -> Mapping[str, Any]:
         if isinstance(self.to, str):
@@ -87,18 +90,19 @@ class LauncherFlag:
 
 
 def maps(*names: str, to: str | Convert, value: bool = True, doc: str = "", needs_dest: bool = False,
-         why: str = "", check: Callable[[str], None] | None = None) -> LauncherFlag:
+         why: str = "", check: Callable[[str], None] | None = None, narrows: tuple[str, ...] = ()) -> LauncherFlag:
     """A flag that sets a detlaunch option.
 
     to: its dest (the value is parsed as that option parses it), or a conversion.
     needs_dest: refuse with `why` unless the parser has the dest `to`.
     check: raises ConfigError for a value detlaunch cannot honour; it also guards detlaunch's own
     option when that has the same spelling (torchrun's ``--nnodes=1:2``).
+    narrows: the options the conversion reads and replaces with a narrower value (see LauncherFlag).
     """
     if not doc:
         doc = f"--{to.replace('_', '-')}" if isinstance(to, str) else ""
     return LauncherFlag(tuple(names), value, "map", to=to, dest=to if isinstance(to, str) and needs_dest else None,
-                        why=why, doc=doc, check=check)
+                        why=why, doc=doc, check=check, narrows=narrows)
 
 
 def turns_on(dest: str) -> Convert:
@@ -206,9 +210,11 @@ def finish_launcher_flags(parser: argparse.ArgumentParser, ns: argparse.Namespac
         for dest, new in row.convert(value, {**vars(ns), GIVEN: given}).items():
             new = _parse_like(actions.get(dest), new, typed)
             current = getattr(ns, dest, None)
-            if dest in by_flag and by_flag[dest][1] != new:
+            narrowed = dest in row.narrows  # the conversion read the value it replaces: no contradiction
+            if not narrowed and dest in by_flag and by_flag[dest][1] != new:
                 raise ConfigError(f"{typed} contradicts {by_flag[dest][0]}: give one of them")
-            if dest not in by_flag and current is not None and current != parser.get_default(dest) and current != new:
+            if not narrowed and dest not in by_flag and current is not None and current != parser.get_default(dest) \
+                    and current != new:
                 raise ConfigError(f"{typed} contradicts {_spelling(actions.get(dest), dest)} {_show(current)}: "
                                   "give one of them")
             by_flag[dest] = (typed, new)
@@ -274,8 +280,9 @@ def elsewhere_hint(arg: str, table: Sequence[LauncherFlag], launcher: str) -> st
     other, dest = known
     meaning, option = _MEANING[dest]
     detlaunch_spelling = option.split()[0]
-    own = [s for row in table if row.does == "map" and row.to == dest for s in row.names
-           if s.replace("_", "-") != detlaunch_spelling]
+    # A row meaning that option: it maps onto it, or its doc names it first (a conversion that does more).
+    own = [s for row in table if row.does == "map" and (row.to == dest or row.doc.split(";")[0] == detlaunch_spelling)
+           for s in row.names if s.replace("_", "-") != detlaunch_spelling]
     also = f" (or {launcher}'s own {own[0]} {option.split()[1]})" if own else ""
     return f"for {meaning}, give {option}{also}; {name} is {other}'s spelling"
 

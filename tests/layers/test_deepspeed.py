@@ -73,6 +73,16 @@ def test_other_versions_multi_node() -> None:
 
 
 @pytest.mark.timeout(10)
+def test_the_rank_command_crosses_pdsh_as_one_word_no_shell_changes() -> None:
+    command = ["/usr/bin/python3", "-u", "my dir/$x 'é\"q\".py", "a b", "$HOME", "`id`; ls", "ünï"]
+    word = rank_shim.encode_words(command, "/tmp/it's a $dir")
+    assert shlex.split(word) == [word] and shlex.quote(word) == word
+    assert rank_shim.rank_command(["--local_rank=1", "3", "-", word]) == (
+        [*command[:3], "--local_rank=1", *command[3:]], "", "/tmp/it's a $dir")
+    assert rank_shim.rank_command(["1", "10.0.0.1", "x.py", "a"]) == (["x.py", "a"], "10.0.0.1", None)
+
+
+@pytest.mark.timeout(10)
 def test_parse_version_and_quoting_by_version() -> None:
     assert parse_version("0.19.8") == (0, 19, 8)
     assert parse_version("0.15.2+cpu") == (0, 15, 2)
@@ -256,9 +266,11 @@ def test_dry_run_shows_the_chief_and_worker_chains(launcher: Launcher) -> None:
     sshd, ds = plan["commands"]
     assert (sshd["name"], sshd["daemon"]) == ("sshd", True)
     client = next(f for f in plan["files"] if f.endswith("/client/ssh_config"))
-    assert ds["argv"][1: len(ds["argv"]) - len(plan["rank_wrapper"]) - len(plan["command"])] == [
+    assert ds["argv"][1:-1] == [
         *RUNNER, "-H", f"{folder}/hostfile", "--master_addr", "127.0.0.1", "--master_port", str(master),
         "--no_ssh_check", "--launcher", "pdsh", SHIM, str(len(plan["rank_wrapper"]) + 3), "-"]
+    # Over pdsh the rank command and its directory are one word no remote shell changes (rank_shim.py).
+    assert rank_shim.decode_words(ds["argv"][-1:]) == ([*plan["rank_wrapper"], *plan["command"]], str(ROOT))
     assert (ds["name"], ds["daemon"], ds["stop_signal"]) == ("deepspeed", False, int(signal.SIGKILL))
     assert ds["env"]["DS_ENV_FILE"] == f"{folder}/env"
     assert ds["env"]["PDSH_SSH_ARGS_APPEND"] == f"-o LogLevel=QUIET -F {client} -p {ssh_port}"
@@ -273,7 +285,7 @@ def test_dry_run_shows_the_chief_and_worker_chains(launcher: Launcher) -> None:
     assert re.search(r"├── writes /\S*/detlaunch-[0-9a-f]+/deepspeed/hostfile\n", chief.stdout)
     assert re.search(r"├── then runs: \S+ -S \S+/envfile.py --quoting double --deny 'BASH_FUNC_.\*' ", chief.stdout)
     assert "--deny '.*CUDA_VISIBLE_DEVICES' --deny SLURM_PROCID" in chief.stdout
-    assert "[stop with SIGKILL]" in chief.stdout and "rank/run_wrapper.py" in chief.stdout
+    assert "[stop with SIGKILL]" in chief.stdout and " --words=" in chief.stdout  # the rank command, encoded
     assert "detlaunch: warning: deepspeed: not exporting MULTI to the ranks: its value holds a newline" in chief.stderr
     assert "sshd -D -e -f" in worker.stdout and "[daemon, stop with SIGTERM]" in worker.stdout
     assert "deepspeed" not in worker.stdout.split("environment added")[0].replace("layer deepspeed", "")

@@ -335,14 +335,41 @@ MAPPED: dict[tuple[str, str], list[tuple[list[str], Callable[[Any], bool] | str]
          lambda p: p["cluster"]["node_addrs"] == ["127.0.0.1", "127.0.0.2"]
          and "-p 12777" in p["commands"][-1]["env"]["PDSH_SSH_ARGS_APPEND"])],
     ("deepspeed", "-i"): [
-        (["--include", "localhost:0,1"], lambda p: contains(launcher_argv(p), ["--num_gpus", "2"])),
-        (["-i", "localhost:1"], "--include localhost:1: detlaunch runs the first N devices of a node")],
+        (["--include", "localhost:0,1"], lambda p: contains(launcher_argv(p), ["--num_gpus", "2"])
+         and p["env"]["CUDA_VISIBLE_DEVICES"] == "0,1"),
+        (["-i", "localhost:1"], lambda p: p["cluster"]["slots"] == [1] and p["env"]["CUDA_VISIBLE_DEVICES"] == "1"),
+        # Hosts left out are not nodes; a host's devices listed are its ranks, named in CUDA_VISIBLE_DEVICES.
+        (["--hostfile", "hosts3", "--include", "127.0.0.1:1,3@127.0.0.3", "--node_rank", "1"],
+         lambda p: p["cluster"]["node_addrs"] == ["127.0.0.1", "127.0.0.3"] and p["cluster"]["slots"] == [2, 4]
+         and p["role"] == "worker" and "CUDA_VISIBLE_DEVICES" not in p["env"]),
+        (["-H", "hosts3", "-i", "127.0.0.1:1,3@127.0.0.3", "--node_rank", "0"],
+         lambda p: p["env"]["CUDA_VISIBLE_DEVICES"] == "1,3"
+         and p["cluster"]["slots"] == [2, 4]),
+        (["--hostfile", "hosts3", "--include", "127.0.0.9"], "--include 127.0.0.9: 127.0.0.9 is not a host of "
+         "--hostfile (127.0.0.1, 127.0.0.2, 127.0.0.3)"),
+        (["--hostfile", "hosts3", "--include", "127.0.0.2:2"], "--include 127.0.0.2:2: 127.0.0.2 has no device 2"),
+        (["--include", "h1:0,1@h2"], "--include h1:0,1@h2: h1 is not a host of the job: without --hostfile"),
+        (["--include", "localhost:0", "--num_gpus", "1"], "--include picks the hosts and devices, --num_nodes and"),
+        (["-i", "localhost:0", "-e", "localhost:1"], "--include and --exclude exclude each other")],
+    ("deepspeed", "-e"): [
+        (["--hostfile", "hosts3", "--exclude", "127.0.0.2@127.0.0.3:0", "--node_rank", "1"],
+         lambda p: p["cluster"]["node_addrs"] == ["127.0.0.1", "127.0.0.3"] and p["cluster"]["slots"] == [4, 3]
+         and p["env"]["CUDA_VISIBLE_DEVICES"] == "1,2,3"),
+        (["--hosts", "127.0.0.1:2,127.0.0.2:2", "-e", "127.0.0.1:0", "--node_rank", "0"],
+         lambda p: p["cluster"]["slots"] == [1, 2] and p["env"]["CUDA_VISIBLE_DEVICES"] == "1"),
+        (["--exclude", "localhost:1"], "--exclude localhost:1: without --hostfile or --hosts, detlaunch counts"),
+        (["-H", "hosts3", "--exclude", "127.0.0.1@127.0.0.2@127.0.0.3"], "--exclude 127.0.0.1@127.0.0.2@127.0.0.3 "
+         "leaves no device of --hostfile to run on")],
     ("deepspeed", "--num_nodes"): [
         (["--num_nodes", "2", "--master_addr", "127.0.0.1", "--node_rank", "1", "--node-addr", "127.0.0.2"],
-         lambda p: p["role"] == "worker" and p["cluster"]["node_rank"] == 1)],
+         lambda p: p["role"] == "worker" and p["cluster"]["node_rank"] == 1),
+        (["--hostfile", "hosts3", "--num_nodes", "2", "--node_rank", "1"],  # deepspeed: the first N hosts
+         lambda p: p["cluster"]["node_addrs"] == ["127.0.0.1", "127.0.0.2"] and p["cluster"]["slots"] == [4, 2])],
     ("deepspeed", "--num_gpus"): [
         (["--num_gpus", "2"], lambda p: contains(launcher_argv(p), ["--num_gpus", "2"])),
-        (["--num_accelerators=2"], lambda p: p["cluster"]["slots"] == [2])],
+        (["--num_accelerators=2"], lambda p: p["cluster"]["slots"] == [2]),
+        (["-H", "hosts3", "--num_gpus", "1", "--num_nodes", "2", "--node_rank", "0"],  # devices 0..N-1 of each host
+         lambda p: p["cluster"]["slots"] == [1, 1] and p["env"]["CUDA_VISIBLE_DEVICES"] == "0")],
     ("deepspeed", "--master_port"): [
         (["--master_port", "29812"], lambda p: contains(launcher_argv(p), ["--master_port", "29812"]))],
     ("deepspeed", "--master_addr"): [
@@ -373,6 +400,7 @@ def test_every_mapped_row_has_cases() -> None:
 def test_a_mapped_flag_sets_detlaunchs_option(key: tuple[str, str], dry: Any, tmp_path: Path) -> None:
     (tmp_path / "hosts").write_text("localhost slots=2\n")
     (tmp_path / "hosts2").write_text("127.0.0.1 slots=1\n127.0.0.2 slots=1\n")
+    (tmp_path / "hosts3").write_text("127.0.0.1 slots=4\n127.0.0.2 slots=2\n127.0.0.3 slots=4\n")
     layer, _ = key
     for args, expect in MAPPED[key]:
         rc, plan, err = dry(layer, *args)

@@ -9,6 +9,8 @@ come next, local is ``trylast`` and always answers.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping
+from typing import Any
 
 from detlaunch.errors import ClusterError, ConfigError
 from detlaunch.planning.cluster import ClusterInfo, Host, parse_hostfile, parse_hosts
@@ -48,6 +50,27 @@ def given_link_port(config: Config) -> tuple[int, ...]:
     return (port,) if port else ()
 
 
+def given_hosts(options: Mapping[str, Any]) -> tuple[list[Host], str] | None:
+    """The hosts --hosts or --hostfile names, read as discovery reads them, and that flag; None without either.
+
+    Public (``detlaunch.given_hosts``): a launcher flag that narrows them (deepspeed's --include) reads them here.
+    """
+    if options.get("hosts") is not None and options.get("hostfile") is not None:
+        raise ConfigError("give --hosts or --hostfile, not both")
+    if options.get("hosts") is not None:
+        return parse_hosts(options["hosts"]), "--hosts"
+    path = options.get("hostfile")
+    if path is None:
+        return None
+    try:
+        text = read_regular_file(path).decode("utf-8")
+    except OSError as e:
+        raise ConfigError(f"cannot read --hostfile {path}: {e.strerror}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"cannot read --hostfile {path}: it is not UTF-8 text") from None
+    return parse_hostfile(text, path), "--hostfile"
+
+
 def _wanted(config: Config, name: str) -> bool:
     forced = config.options.get("cluster")
     return forced is None or forced == name
@@ -71,19 +94,9 @@ class StaticProvider:
 
     def _from_hosts(self, config: Config) -> ClusterInfo:
         o = config.options
-        if o.get("hosts") is not None and o.get("hostfile") is not None:
-            raise ConfigError("give --hosts or --hostfile, not both")
-        if o.get("hosts") is not None:
-            hosts, source = parse_hosts(o["hosts"]), "--hosts"
-        else:
-            path = o["hostfile"]
-            try:
-                text = read_regular_file(path).decode("utf-8")
-            except OSError as e:
-                raise ConfigError(f"cannot read --hostfile {path}: {e.strerror}") from None
-            except UnicodeDecodeError:
-                raise ConfigError(f"cannot read --hostfile {path}: it is not UTF-8 text") from None
-            hosts, source = parse_hostfile(text, path), "--hostfile"
+        read = given_hosts(o)
+        assert read is not None
+        hosts, source = read
         spares = o.get("spares") or 0
         if o.get("nnodes") and o["nnodes"] + spares != len(hosts):
             given = f"--nnodes {o['nnodes']} and --spares {spares} disagree" if spares else \
@@ -179,4 +192,4 @@ class LocalProvider:
 static = StaticProvider()
 local = LocalProvider()
 
-__all__ = ["static", "local", "visible_gpus", "ClusterError", "Host"]
+__all__ = ["static", "local", "visible_gpus", "given_hosts", "ClusterError", "Host"]

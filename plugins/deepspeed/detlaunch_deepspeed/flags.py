@@ -10,28 +10,20 @@ from collections.abc import Mapping
 from typing import Any
 
 from detlaunch import ConfigError
-from detlaunch.launcher_flags import LauncherFlag, maps, passes, refuses, same_as_detlaunch, turns_on
+from detlaunch.launcher_flags import GIVEN, LauncherFlag, maps, passes, refuses, same_as_detlaunch, turns_on
 
-HOSTS_INSTEAD = ("detlaunch picks the nodes with --hosts H:S,... or --hostfile and the devices with "
-                 "CUDA_VISIBLE_DEVICES")
+from .resources import options_for
 
 
-def include(value: str | None, options: Mapping[str, Any]) -> Mapping[str, Any]:
-    """``--include host:0,1@host2:0,1``: the first N devices of each host are N slots each."""
-    hosts = []
-    for part in (value or "").split("@"):
-        host, sep, ids = part.partition(":")
-        if not sep:
-            raise ConfigError(f"--include {value}: name the devices of each host (host:0,1); {HOSTS_INSTEAD}")
-        devices = [d.strip() for d in ids.split(",") if d.strip()]
-        if devices != [str(i) for i in range(len(devices))]:
-            raise ConfigError(f"--include {value}: detlaunch runs the first N devices of a node: "
-                              f"{HOSTS_INSTEAD} (CUDA_VISIBLE_DEVICES={','.join(devices)})")
-        hosts.append((host.strip(), len(devices)))
-    if len(hosts) == 1 and hosts[0][0] in ("localhost", "127.0.0.1"):
-        return {"nproc_per_node": hosts[0][1]}
-    return {"hosts": ",".join(f"{h}:{n}" for h, n in hosts)}
+def resources(value: str | None, options: Mapping[str, Any]) -> Mapping[str, Any]:
+    """--include, --exclude, --num_nodes, --num_gpus: the nodes and devices, as deepspeed picks them (resources.py).
 
+    Each of them converts all four, so that the last one applied leaves the same options as the first.
+    """
+    return options_for(options, options[GIVEN])
+
+
+HOSTS = ("hosts", "hostfile")  # what they narrow: the hosts given, read as they were given
 
 def launcher(value: str | None, options: Mapping[str, Any]) -> Mapping[str, Any]:
     if value != "pdsh":
@@ -49,10 +41,16 @@ TABLE: tuple[LauncherFlag, ...] = (
     same_as_detlaunch("-h", "--help", value=False, doc="detlaunch's help (with --layer deepspeed, its options)"),
     maps("-H", to="hostfile", doc="--hostfile (the same 'host slots=N' file)"),
     same_as_detlaunch("--hostfile", doc="detlaunch's --hostfile (the same 'host slots=N' file)"),
-    maps("-i", "--include", to=include, doc="--nproc-per-node or --hosts, when it names the first N devices"),
-    refuses("-e", "--exclude", why=f"{HOSTS_INSTEAD}: list the nodes and devices to use"),
-    maps("--num_nodes", to="nnodes"),
-    maps("--num_gpus", "--num_accelerators", to="nproc_per_node"),
+    maps("-i", "--include", to=resources, narrows=HOSTS,
+         doc="as deepspeed: only those hosts of --hostfile are nodes, and a host's devices listed are its ranks "
+             "(CUDA_VISIBLE_DEVICES); without a hostfile, localhost is every node"),
+    maps("-e", "--exclude", to=resources, narrows=HOSTS,
+         doc="as deepspeed: the hosts of --hostfile but those, and a host's devices but those listed "
+             "(needs a hostfile: without one, give --include)"),
+    maps("--num_nodes", to=resources, narrows=HOSTS,
+         doc="--nnodes; with --hostfile, as deepspeed: its first N hosts"),
+    maps("--num_gpus", "--num_accelerators", to=resources, narrows=HOSTS,
+         doc="--nproc-per-node; with --hostfile, as deepspeed: devices 0..N-1 of every host"),
     maps("--master_port", to="master_port"),
     maps("--master_addr", to="master_addr"),
     maps("--node_rank", to="node_rank"),

@@ -35,6 +35,8 @@ plugins add). deepspeed puts every exported value on pdsh's command line, visibl
 the chief, as it does without detlaunch. What the file leaves out as node-local comes from each
 node's own sshd (detlaunch.ssh): its supervisor's socket, and the node's own CUDA_VISIBLE_DEVICES,
 which rank_shim.py puts back after deepspeed's launch has overwritten it with slot indices.
+Devices picked with ``--include host:1,3`` (resources.py) narrow that node's own list first, as if its
+detlaunch had been started with them (``picked_devices_env``).
 
 Stopping: deepspeed's runner answers SIGINT/SIGTERM by running ``pkill -f <python> -u -m
 deepspeed.launcher.launch`` on every host through pdsh, which kills every deepspeed job on those
@@ -72,7 +74,7 @@ from detlaunch import (
 from detlaunch.launcher_flags import add_launcher_flags, check_launcher_args
 from detlaunch.ssh import SshLayout, SshParts, add_ssh_options, ssh_client_parts, ssh_port_check, sshd_parts
 
-from . import envfile, ops, rank_shim
+from . import envfile, ops, rank_shim, resources
 from .envfile import DENY, parse_version, quoting_for
 from .flags import TABLE
 
@@ -207,6 +209,22 @@ def one_node_gpu_args(env: Mapping[str, str], devices: Sequence[str], slots: int
     return None
 
 
+def picked_devices_env(ctx: StageContext) -> dict[str, str]:
+    """This node's CUDA_VISIBLE_DEVICES where --include/--exclude/--num_gpus picked its devices (resources.py)."""
+    slots = resources.node_devices(ctx.option(resources.DEVICES), ctx.cluster.node_addr)
+    if slots is None:
+        return {}
+    own = cuda_visible_devices(ctx.env)
+    shown = ctx.env.get("CUDA_VISIBLE_DEVICES", "")
+    return {"CUDA_VISIBLE_DEVICES": resources.visible_devices_for(slots, own, shown)}
+
+
+def with_picked_devices(ctx: StageContext) -> StageContext:
+    """The stage's view of this node: its devices as picked, as if its detlaunch had been started with them."""
+    picked = picked_devices_env(ctx)
+    return ctx.replace(env={**ctx.env, **picked}) if picked else ctx
+
+
 # -- what reads the machine ------------------------------------------------------------------------
 
 
@@ -258,11 +276,22 @@ def shim_args(ctx: StageContext, master_addr: str) -> tuple[str, ...]:
 
 
 def _launch_command(ctx: StageContext, argv: Sequence[str], master_addr: str = "",
-                    env: Mapping[str, str] | None = None) -> Command:
+                    env: Mapping[str, str] | None = None, over_pdsh: bool = False) -> Command:
     # deepspeed's runner runs as `python -m detlaunch_deepspeed.runner` (runner.py), the `deepspeed` command's
     # run: with restarts on, the next attempt's waits past its imports (deepspeed and torch).
-    return Command((sys.executable, "-m", RUNNER_MODULE, *argv[1:], *shim_args(ctx, master_addr), *ctx.rank_command),
-                   name=NAME, stop_signal=signal.SIGKILL, env=dict(env or {}), standby=f"{RUNNER_MODULE}:main")
+    # Over pdsh, the rank command and directory go as one word no remote shell changes (rank_shim.py).
+    words = (rank_shim.encode_words(list(ctx.rank_command), os.getcwd()),) if over_pdsh else ctx.rank_command
+    env = dict(env or {})
+    if over_pdsh and shlex.quote(os.getcwd()) != os.getcwd():  # deepspeed's `cd DIR;` would break on it
+        env[runner_cwd_env()] = "/"
+    return Command((sys.executable, "-m", RUNNER_MODULE, *argv[1:], *shim_args(ctx, master_addr), *words),
+                   name=NAME, stop_signal=signal.SIGKILL, env=env, standby=f"{RUNNER_MODULE}:main")
+
+
+def runner_cwd_env() -> str:
+    """The variable that runs deepspeed's runner from another directory (runner.py; written out: importing it
+    imports deepspeed)."""
+    return "DETLAUNCH_DS_RUNNER_CWD"
 
 
 @hookimpl
@@ -317,7 +346,8 @@ def detlaunch_rank_wrappers(ctx: StageContext) -> RankWrapper:
 
 @hookimpl
 def detlaunch_environment(ctx: StageContext) -> dict[str, str]:
-    return {"USE_DEEPSPEED": "1", **accelerator_env(ctx.env, accelerator_devices()), **network_env(ctx.env)}
+    return {"USE_DEEPSPEED": "1", **accelerator_env(ctx.env, accelerator_devices()), **network_env(ctx.env),
+            **picked_devices_env(ctx)}
 
 
 def _master_port(ctx: StageContext) -> int:
@@ -333,6 +363,7 @@ def _warn_unexported(env: Mapping[str, str], quoting: str) -> None:
 
 @hookimpl
 def detlaunch_chief_stage(ctx: StageContext) -> Stage:
+    ctx = with_picked_devices(ctx)
     c = ctx.cluster
     check_launcher_args(TABLE, ctx.launcher_args, NAME)
     multi = c.num_nodes > 1
@@ -365,15 +396,18 @@ def detlaunch_chief_stage(ctx: StageContext) -> Stage:
     _warn_unexported(ctx.env, quoting)
     writer = (sys.executable, "-S", os.path.abspath(envfile.__file__), "--quoting", quoting,
               *[arg for pattern in DENY for arg in ("--deny", pattern)], "--replace", env_file)
-    own = SshParts(dirs=(folder,), files={hostfile: create_hostfile(c.slots, addrs)}, prelaunch=(writer,))
+    # The rank command crosses pdsh as one encoded word (rank_shim.py); this file says in words what it carries.
+    shown = {os.path.join(folder, "rank-command"): shlex.join(ctx.rank_command) + "\n"}
+    own = SshParts(dirs=(folder,), files={hostfile: create_hostfile(c.slots, addrs), **shown}, prelaunch=(writer,))
     argv = create_run_command(master_address=c.chief_addr, master_port=port, hostfile_path=hostfile,
                               optional_args=ctx.launcher_args, shim=True, local_rank=not ctx.option("no_local_rank"))
     env = {"DS_ENV_FILE": env_file,
            "PDSH_SSH_ARGS_APPEND": pdsh_ssh_args_append(ctx.env.get("PDSH_SSH_ARGS_APPEND"), ssh_config, layout.port)}
-    launcher = _launch_command(ctx, argv, env=env)
+    launcher = _launch_command(ctx, argv, env=env, over_pdsh=True)
     return (sshd_parts(ctx, layout, node_devices_env(ctx.env)) + client + own).stage(launcher)
 
 
 @hookimpl
 def detlaunch_worker_stage(ctx: StageContext) -> Stage:
+    ctx = with_picked_devices(ctx)
     return sshd_parts(ctx, env=node_devices_env(ctx.env)).stage()

@@ -11,6 +11,10 @@ and so torch, again before it starts any rank (~2 s, on every start). Here that 
 runner's own process instead, where those imports are done: the same arguments and environment,
 unbuffered output, the same exit code, one process fewer. Any other command the runner starts
 (pdsh, mpirun, ssh for several nodes) is started as deepspeed starts it.
+
+deepspeed puts ``cd DIR;`` unquoted in the line pdsh runs on every node: where the directory holds a
+space or a quote, the layer sets RUNNER_CWD (``/``) and the runner runs from there, the rank shim
+going to the real directory on every node (rank_shim.py).
 """
 
 import io
@@ -24,6 +28,7 @@ import deepspeed.launcher.launch as launch
 import deepspeed.launcher.runner as runner
 
 LAUNCH = [sys.executable, "-u", "-m", "deepspeed.launcher.launch"]
+RUNNER_CWD = "DETLAUNCH_DS_RUNNER_CWD"  # layer.runner_cwd_env()
 
 
 class _LaunchHere:
@@ -72,6 +77,9 @@ class _RunnersSubprocess:
 
 def main() -> None:
     sys.argv[0] = "deepspeed"  # what argparse names in its messages, as under the console script
+    cwd = os.environ.pop(RUNNER_CWD, None)
+    if cwd:
+        os.chdir(cwd)
     runner.subprocess = _RunnersSubprocess()
     runner.main()
 
