@@ -217,7 +217,9 @@ def detlaunch_doctor_checks(config: Config) -> list[Check]:
 
 @hookimpl
 def detlaunch_rank_wrappers(ctx: StageContext) -> RankWrapper:
-    return RankWrapper(rank_env=RANK_ENV, not_progress=STALL_WARNINGS)
+    # horovodrun (and mpirun) add only HOROVOD_*/OMPI_*/PMIX_* to its ranks' environment, none read at import:
+    # warm ranks, with horovod.torch imported once in the rank template (docs/RESTARTS.md, "Warm ranks").
+    return RankWrapper(rank_env=RANK_ENV, not_progress=STALL_WARNINGS, warm_env={}, preload=("horovod.torch",))
 
 
 @hookimpl
