@@ -2,8 +2,9 @@
 
 The unit tests check the rules both sides share (rank/warm.py, planning/warm_ranks.py); the job tests run
 real jobs under --layer direct, and one restart per launcher layer (torchrun, horovod, deepspeed where
-installed), whose launchers start the wrappers that ask the template. A preloaded module that the ranks' script does not import itself (`wave`)
-tells a warm rank (it is in sys.modules when the script starts) from a cold one.
+installed), whose launchers start the wrappers that ask the template. A preloaded module that the ranks'
+script does not import itself (`wave`) tells a warm rank (it is in sys.modules when the script starts) from a
+cold one.
 """
 
 from __future__ import annotations
