@@ -16,6 +16,7 @@ import os
 import re
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 from detlaunch.planning.cluster import ClusterInfo
@@ -95,24 +96,38 @@ def test_the_template_imports_torch_only_for_a_script_that_imports_it(tmp_path: 
 
 @pytest.mark.parametrize(("layer", "slots", "env", "expected"), [
     ("torchrun", 2, {}, {"OMP_NUM_THREADS": "1"}),  # what torchrun's agent sets for more than one worker
-    ("torchrun", 2, {"OMP_NUM_THREADS": "4"}, {}),  # ... unless it is set
-    ("torchrun", 1, {}, {}),
-    ("horovod", 2, {}, {}),
-    ("deepspeed", 2, {}, {}),
+    ("torchrun", 2, {"OMP_NUM_THREADS": "1"}, {}),  # ... unless it is set
+    ("torchrun", 1, {"OMP_NUM_THREADS": "1"}, {}),
+    ("horovod", 2, {"OMP_NUM_THREADS": "1"}, {"PYTHONUNBUFFERED": "1"}),  # horovodrun's gloo run sets it
+    ("deepspeed", 2, {"OMP_NUM_THREADS": "1"}, {}),
     ("direct", 2, {}, {}),  # the supervisor starts its ranks: their own environment is known
 ])
 def test_each_launcher_layer_says_what_its_launcher_adds_to_the_ranks_environment(
         tmp_path: Path, layer: str, slots: int, env: dict[str, str], expected: dict[str, str]) -> None:
-    script = tmp_path / "train.py"
-    script.write_text("import torch\n")
-    full = {**{k: v for k, v in clean_env(os.environ).items() if k != "OMP_NUM_THREADS"}, **env}
-    loaded = LoadedLayer.load(layer, full)
-    cluster = ClusterInfo(node_addrs=("127.0.0.1",), slots=(slots,), node_rank=0, chief_addr="127.0.0.1", job_id="t")
-    plan = loaded.plan(loaded.config(["python", str(script)], full), cluster)
+    plan = plan_of(tmp_path, layer, slots, env)
     assert why_cold(plan) == "" and launcher_env(plan) == expected
     assert ("horovod.torch" in plan.warm_ranks_json()["imports"]) is (layer == "horovod")
     if layer != "direct":  # a layer that does not say: its ranks start cold
         assert "does not say what it sets" in why_cold(dataclasses.replace(plan, launcher_rank_env=None))
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="one CPU: OpenMP starts no thread")
+@pytest.mark.parametrize(("layer", "slots", "env", "what"), [
+    ("torchrun", 1, {}, "is unset"), ("horovod", 2, {}, "is unset"), ("deepspeed", 2, {}, "is unset"),
+    ("direct", 2, {"OMP_NUM_THREADS": "2"}, "is 2")])
+def test_ranks_whose_torch_import_starts_threads_start_cold_and_no_template_imports_it_for_nothing(
+        tmp_path: Path, layer: str, slots: int, env: dict[str, str], what: str) -> None:
+    why = why_cold(plan_of(tmp_path, layer, slots, env))
+    assert why.startswith(f"the ranks' OMP_NUM_THREADS {what} (torch starts") and why.endswith("makes them warm)")
+    assert why_cold(plan_of(tmp_path, layer, slots, env, script="print('no torch')\n")) == ""
+
+
+def plan_of(tmp_path: Path, layer: str, slots: int, env: dict[str, str], script: str = "import torch\n") -> Any:
+    (tmp_path / "train.py").write_text(script)
+    full = {**{k: v for k, v in clean_env(os.environ).items() if k != "OMP_NUM_THREADS"}, **env}
+    loaded = LoadedLayer.load(layer, full)
+    cluster = ClusterInfo(node_addrs=("127.0.0.1",), slots=(slots,), node_rank=0, chief_addr="127.0.0.1", job_id="t")
+    return loaded.plan(loaded.config(["python", str(tmp_path / "train.py")], full), cluster)
 
 
 # -- real jobs ----------------------------------------------------------------------------------------

@@ -27,7 +27,7 @@ from collections.abc import Callable, Mapping
 
 from detlaunch.outcome import ProcessEnd
 from detlaunch.planning.plan import LaunchPlan
-from detlaunch.planning.warm_ranks import PRELOAD_ENV, imports, launcher_env, starter, why_cold
+from detlaunch.planning.warm_ranks import PRELOAD_ENV, imports, ranks_env, why_cold, why_not_forkable
 from detlaunch.rank import warm
 from detlaunch.system import procs
 
@@ -49,11 +49,11 @@ class RankTemplate:
         """Start it with the environment rank 0 of this node will have (its import-time part is what counts:
         what its starter inherits, and what a launcher adds), spared by this attempt's sweep (`spared`)."""
         if why_cold(self.plan):
+            why = why_not_forkable(self.plan, env)
+            if why:
+                self.say(f"warm ranks: {why}: ranks start cold")
             return
-        first = starter(self.plan)
-        template_env = {**env, **(first.env if first is not None else {}), **(launcher_env(self.plan) or {})}
-        for key, value in defaults.items():
-            template_env.setdefault(key, value)
+        template_env = ranks_env(self.plan, env, defaults)
         template_env[PRELOAD_ENV] = ",".join(imports(self.plan))
         parsed = warm.python_command(self.plan.user_command)
         assert parsed is not None

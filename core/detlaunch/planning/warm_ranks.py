@@ -5,7 +5,9 @@ Pure (the dry run shows it); node/rank_template.py starts the template, rank/tem
 
 from __future__ import annotations
 
+import os
 import re
+from collections.abc import Mapping
 from typing import Any
 
 from detlaunch.rank import warm
@@ -27,7 +29,33 @@ def why_cold(plan: LaunchPlan) -> str:
         return "this layer's launcher starts the ranks, and the layer does not say what it sets in their environment"
     if warm.python_command(plan.user_command) is None:
         return "the command is not `python SCRIPT` or `python -m MODULE`"
-    return ""
+    return why_not_forkable(plan)
+
+
+def why_not_forkable(plan: LaunchPlan, env: Mapping[str, str] | None = None) -> str:
+    """Why a template would have threads after importing torch ('' : it would not): torch starts OpenMP's pool
+    at import, one thread per CPU unless OMP_NUM_THREADS says, and a process with threads is never forked
+    (rank/template.py). So it is not started for nothing: the ranks start cold, said in one line."""
+    if "torch" not in imports(plan):
+        return ""
+    value = ranks_env(plan, env).get("OMP_NUM_THREADS", "").strip()
+    if value == "1" or not value and len(os.sched_getaffinity(0)) <= 1:
+        return ""
+    what = f"is {value}" if value else "is unset"
+    return (f"the ranks' OMP_NUM_THREADS {what} (torch starts that many OpenMP threads at import, one a CPU when "
+            "unset, and a process with threads is not forked: OMP_NUM_THREADS=1 makes them warm)")
+
+
+def ranks_env(plan: LaunchPlan, env: Mapping[str, str] | None = None,
+              defaults: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment of this node's first rank as far as the template shares it: what its starter inherits
+    (`env`, the supervisor's: plan.process_env()), the starter's own, what a launcher adds, the rank defaults."""
+    first = starter(plan)
+    out = {**(plan.process_env() if env is None else env), **(first.env if first is not None else {}),
+           **(launcher_env(plan) or {})}
+    for key, value in (plan.rank_defaults if defaults is None else defaults).items():
+        out.setdefault(key, value)
+    return out
 
 
 def launcher_env(plan: LaunchPlan) -> dict[str, str] | None:
