@@ -235,7 +235,9 @@ RESUMED = "0.981222,0.649037,0.482428,0.538023,-0.004031"  # test_restarts.WEIGH
 def restart_job(launcher: Launcher, tmp_path: Path, layer: str, script: str, name: str,
                 *flags: str) -> dict[str, dict[str, object]]:
     """One node x 2 ranks, one failure, one restart that resumes and ends 0: each rank's fields of attempt 2."""
-    (tmp_path / "probe.py").write_text(f"TRAIN = {str(SCRIPTS / script)!r}\n" + PROBE)
+    rank = "import os\nos.environ.setdefault('RANK', os.environ.get('HOROVOD_RANK', ''))\n"  # horovod's: in FIELDS
+    (tmp_path / "probe.py").write_text(f"TRAIN = {str(SCRIPTS / script)!r}\n" + (rank if layer == "horovod" else "")
+                                       + PROBE)
     (tmp_path / name).mkdir()
     env = {"OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu"}  # horovodrun and deepspeed leave it unset (RESTARTS.md)
     r = launcher.run("--layer", layer, "--nproc-per-node", "2", "--master-port", str(free_port()), "--max-restarts",
@@ -246,7 +248,7 @@ def restart_job(launcher: Launcher, tmp_path: Path, layer: str, script: str, nam
     for rank in (0, 1):
         lines = rank_lines(r.stdout, rank)
         assert lines.count(f"rank {rank} {how}") == 2, r.output  # both attempts
-        assert f"rank {rank} attempt 1 starts at step 2" in lines and lines[-1].endswith(RESUMED), r.output
+        assert f"rank {rank} attempt 2 starts at step 2" in lines and lines[-1].endswith(RESUMED), r.output
     assert re.search(r"attempt 1: rank-failed .* rank 1 on node 0 .* killed by SIGKILL$", r.stderr, re.M), r.stderr
     assert [line for line in r.stderr.splitlines() if "warm ranks:" in line] == [], r.stderr
     return {rank: json.loads((tmp_path / name / f"{rank}.json").read_text()) for rank in ("0", "1")}
