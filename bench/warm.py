@@ -1,7 +1,7 @@
 """Warm ranks: each rank forked from its node's rank template, against every rank a new interpreter.
 
 --layer direct (the supervisor starts the wrappers), and --layer torchrun (torchrun's agent starts them; each
-asks the node's template) for the restart and the first start of 8 ranks.
+asks the node's template) for the restart and the first starts of 2 and 8 ranks.
 
 The same jobs with and without --no-warm-ranks, interleaved:
 
@@ -54,6 +54,8 @@ CASES = {
     "restart 2 nodes x 1, cold": (lambda: detlaunch_job(2, *ONE_RESTART, *COLD, layer="direct"), 2, 1, "restart"),
     "torchrun restart 1 node x 2, warm": (lambda: detlaunch_job(1, *ONE_RESTART), 2, 1, "restart"),
     "torchrun restart 1 node x 2, cold": (lambda: detlaunch_job(1, *ONE_RESTART, *COLD), 2, 1, "restart"),
+    "torchrun first start 2 ranks, warm": (lambda: first_start(2, layer="torchrun"), 2, 0, "start"),
+    "torchrun first start 2 ranks, cold": (lambda: first_start(2, *COLD, layer="torchrun"), 2, 0, "start"),
     "torchrun first start 8 ranks, warm": (lambda: first_start(8, layer="torchrun"), 8, 0, "start"),
     "torchrun first start 8 ranks, cold": (lambda: first_start(8, *COLD, layer="torchrun"), 8, 0, "start"),
     "first start 2 ranks, warm": (lambda: first_start(2), 2, 0, "start"),
