@@ -254,6 +254,7 @@ def restart_job(launcher: Launcher, tmp_path: Path, layer: str, script: str, nam
     return {rank: json.loads((tmp_path / name / f"{rank}.json").read_text()) for rank in ("0", "1")}
 
 
+@pytest.mark.timeout(420)
 def test_torchrun_restarts_warm_and_its_warm_rank_sees_what_a_cold_rank_sees(
         launcher: Launcher, tmp_path: Path) -> None:
     """torchrun's agent starts the wrappers, which ask the node's template: both attempts warm, the failed one
@@ -269,6 +270,7 @@ def test_torchrun_restarts_warm_and_its_warm_rank_sees_what_a_cold_rank_sees(
         assert wf["env"]["TORCHELASTIC_RESTART_COUNT"] == "1" and wf["env"]["LOCAL_RANK"] == rank  # type: ignore[index]
 
 
+@pytest.mark.timeout(240)
 @pytest.mark.parametrize("layer", [
     "horovod", pytest.param("deepspeed", marks=pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None,
                                                                   reason="deepspeed is not installed"))])
