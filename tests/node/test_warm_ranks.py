@@ -235,9 +235,9 @@ RESUMED = "0.981222,0.649037,0.482428,0.538023,-0.004031"  # test_restarts.WEIGH
 def restart_job(launcher: Launcher, tmp_path: Path, layer: str, script: str, name: str,
                 *flags: str) -> dict[str, dict[str, object]]:
     """One node x 2 ranks, one failure, one restart that resumes and ends 0: each rank's fields of attempt 2."""
-    rank = "import os\nos.environ.setdefault('RANK', os.environ.get('HOROVOD_RANK', ''))\n"  # horovod's: in FIELDS
-    (tmp_path / "probe.py").write_text(f"TRAIN = {str(SCRIPTS / script)!r}\n" + (rank if layer == "horovod" else "")
-                                       + PROBE)
+    own = {"horovod": "import os\nos.environ.setdefault('RANK', os.environ['HOROVOD_RANK'])\n",  # FIELDS reads RANK
+           "deepspeed": "import sys\nsys.argv = [a for a in sys.argv if not a.startswith('--local_rank=')]\n"}
+    (tmp_path / "probe.py").write_text(f"TRAIN = {str(SCRIPTS / script)!r}\n" + own.get(layer, "") + PROBE)
     (tmp_path / name).mkdir()
     env = {"OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu"}  # horovodrun and deepspeed leave it unset (RESTARTS.md)
     r = launcher.run("--layer", layer, "--nproc-per-node", "2", "--master-port", str(free_port()), "--max-restarts",
