@@ -1,4 +1,7 @@
-"""Warm ranks (--layer direct): each rank forked from its node's rank template, against every rank a new interpreter.
+"""Warm ranks: each rank forked from its node's rank template, against every rank a new interpreter.
+
+--layer direct (the supervisor starts the wrappers), and --layer torchrun (torchrun's agent starts them; each
+asks the node's template) for the restart and the first starts of 2 and 8 ranks.
 
 The same jobs with and without --no-warm-ranks, interleaved:
 
@@ -27,8 +30,8 @@ RANK = str(SCRIPTS / "warm_rank.py")
 TRIVIAL = str(SCRIPTS / "warm_trivial.py")
 
 
-def first_start(ranks: int, *extra: str) -> list[str]:
-    return [DETLAUNCH, "--layer", "direct", "--nproc-per-node", str(ranks), "--master-port", str(free_port()),
+def first_start(ranks: int, *extra: str, layer: str = "direct") -> list[str]:
+    return [DETLAUNCH, "--layer", layer, "--nproc-per-node", str(ranks), "--master-port", str(free_port()),
             *extra, RANK]
 
 
@@ -49,6 +52,12 @@ CASES = {
     "restart 1 node x 2, cold": (lambda: detlaunch_job(1, *ONE_RESTART, *COLD, layer="direct"), 2, 1, "restart"),
     "restart 2 nodes x 1, warm": (lambda: detlaunch_job(2, *ONE_RESTART, layer="direct"), 2, 1, "restart"),
     "restart 2 nodes x 1, cold": (lambda: detlaunch_job(2, *ONE_RESTART, *COLD, layer="direct"), 2, 1, "restart"),
+    "torchrun restart 1 node x 2, warm": (lambda: detlaunch_job(1, *ONE_RESTART), 2, 1, "restart"),
+    "torchrun restart 1 node x 2, cold": (lambda: detlaunch_job(1, *ONE_RESTART, *COLD), 2, 1, "restart"),
+    "torchrun first start 2 ranks, warm": (lambda: first_start(2, layer="torchrun"), 2, 0, "start"),
+    "torchrun first start 2 ranks, cold": (lambda: first_start(2, *COLD, layer="torchrun"), 2, 0, "start"),
+    "torchrun first start 8 ranks, warm": (lambda: first_start(8, layer="torchrun"), 8, 0, "start"),
+    "torchrun first start 8 ranks, cold": (lambda: first_start(8, *COLD, layer="torchrun"), 8, 0, "start"),
     "first start 2 ranks, warm": (lambda: first_start(2), 2, 0, "start"),
     "first start 2 ranks, cold": (lambda: first_start(2, *COLD), 2, 0, "start"),
     "first start 8 ranks, warm": (lambda: first_start(8), 8, 0, "start"),
@@ -109,7 +118,8 @@ def main(env: dict[str, str], reps: int, quick: bool, tmp: Path, only: str = "")
         x, y = median(a, of), median(b, of)
         return x / y if x and y else None
 
-    restart = median("restart 1 node x 2, warm")
+    restart, torchrun = median("restart 1 node x 2, warm"), median("torchrun restart 1 node x 2, warm")
+    torchrun_eight = ratio("torchrun first start 8 ranks, warm", "torchrun first start 8 ranks, cold")
     eight, two = ratio("first start 8 ranks, warm", "first start 8 ranks, cold"), ratio(
         "first start 2 ranks, warm", "first start 2 ranks, cold")
     memory = ratio("first start 8 ranks, warm", "first start 8 ranks, cold", pss)
@@ -117,6 +127,10 @@ def main(env: dict[str, str], reps: int, quick: bool, tmp: Path, only: str = "")
     goals = [
         Goal("restart 1 node x 2 (--layer direct), failure to every rank running", "<= 0.6 s",
              f"{restart:.2f} s" if restart else "n/a", restart <= 0.6 if restart else None),
+        Goal("restart 1 node x 2 (--layer torchrun), failure to every rank running", "<= 0.6 s",
+             f"{torchrun:.2f} s" if torchrun else "n/a", torchrun <= 0.6 if torchrun else None),
+        Goal("first start of 8 ranks (--layer torchrun), warm against cold", "<= 0.5x",
+             f"{torchrun_eight:.2f}x" if torchrun_eight else "n/a", torchrun_eight <= 0.5 if torchrun_eight else None),
         Goal("first start of 8 ranks, warm against cold", "<= 0.5x", f"{eight:.2f}x" if eight else "n/a",
              eight <= 0.5 if eight else None),
         Goal("first start of 2 ranks, warm against cold", "no slower (<= 1.0x)", f"{two:.2f}x" if two else "n/a",
@@ -126,7 +140,8 @@ def main(env: dict[str, str], reps: int, quick: bool, tmp: Path, only: str = "")
         Goal("64 trivial ranks, warm detlaunch against bare torchrun", "<= 1.1x", f"{scale:.2f}x" if scale else "n/a",
              scale <= 1.1 if scale else None),
     ]
-    table = Table("Warm ranks (--layer direct) against cold ones", ["case", "seconds", "of which: to start",
+    table = Table("Warm ranks (--layer direct, and torchrun where named) against cold ones", [
+                  "case", "seconds", "of which: to start",
                   "import torch", "PSS of the ranks", "runs ok"], rows, notes)
     panel = Panel("warm ranks", "s", list(cases), [Stat(took[n]) if took[n] else None for n in cases])
     return Section("warm", [table], [panel], goals)

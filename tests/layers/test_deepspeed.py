@@ -334,7 +334,7 @@ def test_one_node_the_launch_runs_in_the_runners_process_past_its_imports(launch
     """deepspeed's runner would start `python -u -m deepspeed.launcher.launch` (a new interpreter that
     imports deepspeed and torch again, ~2 s): the runner runs it in its own process instead."""
     r = launcher.run("--layer", "deepspeed", "--nproc-per-node", "2", "--master-port", str(free_port()),
-                     str(SCRIPTS / "ancestors.py"), timeout=240)
+                     "--no-warm-ranks", str(SCRIPTS / "ancestors.py"), timeout=240)  # a warm rank's parent: detlaunch
     assert r.returncode == 0, r.output
     for rank in (0, 1):
         ancestors = [json.loads(line) for line in rank_lines(r.stdout, rank)]

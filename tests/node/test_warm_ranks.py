@@ -1,23 +1,30 @@
 """Warm ranks: each rank forked from its node's rank template (rank/template.py), indistinguishable for its script.
 
 The unit tests check the rules both sides share (rank/warm.py, planning/warm_ranks.py); the job tests run
-real jobs under --layer direct. A preloaded module that the ranks' script does not import itself (`wave`)
-tells a warm rank (it is in sys.modules when the script starts) from a cold one.
+real jobs under --layer direct, and one restart per launcher layer (torchrun, horovod, deepspeed where
+installed), whose launchers start the wrappers that ask the template. A preloaded module that the ranks'
+script does not import itself (`wave`) tells a warm rank (it is in sys.modules when the script starts) from a
+cold one.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import importlib.util
 import json
 import os
 import re
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
-from detlaunch.planning.warm_ranks import mentions_torch
+from detlaunch.planning.cluster import ClusterInfo
+from detlaunch.planning.warm_ranks import launcher_env, mentions_torch, why_cold
 from detlaunch.rank import faultdump, warm
-from support.helpers import free_port
-from support.jobs import Launcher
+from detlaunch.testing.loaded_layer import LoadedLayer, clean_env
+from support.helpers import free_port, rank_lines
+from support.jobs import SCRIPTS, Launcher
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -85,6 +92,42 @@ def test_the_template_imports_torch_only_for_a_script_that_imports_it(tmp_path: 
         script.write_text(source)
         assert mentions_torch(("python", str(script))) is imports, source
     assert mentions_torch(("python", "-m", "anything"))
+
+
+@pytest.mark.parametrize(("layer", "slots", "env", "expected"), [
+    ("torchrun", 2, {}, {"OMP_NUM_THREADS": "1"}),  # what torchrun's agent sets for more than one worker
+    ("torchrun", 2, {"OMP_NUM_THREADS": "1"}, {}),  # ... unless it is set
+    ("torchrun", 1, {"OMP_NUM_THREADS": "1"}, {}),
+    ("horovod", 2, {"OMP_NUM_THREADS": "1"}, {"PYTHONUNBUFFERED": "1"}),  # horovodrun's gloo run sets it
+    ("deepspeed", 2, {"OMP_NUM_THREADS": "1"}, {}),
+    ("direct", 2, {}, {}),  # the supervisor starts its ranks: their own environment is known
+])
+def test_each_launcher_layer_says_what_its_launcher_adds_to_the_ranks_environment(
+        tmp_path: Path, layer: str, slots: int, env: dict[str, str], expected: dict[str, str]) -> None:
+    plan = plan_of(tmp_path, layer, slots, env)
+    assert why_cold(plan) == "" and launcher_env(plan) == expected
+    assert ("horovod.torch" in plan.warm_ranks_json()["imports"]) is (layer == "horovod")
+    if layer != "direct":  # a layer that does not say: its ranks start cold
+        assert "does not say what it sets" in why_cold(dataclasses.replace(plan, launcher_rank_env=None))
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="one CPU: OpenMP starts no thread")
+@pytest.mark.parametrize(("layer", "slots", "env", "what"), [
+    ("torchrun", 1, {}, "is unset"), ("horovod", 2, {}, "is unset"), ("deepspeed", 2, {}, "is unset"),
+    ("direct", 2, {"OMP_NUM_THREADS": "2"}, "is 2")])
+def test_ranks_whose_torch_import_starts_threads_start_cold_and_no_template_imports_it_for_nothing(
+        tmp_path: Path, layer: str, slots: int, env: dict[str, str], what: str) -> None:
+    why = why_cold(plan_of(tmp_path, layer, slots, env))
+    assert why.startswith(f"the ranks' OMP_NUM_THREADS {what} (torch starts") and why.endswith("makes them warm)")
+    assert why_cold(plan_of(tmp_path, layer, slots, env, script="print('no torch')\n")) == ""
+
+
+def plan_of(tmp_path: Path, layer: str, slots: int, env: dict[str, str], script: str = "import torch\n") -> Any:
+    (tmp_path / "train.py").write_text(script)
+    full = {**{k: v for k, v in clean_env(os.environ).items() if k != "OMP_NUM_THREADS"}, **env}
+    loaded = LoadedLayer.load(layer, full)
+    cluster = ClusterInfo(node_addrs=("127.0.0.1",), slots=(slots,), node_rank=0, chief_addr="127.0.0.1", job_id="t")
+    return loaded.plan(loaded.config(["python", str(tmp_path / "train.py")], full), cluster)
 
 
 # -- real jobs ----------------------------------------------------------------------------------------
@@ -174,3 +217,62 @@ def test_a_template_that_cannot_be_used_means_cold_ranks_said_once(launcher: Lau
         assert sorted(line.split("] ", 1)[1] for line in r.stdout.splitlines()) == ["rank 0 cold", "rank 1 cold"]
         said = [line for line in r.stderr.splitlines() if "warm ranks:" in line]
         assert len(said) == 1 and why in said[0] and said[0].endswith("ranks start cold"), r.stderr
+
+
+# A launcher layer's rank: FIELDS (what it sees, and whether --preload's `wave` was there at its start), then
+# one of tests/support/scripts' resumable trainings, in this process, which fails once (rank 1 SIGKILLs itself
+# at step 3) and resumes from its checkpoint. Its only argument is its output folder, its checkpoints beside it.
+PROBE = FIELDS + textwrap.dedent('''\
+    import runpy
+    sys.path.insert(0, os.path.dirname(TRAIN))
+    sys.argv = [TRAIN, "--ckpt-dir", sys.argv[1] + "-ckpt", "--steps", "4", "--crash-step", "3", "--crash-rank",
+                "1", "--crash-how", "kill"]
+    runpy.run_path(TRAIN, run_name="__main__")
+''')
+RESUMED = "0.981222,0.649037,0.482428,0.538023,-0.004031"  # test_restarts.WEIGHTS: 4 steps that never failed
+
+
+def restart_job(launcher: Launcher, tmp_path: Path, layer: str, script: str, name: str,
+                *flags: str) -> dict[str, dict[str, object]]:
+    """One node x 2 ranks, one failure, one restart that resumes and ends 0: each rank's fields of attempt 2."""
+    own = {"horovod": "import os\nos.environ.setdefault('RANK', os.environ['HOROVOD_RANK'])\n",  # FIELDS reads RANK
+           "deepspeed": "import sys\nsys.argv = [a for a in sys.argv if not a.startswith('--local_rank=')]\n"}
+    (tmp_path / "probe.py").write_text(f"TRAIN = {str(SCRIPTS / script)!r}\n" + own.get(layer, "") + PROBE)
+    (tmp_path / name).mkdir()
+    env = {"OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu"}  # horovodrun and deepspeed leave it unset (RESTARTS.md)
+    r = launcher.run("--layer", layer, "--nproc-per-node", "2", "--master-port", str(free_port()), "--max-restarts",
+                     "1", "--restart-backoff", "0", "--preload", "wave", *flags, "probe.py", name, cwd=tmp_path,
+                     env=env, timeout=200)
+    assert r.returncode == 0, r.output
+    how = "cold" if flags else "warm"
+    for rank in (0, 1):
+        lines = rank_lines(r.stdout, rank)
+        assert lines.count(f"rank {rank} {how}") == 2, r.output  # both attempts
+        assert f"rank {rank} attempt 2 starts at step 2" in lines and lines[-1].endswith(RESUMED), r.output
+    assert re.search(r"attempt 1: rank-failed .* rank 1 on node 0 .* killed by SIGKILL$", r.stderr, re.M), r.stderr
+    assert [line for line in r.stderr.splitlines() if "warm ranks:" in line] == [], r.stderr
+    return {rank: json.loads((tmp_path / name / f"{rank}.json").read_text()) for rank in ("0", "1")}
+
+
+@pytest.mark.timeout(420)
+def test_torchrun_restarts_warm_and_its_warm_rank_sees_what_a_cold_rank_sees(
+        launcher: Launcher, tmp_path: Path) -> None:
+    """torchrun's agent starts the wrappers, which ask the node's template: both attempts warm, the failed one
+    stopped by torchrun (its SIGTERM to the wrapper's group, passed on), the job resumed; field by field as cold."""
+    warm_ranks = restart_job(launcher, tmp_path, "torchrun", "resume_ddp.py", "warm")
+    cold_ranks = restart_job(launcher, tmp_path, "torchrun", "resume_ddp.py", "cold", "--no-warm-ranks")
+    for rank in ("0", "1"):
+        wf, cf = dict(warm_ranks[rank]["fields"]), dict(cold_ranks[rank]["fields"])  # type: ignore[call-overload]
+        for job in (wf, cf):
+            job["argv"], job["orig_argv"], job["cmdline"] = job["argv"][:1], job["orig_argv"][:-1], job["cmdline"][:-1]
+            job["env"] = {k: v for k, v in job["env"].items() if k not in PER_JOB}
+        assert {k: wf[k] for k in wf if wf[k] != cf[k]} == {}, {k: (wf[k], cf[k]) for k in wf if wf[k] != cf[k]}
+        assert wf["env"]["TORCHELASTIC_RESTART_COUNT"] == "1" and wf["env"]["LOCAL_RANK"] == rank  # type: ignore[index]
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("layer", [
+    "horovod", pytest.param("deepspeed", marks=pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None,
+                                                                  reason="deepspeed is not installed"))])
+def test_a_launcher_layer_restarts_warm(launcher: Launcher, tmp_path: Path, layer: str) -> None:
+    restart_job(launcher, tmp_path, layer, "resume_hvd.py" if layer == "horovod" else "resume_ddp.py", "warm")

@@ -11,7 +11,10 @@ A warm rank is the template's grandchild, re-parented to this supervisor (the su
 reaped here, and `reaped` hands it to the rank's wrapper (rank_registry.py). The template is spared
 by every attempt's sweep, and stopped with the job. Where it cannot be used (--no-warm-ranks, a
 command that is not ``python SCRIPT`` or ``python -m MODULE``, a layer whose launcher starts the
-wrappers) the ranks start cold, as before; `why_cold` says why, for the dry run and one line.
+wrappers and does not declare what it adds to their environment: RankWrapper.warm_env) the ranks
+start cold, as before; `why_cold` says why, for the dry run and one line. Under a launcher (torchrun,
+horovodrun, deepspeed) each wrapper it starts asks the template as under --layer direct: the template
+is built with what the launcher inherits plus what the layer says it adds (warm_ranks.launcher_env).
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from collections.abc import Callable, Mapping
 
 from detlaunch.outcome import ProcessEnd
 from detlaunch.planning.plan import LaunchPlan
-from detlaunch.planning.warm_ranks import PRELOAD_ENV, imports, why_cold
+from detlaunch.planning.warm_ranks import PRELOAD_ENV, imports, ranks_env, why_cold, why_not_forkable
 from detlaunch.rank import warm
 from detlaunch.system import procs
 
@@ -43,14 +46,14 @@ class RankTemplate:
         self.listener: socket.socket | None = None
 
     def start(self, env: Mapping[str, str], defaults: Mapping[str, str], spared: set[int]) -> None:
-        """Start it with the environment rank 0 of this node will have (its import-time part is what counts),
-        spared by this attempt's sweep (`spared`)."""
+        """Start it with the environment rank 0 of this node will have (its import-time part is what counts:
+        what its starter inherits, and what a launcher adds), spared by this attempt's sweep (`spared`)."""
         if why_cold(self.plan):
+            why = why_not_forkable(self.plan, env)
+            if why:
+                self.say(f"warm ranks: {why}: ranks start cold")
             return
-        first = next(c for c in self.plan.stage.commands if c.rank is not None)
-        template_env = {**env, **first.env}
-        for key, value in defaults.items():
-            template_env.setdefault(key, value)
+        template_env = ranks_env(self.plan, env, defaults)
         template_env[PRELOAD_ENV] = ",".join(imports(self.plan))
         parsed = warm.python_command(self.plan.user_command)
         assert parsed is not None

@@ -26,7 +26,7 @@ from detlaunch.planning.cluster import ClusterInfo
 from detlaunch.planning.config import Config, supervision_options
 from detlaunch.planning.plugin_manager import Hooks
 from detlaunch.planning.rank_defaults import rank_defaults
-from detlaunch.planning.stage import SOCKET_NAME, SSHD_SUPERVISOR_ENV, Command, Stage, StageContext
+from detlaunch.planning.stage import SOCKET_NAME, SSHD_SUPERVISOR_ENV, Command, RankWrapper, Stage, StageContext
 from detlaunch.restarts.options import OPTION_ENV, policy_from_options
 from detlaunch.restarts.policy import RestartPolicy
 from detlaunch.system.jobdir import SECRET_ENV
@@ -64,6 +64,10 @@ class LaunchPlan:
     settings: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     # Set in each rank's environment where it is unset there (rank_defaults.py): the wrappers set them.
     rank_defaults: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    # What the layer's launcher adds to its ranks' environment, read at import (RankWrapper.warm_env; None:
+    # not declared, its ranks start cold), and what they import besides torch (RankWrapper.preload).
+    launcher_rank_env: Mapping[str, str] | None = None
+    layer_preload: tuple[str, ...] = ()
 
     def __getattr__(self, name: str) -> Any:
         try:
@@ -224,7 +228,15 @@ def build_plan(hooks: Hooks, config: Config, cluster: ClusterInfo, run_dir: str 
         settings=supervision_settings(config.options),
         rank_defaults=rank_defaults(config.env),
         not_progress=tuple(dict.fromkeys(str(text) for p in pieces for text in p.not_progress if text)),
+        launcher_rank_env=launcher_rank_env(pieces),
+        layer_preload=tuple(dict.fromkeys(m for p in pieces for m in p.preload if m)),
     )
+
+
+def launcher_rank_env(pieces: Sequence[RankWrapper]) -> dict[str, str] | None:
+    """What the layer's launcher adds to its ranks' environment (RankWrapper.warm_env): None where no piece says."""
+    declared = [p.warm_env for p in pieces if p.warm_env is not None]
+    return {str(k): str(v) for env in declared for k, v in env.items()} if declared else None
 
 
 def supervision_settings(options: Mapping[str, Any],

@@ -33,11 +33,20 @@ class RankWrapper:
     them while it waits (horovod's stall warning, every 60 s while ranks wait in a collective): a read of
     a rank's output whose first line holds one of them, and what the same stream brings right after it
     (the rest of that message), does not count as progress (docs/HANGS.md).
+    warm_env: for a layer whose launcher starts the rank wrappers (torchrun, horovodrun, deepspeed): what
+    that launcher adds to every rank's environment on this node, as far as it is read at import
+    (torchrun's ``OMP_NUM_THREADS=1``; rank/warm.py's list). Declaring it (``{}`` when it adds none of those)
+    lets the node's ranks be forked from its rank template (docs/RESTARTS.md, "Warm ranks"); None: they start
+    cold. A rank whose import-time variables differ from the template's still starts cold, with one line.
+    preload: modules the layer's ranks import (horovod: ``horovod.torch``), imported once by the rank
+    template with torch when the script mentions torch.
     """
 
     rank_env: tuple[str, ...] = ()
     argv: tuple[str, ...] = ()
     not_progress: tuple[str, ...] = ()
+    warm_env: Mapping[str, str] | None = None
+    preload: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)

@@ -339,9 +339,19 @@ def detlaunch_doctor_checks(config: Config) -> list[Check]:
     return checks + ssh_port_check(config, required=multi)
 
 
+def import_time_env(ctx: StageContext) -> dict[str, str]:
+    """What deepspeed adds to its ranks' environment that is read at import (RankWrapper.warm_env): on several
+    nodes its runner puts its current directory first on PYTHONPATH (deepspeed/launcher/runner.py), which the
+    env file carries to every node; on one node, nothing (RANK, LOCAL_RANK, MASTER_*, CROSS_* are read later)."""
+    if ctx.cluster.num_nodes == 1:
+        return {}
+    path = ctx.env.get("PYTHONPATH")
+    return {"PYTHONPATH": os.path.abspath(".") + (f":{path}" if path is not None else "")}
+
+
 @hookimpl
 def detlaunch_rank_wrappers(ctx: StageContext) -> RankWrapper:
-    return RankWrapper(rank_env=("RANK",))
+    return RankWrapper(rank_env=("RANK",), warm_env=import_time_env(ctx))
 
 
 @hookimpl

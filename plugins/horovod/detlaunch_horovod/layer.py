@@ -217,7 +217,15 @@ def detlaunch_doctor_checks(config: Config) -> list[Check]:
 
 @hookimpl
 def detlaunch_rank_wrappers(ctx: StageContext) -> RankWrapper:
-    return RankWrapper(rank_env=RANK_ENV, not_progress=STALL_WARNINGS)
+    return RankWrapper(rank_env=RANK_ENV, not_progress=STALL_WARNINGS, warm_env=import_time_env(ctx),
+                       preload=("horovod.torch",))
+
+
+def import_time_env(ctx: StageContext) -> dict[str, str]:
+    """What horovodrun adds to its ranks' environment that Python reads at start (RankWrapper.warm_env: their ranks
+    are forked from the node's rank template, which imported horovod.torch once): under gloo, PYTHONUNBUFFERED=1
+    (horovod/runner/gloo_run.py). The rest (HOROVOD_*, and mpirun's OMPI_*/PMIX_*) is read by hvd.init()."""
+    return {"PYTHONUNBUFFERED": "1"} if str(ctx.option("controller", "gloo")) == "gloo" and not single_slot(ctx) else {}
 
 
 @hookimpl

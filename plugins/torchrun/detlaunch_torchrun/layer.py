@@ -77,9 +77,18 @@ def detlaunch_doctor_checks(config: Config) -> list[Check]:
     return Check.torch_distributed()
 
 
+def import_time_env(ctx: StageContext) -> dict[str, str]:
+    """What torchrun adds to its workers' environment that torch reads at import: OMP_NUM_THREADS=1 for
+    more than one worker a node where it is unset (torch/distributed/run.py). The rest it adds (RANK,
+    LOCAL_RANK, MASTER_*, TORCHELASTIC_*...) is read later, in the rank: warm ranks (RankWrapper.warm_env)."""
+    if "OMP_NUM_THREADS" not in ctx.env and ctx.cluster.local_slots > 1:
+        return {"OMP_NUM_THREADS": "1"}
+    return {}
+
+
 @hookimpl
 def detlaunch_rank_wrappers(ctx: StageContext) -> RankWrapper:
-    return RankWrapper(rank_env=("RANK",))
+    return RankWrapper(rank_env=("RANK",), warm_env=import_time_env(ctx))
 
 
 @hookimpl
