@@ -291,7 +291,8 @@ class Hooks:
         for impl in reversed(self._hook.detlaunch_preflight_checks.get_hookimpls()):
             name = impl.plugin_name.rpartition(":")[2]
             try:
-                checks.extend(impl.function(**{arg: config for arg in impl.argnames}) or [])
+                result = impl.function(**{arg: config for arg in impl.argnames})  # its only parameter
+                checks.extend(cast("list[PreflightCheck]", result or []))
             except Exception as e:
                 errors.append(f"{name}: its preflight checks raised {_error_line(e)}")
         return checks, errors
