@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+
+import detlaunch
 import pytest
 from detlaunch.planning import preflight as pf
 from detlaunch.planning.preflight import Figure, Result
@@ -88,3 +91,39 @@ def test_round_args_give_each_group_its_own_store_port():
     args = pf.round_args([(0, 1), (2, 3)], {0: "10.0.0.1", 2: "10.0.0.3"}, 29502)
     assert args == {"groups": [{"nodes": [0, 1], "addr": "10.0.0.1", "port": 29502},
                                {"nodes": [2, 3], "addr": "10.0.0.3", "port": 29503}]}
+
+
+class StoragePlugin:
+    """A third party's check, through the public hook: a storage path writable (a node check, not compared)."""
+
+    @detlaunch.hookimpl
+    def detlaunch_preflight_checks(self, config):
+        path = config.options["storage"]
+        return [detlaunch.PreflightCheck("storage", lambda peer: detlaunch.PreflightFigure(
+            os.access(path, os.W_OK), None, path), compare=False),
+                detlaunch.PreflightCheck("boom", lambda peer: 1 / 0)]
+
+
+class BrokenPlugin:
+    @detlaunch.hookimpl
+    def detlaunch_preflight_checks(self, config):
+        raise RuntimeError("no NIC tool")
+
+
+def test_a_plugins_check_comes_through_the_detlaunch_preflight_checks_hook(tmp_path):
+    from detlaunch.node.preflight_child import run_checks
+    from detlaunch.planning.config import Config
+    from detlaunch.planning.plugin_manager import PluginSet
+
+    plugins = PluginSet({})
+    plugins.pm.register(StoragePlugin(), name="storage")
+    plugins.pm.register(BrokenPlugin(), name="broken")
+    config = Config("direct", (), (), {"storage": str(tmp_path / "missing")}, {})
+    checks, errors = plugins.hooks.preflight_checks(config)
+    assert [c.name for c in checks] == ["storage", "boom"]
+    assert errors == ["broken: its preflight checks raised RuntimeError: no NIC tool"]
+    results = run_checks({"node": 2, "node_checks": True}, checks)
+    assert [(r.check, r.figure.ok) for r in results] == [("storage", False), ("boom", False)]
+    assert results[1].figure.detail == "ZeroDivisionError: division by zero"
+    findings = pf.judge(results, 0.7, {2: "h"})
+    assert [f.node for f in findings] == [2] and "storage failed" in findings[0].describe()

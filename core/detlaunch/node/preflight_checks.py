@@ -12,9 +12,10 @@ import time
 from datetime import timedelta
 from typing import Any
 
-from detlaunch import PreflightCheck, hookimpl  # the public API, as any plugin's checks
-from detlaunch import PreflightFigure as Figure
-from detlaunch import PreflightPeer as Peer
+from detlaunch.planning.hookspecs import hookimpl  # detlaunch.hookimpl, as any plugin's checks use it
+from detlaunch.planning.preflight import PreflightCheck
+from detlaunch.planning.preflight import PreflightFigure as Figure
+from detlaunch.planning.preflight import PreflightPeer as Peer
 
 MATMUL_SIZE = 384  # a fixed matmul: 2 x 384^3 flops a call
 MATMUL_CALLS = 8  # a chunk: ~0.1 s of a CPU core, longer than a CFS period (a throttled node cannot hide in one)

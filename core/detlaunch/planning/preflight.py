@@ -22,6 +22,7 @@ from typing import Any, TypeAlias
 ONCE, ALWAYS = "once", "always"  # --preflight: before the first attempt whose ranks start, or before each
 STOP, WARN = "stop", "warn"  # --preflight-action, when no spare can take the node's place
 DEFAULT_THRESHOLD = 0.7
+BUILT_IN_NAMES = ("compute", "network", "doctor", "preflight", "plugins")  # the figures core itself names
 
 
 @dataclasses.dataclass(frozen=True)
