@@ -62,15 +62,18 @@ class PreflightHost(Protocol):
 
 
 class Preflight:
-    def __init__(self, host: PreflightHost, start: Callable[[], None],
-                 replace: Callable[[int, str], bool]) -> None:
+    def __init__(self, host: PreflightHost, start: Callable[[], None], replace: Callable[[int, str], bool],
+                 end: Callable[[], None]) -> None:
         """start: the launchers start if ready (Startup.start_when_ready); replace: a spare takes the node's
-        place, its host excluded (LinkEvents.replace_straggler); False: no spare waits."""
-        self.host, self.start, self.replace = host, start, replace
+        place, its host excluded (LinkEvents.replace_straggler), False when no spare waits; end: this node's
+        part ends, nothing started (``detlaunch doctor --job``, which runs the preflight only)."""
+        self.host, self.start, self.replace, self.end = host, start, replace, end
         plan = host.plan
-        self.mode: str | None = plan.preflight or None
-        self.threshold = float(plan.preflight_threshold)
-        self.action = str(plan.preflight_action)
+        settings = plan.settings  # a plan made by hand (tests) may lack them
+        self.mode: str | None = settings.get("preflight") or None
+        self.threshold = float(settings.get("preflight_threshold") or judge.DEFAULT_THRESHOLD)
+        self.action = str(settings.get("preflight_action") or STOP)
+        self.only = bool(settings.get("job"))  # detlaunch doctor --job: the preflight, its table, and the end
         self.passed: set[int] = set()  # the attempts whose preflight passed (a worker: the chief said go)
         self.running = False  # chief: rounds under way
         self.children: set[CheckChild] = set()
@@ -133,7 +136,7 @@ class Preflight:
         findings = judge.judge(self.results, self.threshold, self.hosts)
         seconds = time.monotonic() - self.started
         for line in judge.table(self.results, findings, self.hosts):
-            h.trace(f"preflight: {line}")
+            (h.say if self.only else h.trace)(f"preflight: {line}")
         action = "none"
         if findings:
             action = self._act(findings)
@@ -145,21 +148,19 @@ class Preflight:
             self._go()
 
     def _act(self, findings: list[Finding]) -> str:
-        """Replace what a spare can replace; else stop or warn. The action taken."""
+        """Replace what a spare can replace; else stop (one line) or warn. The action taken."""
         h = self.host
-        why = "slow or broken in the preflight"
-        rest = [f for f in findings if not self.replace(f.node, why)]
+        rest = [f for f in findings if self.only or not self.replace(f.node, "slow or broken in the preflight")]
         for f in findings:
-            replaced = f not in rest
-            h.say(f"preflight: {f.describe()}" + ("; a spare takes its place, its host is excluded" if replaced
-                                                   else ""))
+            if f not in rest:
+                h.say(f"preflight: {f.describe()}; a spare takes its place, its host is excluded")
         if not rest:
             return "replace"
-        if self.action == WARN:
-            h.say("preflight: the job goes on (--preflight-action warn)")
+        named = "; ".join(f.describe() for f in rest)
+        if self.action == WARN and not self.only:
+            h.say(f"preflight: {named}; the job goes on (--preflight-action warn)")
             return WARN
-        h.fail_to_start("preflight: " + "; ".join(f.describe() for f in rest) + " (--preflight-action stop)",
-                        exit_codes.PREFLIGHT)
+        h.fail_to_start(f"preflight: {named}", exit_codes.PREFLIGHT)
         return STOP
 
     def _go(self) -> None:
@@ -188,7 +189,7 @@ class Preflight:
         """The "preflight_go" question: the preflight passed; this node's launchers start (if ready)."""
         self.passed.add(int(args.get("attempt") or self.host.attempt))
         done({})
-        self.host.loop.call_later(0, self.start)
+        self.host.loop.call_later(0, self.end if self.only else self.start)
 
     def close(self) -> None:
         for child in list(self.children):

@@ -131,7 +131,8 @@ class NodeSupervisor:
         self.shutdown = Shutdown(self)
         self.link_events = LinkEvents(self)  # what the other nodes' news means here
         self.preflight = Preflight(self, start=lambda: self.startup.start_when_ready(),  # --preflight
-                                   replace=self.link_events.replace_straggler)
+                                   replace=self.link_events.replace_straggler,
+                                   end=lambda: self.shutdown.stop(signal.SIGTERM))
         self.ranks: RankRegistry  # this attempt's (below); a warm rank's end goes to its wrapper through it
         self.template = RankTemplate(plan, self.say, lambda pid, end: self.ranks.reaped(pid, end.code, end.signal))
         self._new_attempt_parts()

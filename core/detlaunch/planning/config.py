@@ -78,8 +78,8 @@ def preflight_mode(text: str) -> str | None:
         return "always"
     if word in ("0", "no", "false", "off", "never"):
         return None
-    raise argparse.ArgumentTypeError(f"--preflight {text!r}: write once or always (or put --preflight after "
-                                     "the other options)")
+    raise argparse.ArgumentTypeError(f"--preflight {text!r}: write --preflight once or --preflight always (the "
+                                     "flag alone takes the word after it: put another option after it)")
 
 
 def rank_list(text: str) -> tuple[int, ...]:
@@ -181,8 +181,12 @@ SUPERVISION = OptionGroup("supervision", (
            help="before any rank starts, every node runs its layer's doctor checks, a compute check and a network "
            "check in pairs of nodes (and every plugin's, docs/HOOKS.md); a node that fails or is under "
            "--preflight-threshold of the median is named with its figures (docs/HANGS.md, \"Preflight\"). once "
-           "(the flag alone): before the first attempt; always: before every attempt. Put it after the other "
-           "options' values or give its value: `--preflight once train.py`"),
+           "(the flag alone): before the first attempt (again after a failed one); always: before every attempt. "
+           "Right before the script, give its value: `--preflight once train.py`"),
+    Option("--job", action="store_true", supervision=True,
+           help="detlaunch doctor --job [OPTIONS]: on every node of an allocation, as a job would run there (the same "
+           "nodes and options), run the --preflight and print its table; no rank starts. Exits 0, or "
+           f"{exit_codes.PREFLIGHT} when a node is named"),
     Option("--preflight-threshold", type=Number(float, 0.05, 0.99, 0.7), metavar="F", supervision=True,
            help="a node under this fraction of the median node's figure fails the preflight (default %(default)g)"),
     Option("--preflight-action", choices=("stop", "warn"), default="stop", supervision=True,

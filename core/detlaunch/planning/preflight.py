@@ -64,6 +64,21 @@ class PreflightCheck:
     compare: bool = True
 
 
+def doctor_job_config(config: Any) -> Any:
+    """``detlaunch doctor --job``: the job's config, run as a job whose every node runs the preflight (always
+    stopping on a named node, no spare replacing it) and then ends, no rank started (node/preflight.py)."""
+    import sys
+
+    from detlaunch.errors import ConfigError
+
+    if not config.layer:
+        raise ConfigError("detlaunch doctor --job runs the preflight as a job of a layer would: add --layer NAME "
+                          "and the job's options (its hosts, --nnodes, --node-rank...)")
+    options = {**config.options, "preflight": config.options.get("preflight") or ONCE, "preflight_action": STOP,
+               "no_warm_ranks": True, "spares": 0}
+    return dataclasses.replace(config, options=options, command=(sys.executable, "-c", ""))
+
+
 # -- pairing -----------------------------------------------------------------------------------------
 Group = tuple[int, ...]
 
