@@ -127,3 +127,18 @@ def test_a_plugins_check_comes_through_the_detlaunch_preflight_checks_hook(tmp_p
     assert results[1].figure.detail == "ZeroDivisionError: division by zero"
     findings = pf.judge(results, 0.7, {2: "h"})
     assert [f.node for f in findings] == [2] and "storage failed" in findings[0].describe()
+
+
+def test_preflight_option_values_and_the_doctor_job_config():
+    from detlaunch.errors import ConfigError
+    from detlaunch.planning.config import Config, preflight_mode
+
+    assert [preflight_mode(w) for w in ("once", "1", "ALWAYS", "off")] == ["once", "once", "always", None]
+    with pytest.raises(Exception, match="write --preflight once or --preflight always"):
+        preflight_mode("train.py")
+    config = pf.doctor_job_config(Config("direct", (), (), {"preflight_action": "warn", "spares": 1}, {}))
+    assert (config.options["preflight"], config.options["preflight_action"], config.options["spares"]) == \
+        ("once", "stop", 0)
+    assert config.command[1:] == ("-c", "")
+    with pytest.raises(ConfigError, match="add --layer NAME"):
+        pf.doctor_job_config(Config("", (), (), {}, {}))
