@@ -182,7 +182,11 @@ class Preflight:
             self.children.discard(child)
             done({"results": child.results()})
 
-        child = CheckChild(h.loop, spec, h.env, float(args.get("budget") or BUDGET), finished)
+        try:
+            child = CheckChild(h.loop, spec, h.env, float(args.get("budget") or BUDGET), finished)
+        except OSError as e:  # no process could start here: that is this node's figure
+            done({"results": [Result(h.node, "preflight", Figure(False, None, f"no check child: {e}")).to_json()]})
+            return
         self.children.add(child)
 
     def go_answer(self, args: Any, done: Callable[[Any], None]) -> None:

@@ -181,6 +181,9 @@ class Startup:
                 host = h.plan.cluster.chief_addr
                 h.fail_to_start(f"never reached the chief at {host}:{h.plan.link_port} within "
                                 f"{timeout:g} s (--start-timeout): is detlaunch running there?")
+        elif h.phase is Phase.STARTING and h.preflight.due() and all(p.ready for p in self.probes):
+            if not isinstance(h.link, WorkerLink):  # a worker waits for the chief's verdict
+                h.fail_to_start(f"the preflight did not finish within {timeout:g} s (--start-timeout)")
         elif h.phase is Phase.STARTING:
             waiting = ", ".join(f"{p.host}:{p.port}" for p in self.probes if not p.ready)
             h.fail_to_start(f"sshd on {waiting} did not answer within {timeout:g} s "
