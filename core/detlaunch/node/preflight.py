@@ -30,6 +30,7 @@ import detlaunch.exit_codes as exit_codes
 from detlaunch.link.chief import ChiefLink
 from detlaunch.link.control import ControlRequests
 from detlaunch.link.worker import WorkerLink
+from detlaunch.node.phase import Phase
 from detlaunch.observe.emitter import EventEmitter
 from detlaunch.observe.events import EventKind
 from detlaunch.planning import preflight as judge
@@ -52,6 +53,9 @@ class PreflightHost(Protocol):
 
     @property
     def attempt(self) -> int: ...
+
+    @property
+    def phase(self) -> Phase: ...
 
     @property
     def link(self) -> ChiefLink | WorkerLink | None: ...
@@ -79,6 +83,7 @@ class Preflight:
         self.children: set[CheckChild] = set()
         self.started = 0.0
         self.results: list[Result] = []
+        self.hosts: dict[int, str] = {}  # chief: the nodes checked, and their addresses
         host.control.handle("preflight", self.answer)
         host.control.handle("preflight_go", self.go_answer)
 
@@ -118,6 +123,8 @@ class Preflight:
         self.host.control.ask_job("preflight", args, lambda answer: self._round_done(number, groups, answer))
 
     def _round_done(self, number: int, groups: list[judge.Group], answer: dict[str, Any]) -> None:
+        if not self.running or self.host.phase is not Phase.STARTING:
+            return  # the job stopped meanwhile (a signal, a lost node): no verdict to give
         results = parse_answer(answer)
         for node in answer.get("missing") or []:
             results.append(Result(int(node), "preflight", Figure(False, None, "its node did not answer in time")))
@@ -196,6 +203,7 @@ class Preflight:
         self.host.loop.call_later(0, self.end if self.only else self.start)
 
     def close(self) -> None:
+        self.running = False
         for child in list(self.children):
             child.stop()
         self.children.clear()
