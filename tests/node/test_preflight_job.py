@@ -34,8 +34,9 @@ def test_a_throttled_node_is_named_with_its_figures_and_the_job_stops_before_any
         slow, worker, chief = (run.wait(150) for run in runs)
     codes = [r.returncode for r in (chief, worker, slow)]
     assert codes == [exit_codes.PREFLIGHT] * 3, chief.output + worker.output + slow.output
-    lines = [line for line in chief.stderr.splitlines() if "preflight: node" in line]
+    lines = [line for line in chief.stderr.splitlines() if line.startswith("detlaunch: preflight: node")]
     assert len(lines) == 1, chief.stderr  # one line, naming node 2 alone, with its figures and the median
+    assert "detlaunch: job failed: preflight: node 2" in chief.stderr, chief.stderr  # and the end report
     assert re.search(r"detlaunch: preflight: node 2 \(127\.0\.0\.3\) compute [\d.]+ GFLOP/s \(median of the nodes "
                      r"[\d.]+ GFLOP/s, under 0\.7x\)", lines[0]), lines[0]
     assert "node 0" not in lines[0] and "node 1 " not in lines[0], lines[0]
@@ -48,3 +49,4 @@ def test_a_throttled_node_is_named_with_its_figures_and_the_job_stops_before_any
     assert (details["ok"], details["action"], details["nodes"]) == (False, "stop", 3), details
     assert [f["node"] for f in details["findings"]] == [2] and details["findings"][0]["figures"]["compute"] > 0
     assert details["seconds"] < 120, details
+    print(f"preflight of 3 nodes, one throttled: {details['seconds']:.1f} s")
