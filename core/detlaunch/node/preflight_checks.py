@@ -19,7 +19,7 @@ from detlaunch.planning.preflight import PreflightPeer as Peer
 
 MATMUL_SIZE = 384  # a fixed matmul: 2 x 384^3 flops a call
 MATMUL_CALLS = 8  # a chunk: ~0.1 s of a CPU core, longer than a CFS period (a throttled node cannot hide in one)
-CHUNKS = 3  # the best chunk counts: a moment of contention on a shared machine is not the node's speed
+CHUNKS = 5  # the best chunk counts: a moment of contention on a shared machine is not the node's speed
 TRANSFER_FLOATS = 2 * 1024 * 1024  # 8 MiB a transfer: enough to measure bandwidth, not latency
 TRANSFERS = 4
 
@@ -29,6 +29,7 @@ def compute(peer: Peer | None) -> Figure:
     import torch
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
+    torch.set_num_threads(1)  # a core's speed: comparable across nodes, and nodes sharing a machine do not collide
     a = torch.rand(MATMUL_SIZE, MATMUL_SIZE, device=device)
     b = torch.rand(MATMUL_SIZE, MATMUL_SIZE, device=device)
     (a @ b).sum().item()  # warm-up: the first call pays for allocation and kernel choice
