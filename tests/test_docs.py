@@ -52,6 +52,10 @@ HOOK_TESTS: dict[str, list[str]] = {
     "detlaunch_doctor_checks": [
         "tests/planning/test_doctor.py::test_a_third_party_layer_gets_doctor_through_the_doctor_checks_hook",
     ],
+    "detlaunch_preflight_checks": [
+        "tests/planning/test_preflight.py::test_a_plugins_check_comes_through_the_detlaunch_preflight_checks_hook",
+        CONTRACT + "test_preflight_checks_are_well_formed",
+    ],
     "detlaunch_job_started": [
         "tests/planning/test_plugins.py::test_observers_see_the_job_and_cannot_change_its_exit_code",
         "tests/planning/discovery/test_discovery_determined.py::test_any_job_started_failure_is_one_line_naming_its_plugin",
@@ -93,7 +97,7 @@ def yes_no(flag: object) -> str:
 
 
 def test_the_spec_has_the_hooks_we_expect_to_document() -> None:
-    assert len(SPECS) == 11 and "detlaunch_chief_stage" in SPECS  # the parsing above works
+    assert len(SPECS) == 12 and "detlaunch_chief_stage" in SPECS  # the parsing above works
 
 
 @pytest.mark.parametrize("hook", sorted(SPECS))

@@ -39,6 +39,9 @@ _EXPORTS = {
     "CPUS_ENV": "planning.cpu_binding",
     "NUMA_BINDING_MODES": "planning.cpu_binding",
     "Check": "planning.doctor",
+    "PreflightCheck": "planning.preflight",
+    "PreflightFigure": "planning.preflight",
+    "PreflightPeer": "planning.preflight",
     "Event": "observe.events",
     "EventKind": "observe.events",
     "progress": "progress",
@@ -69,6 +72,9 @@ if TYPE_CHECKING:  # `X as X`: an explicit re-export, for type checkers
     from detlaunch.planning.doctor import Check as Check
     from detlaunch.planning.gpus import cuda_visible_devices as cuda_visible_devices
     from detlaunch.planning.hookspecs import hookimpl as hookimpl
+    from detlaunch.planning.preflight import PreflightCheck as PreflightCheck
+    from detlaunch.planning.preflight import PreflightFigure as PreflightFigure
+    from detlaunch.planning.preflight import PreflightPeer as PreflightPeer
     from detlaunch.planning.spawn import NodeLaunch as NodeLaunch
     from detlaunch.planning.spawn import Spawner as Spawner
     from detlaunch.planning.spawn import SpawnRequest as SpawnRequest

@@ -15,6 +15,7 @@ OK = 0
 FAILED = 1  # detlaunch itself: the job could not start, a node was lost, a rank hung after its traceback
 USAGE = 2  # bad input (also argparse's and `python missing.py`'s: a rank's 2 is a user error)
 NO_RESTART = 64  # the first of sysexits.h's "permanent failure" codes: see docs/RESTARTS.md
+PREFLIGHT = 69  # sysexits.h's EX_UNAVAILABLE: a node failed the preflight (--preflight), no rank started
 INTERNAL = 70  # sysexits.h's EX_SOFTWARE: detlaunch's isolated child crashed (a bug: the traceback is printed)
 HANG = 124  # timeout(1)'s "it ran out of time"
 CANNOT_RUN = 126  # the shell's "found but cannot be executed"
@@ -43,6 +44,8 @@ TABLE = (
              "the traceback); a rank exiting 2 is a user error, not restarted"),
     ExitCode(str(NO_RESTART), "NO_RESTART", "a rank exiting 64 asks not to be restarted (`--no-restart-exit-code`; "
              "docs/RESTARTS.md)"),
+    ExitCode(str(PREFLIGHT), "PREFLIGHT", "a node failed `--preflight` (broken, or slower than "
+             "`--preflight-threshold` of the others) and no spare took its place: no rank started (docs/HANGS.md)"),
     ExitCode(str(INTERNAL), "INTERNAL", "detlaunch's isolated supervisor crashed: a bug, its traceback is printed"),
     ExitCode(str(HANG), "HANG", "the job hung: no rank on any node showed progress for `--hang-timeout` seconds "
              "(docs/HANGS.md)"),

@@ -42,6 +42,8 @@ class Option:
     old_flags: tuple[str, ...] = ()  # renamed: the old flag, variable and config key are still read
     supervision: bool = False  # the plan carries it to the supervisor (plan.NAME)
     shown: str = ""  # how the text plan shows it, e.g. "grace {:g} s" ("": not on the supervisor's line)
+    nargs: str | None = None  # "?": the value may be left out (then `const`)
+    const: Any = None
 
     @property
     def dest(self) -> str:
@@ -63,7 +65,7 @@ class Option:
 
     def add_to(self, group: argparse._ActionsContainer) -> None:
         keywords: dict[str, Any] = {"help": self.help}
-        for name in ("type", "metavar", "action", "choices"):
+        for name in ("type", "metavar", "action", "choices", "nargs", "const"):
             if getattr(self, name) is not None:
                 keywords[name] = getattr(self, name)
         if self.value_default is not None:

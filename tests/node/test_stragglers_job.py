@@ -15,13 +15,13 @@ import re
 import subprocess
 import sys
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
 import pytest
-from support.helpers import free_port, wait_until
+from support.helpers import free_port
 from support.jobs import SCRIPTS, Job, Launcher
+from support.throttle import cpu_quota
 
 SCRIPT = str(SCRIPTS / "straggler.py")
 NAMED = re.compile(r"detlaunch: straggler: rank (\d+) \(node (\d+)\) is slow")
@@ -71,40 +71,6 @@ def test_a_rank_whose_work_takes_twice_as_long_is_named_within_20_steps_and_no_o
     steps = [float(t) for t in re.findall(r"\[rank=3\] rank 3 step \d+ at ([\d.]+)", done[1].stdout)]
     before = sum(t <= event["time"] for t in steps)  # type: ignore[operator]
     assert before <= 20, (before, event)
-
-
-@contextlib.contextmanager
-def cpu_quota(tmp_path: Path, fraction: float) -> Iterator[Path]:
-    """A cgroup whose processes get `fraction` of one CPU (v2's cpu.max, or v1's cpu controller); removed after."""
-    name = f"detlaunch-test-{uuid.uuid4().hex[:8]}"
-    v2 = Path("/sys/fs/cgroup")
-    if "cpu" in (v2 / "cgroup.controllers").read_text().split() if (v2 / "cgroup.controllers").exists() else False:
-        group = v2 / name
-        limit = (group / "cpu.max", f"{int(fraction * 100000)} 100000")
-    else:
-        group = Path("/sys/fs/cgroup/cpu") / name
-        limit = (group / "cpu.cfs_quota_us", str(int(fraction * 100000)))
-    try:
-        group.mkdir()
-        limit[0].write_text(limit[1])
-    except OSError as e:
-        pytest.skip(f"no CPU-throttled cgroup here ({e})")
-    try:
-        yield group
-    finally:
-        parent = group.parent / "cgroup.procs"
-        for pid in (group / "cgroup.procs").read_text().split():  # the job's leftovers (none: the job ended)
-            with contextlib.suppress(OSError):
-                parent.write_text(pid)
-
-        def removed() -> bool:
-            try:
-                group.rmdir()
-            except OSError:
-                return False
-            return True
-
-        wait_until(removed, 10, "the test's cgroup removed")
 
 
 @pytest.mark.timeout(120)

@@ -152,8 +152,13 @@ def run(argv: list[str], env: dict[str, str], pre: argparse.Namespace | None = N
     if subcommand == "info":
         return print_info(discover(hooks, config, job=False), options.get("format", "text"))
 
-    if subcommand == "doctor":
+    if subcommand == "doctor" and not options.get("job"):
         return doctor(hooks, config)
+    if subcommand == "doctor":  # --job: the preflight across the allocation, as a job that starts no rank
+        from detlaunch.planning.preflight import doctor_job_config
+
+        config = doctor_job_config(config)
+        options = config.options
 
     from detlaunch.planning import spares
     from detlaunch.planning.plan import build_plan, render_json, render_text

@@ -128,15 +128,14 @@ class LinkEvents:
         absent = [f"node {n} not joined" for n in sorted(pool.missing)]
         return {"spares": waiting + taken + absent}
 
-    def replace_straggler(self, node: int) -> bool:
+    def replace_straggler(self, node: int, why: str = "a straggler (--straggler-action replace)") -> bool:
         """--straggler-action replace (node/straggler_watch.py): the chief sends the straggler's node away and a
         waiting spare takes its place at the next attempt, as after a lost node. False: no spare waits."""
         h = self.host
         link = h.link
         if not isinstance(link, ChiefLink) or node == 0 or not link.spares.waiting or node not in link.live_nodes():
             return False
-        def dismiss() -> None:  # after the straggler's line
-            why = "a straggler (--straggler-action replace)"
+        def dismiss() -> None:  # after the straggler's line (also the preflight's: node/preflight.py)
             h.driver.exclude(node, link.addr_of(node), why, at_once=True)  # out at once, not after two losses
             link.dismiss(node, why)
 

@@ -23,6 +23,7 @@ from detlaunch.link.worker import WorkerLink
 from detlaunch.node.attempt_driver import AttemptDriver
 from detlaunch.node.node_status import NodeStatus
 from detlaunch.node.phase import Phase
+from detlaunch.node.preflight import Preflight
 from detlaunch.node.process_table import ProcessTable
 from detlaunch.node.rank_registry import RankRegistry
 from detlaunch.node.standby import Standby
@@ -47,6 +48,7 @@ class StartupHost(Protocol):
     attempts: Attempts
     driver: AttemptDriver
     status: NodeStatus
+    preflight: Preflight
     attempt_started_at: float
 
     @property
@@ -115,7 +117,8 @@ class Startup:
         rendezvous would have it, and no node can finish before it joined."""
         h = self.host
         starts_ranks = h.link is not None and any(c.rank is not None for c in h.plan.stage.commands)
-        if all(p.ready for p in self.probes) and (self.link_up or not starts_ranks):
+        if all(p.ready for p in self.probes) and (self.link_up or not starts_ranks) \
+                and not h.preflight.holds(self.link_up):  # --preflight: node/preflight.py
             self._start_launchers()
 
     def _start_launchers(self) -> None:
@@ -178,6 +181,9 @@ class Startup:
                 host = h.plan.cluster.chief_addr
                 h.fail_to_start(f"never reached the chief at {host}:{h.plan.link_port} within "
                                 f"{timeout:g} s (--start-timeout): is detlaunch running there?")
+        elif h.phase is Phase.STARTING and h.preflight.due() and all(p.ready for p in self.probes):
+            if not isinstance(h.link, WorkerLink):  # a worker waits for the chief's verdict
+                h.fail_to_start(f"the preflight did not finish within {timeout:g} s (--start-timeout)")
         elif h.phase is Phase.STARTING:
             waiting = ", ".join(f"{p.host}:{p.port}" for p in self.probes if not p.ready)
             h.fail_to_start(f"sshd on {waiting} did not answer within {timeout:g} s "

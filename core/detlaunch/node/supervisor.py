@@ -32,6 +32,7 @@ import time
 from collections.abc import Callable
 from typing import Any, TextIO
 
+import detlaunch.exit_codes as exit_codes
 from detlaunch.errors import LaunchError
 from detlaunch.link.chief import ChiefLink
 from detlaunch.link.control import ControlRequests, write_job_file
@@ -41,6 +42,7 @@ from detlaunch.node.hangs import HangPolicy
 from detlaunch.node.link_events import LinkEvents
 from detlaunch.node.node_status import NodeStatus
 from detlaunch.node.phase import Phase as Phase  # the phases were defined here first
+from detlaunch.node.preflight import Preflight
 from detlaunch.node.process_table import Child, ProcessTable
 from detlaunch.node.rank_registry import RankEntry, RankRegistry, RankRules
 from detlaunch.node.rank_template import RankTemplate
@@ -128,6 +130,9 @@ class NodeSupervisor:
         self.startup = Startup(self)
         self.shutdown = Shutdown(self)
         self.link_events = LinkEvents(self)  # what the other nodes' news means here
+        self.preflight = Preflight(self, start=lambda: self.startup.start_when_ready(),  # --preflight
+                                   replace=self.link_events.replace_straggler,
+                                   end=lambda: self.shutdown.stop(signal.SIGTERM))
         self.ranks: RankRegistry  # this attempt's (below); a warm rank's end goes to its wrapper through it
         self.template = RankTemplate(plan, self.say, lambda pid, end: self.ranks.reaped(pid, end.code, end.signal))
         self._new_attempt_parts()
@@ -311,8 +316,8 @@ class NodeSupervisor:
         if decision is not Decision.IGNORED and not self.hangs.dumping:
             self.hangs.stop_after_own_dumps(lambda: self.shutdown.stop(signal.SIGTERM))
 
-    def fail_to_start(self, what: str) -> None:
-        event = StartFailed(what, self.node, time.time())
+    def fail_to_start(self, what: str, exit_code: int = exit_codes.FAILED) -> None:
+        event = StartFailed(what, self.node, time.time(), exit_code)
         if self.verdict.add(event) is Decision.FIRST:
             self.say(what)
             self.tell_link(event)
@@ -402,6 +407,7 @@ class NodeSupervisor:
         if self.console is not None:
             self.console.close()
         self.control.close()
+        self.preflight.close()
         self.hangs.close()
         self.stragglers.close()
         self.ranks.close()

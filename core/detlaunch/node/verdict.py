@@ -74,11 +74,12 @@ class Interrupted:
 
 @dataclasses.dataclass(frozen=True)
 class StartFailed:
-    """The job could not start on this node (setup failed, a peer never answered, a timeout)."""
+    """The job could not start on this node (setup failed, a peer never answered, a timeout, the preflight)."""
 
     what: str
     node: int
     at: float
+    exit_code: int = exit_codes.FAILED
 
 
 @dataclasses.dataclass(frozen=True)
@@ -165,7 +166,7 @@ def as_failure(event: VerdictEvent) -> Failure | None:
             return Failure(f"node {event.node} was interrupted by {signal_name(event.signum)}",
                            exit_codes.by_signal(event.signum), at=event.at, kind=FailureKind.INTERRUPTED)
         case StartFailed():
-            return Failure(event.what, exit_codes.FAILED, at=event.at, kind=FailureKind.START)
+            return Failure(event.what, event.exit_code, at=event.at, kind=FailureKind.START)
         case Hung():
             who = "; ".join(event.suspects) or "none stands out (see the stacks)"
             limit = f"auto, learned {event.timeout:g}" if event.learned else f"{event.timeout:g}"

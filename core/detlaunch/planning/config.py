@@ -69,6 +69,19 @@ class Parser(argparse.ArgumentParser):
 RANK = Number(int, 0, 2**31 - 1)
 
 
+def preflight_mode(text: str) -> str | None:
+    """--preflight's value: once (also 1/yes/true/on: the variable or config key set) or always; off: none."""
+    word = str(text).strip().lower()
+    if word in ("once", "1", "yes", "true", "on"):
+        return "once"
+    if word == "always":
+        return "always"
+    if word in ("0", "no", "false", "off", "never"):
+        return None
+    raise argparse.ArgumentTypeError(f"--preflight {text!r}: write --preflight once or --preflight always (the "
+                                     "flag alone takes the word after it: put another option after it)")
+
+
 def rank_list(text: str) -> tuple[int, ...]:
     return tuple(int(RANK.parse(r)) for r in text.split(",") if r.strip())
 
@@ -164,6 +177,22 @@ SUPERVISION = OptionGroup("supervision", (
     Option("--straggler-threshold", type=Number(float, 0.05, 0.99, 0.7), metavar="F", supervision=True,
            help="a rank slower than this fraction of the other ranks' median speed, window after window, is a "
            "straggler (default %(default)g)"),
+    Option("--preflight", type=preflight_mode, nargs="?", const="once", metavar="once|always", supervision=True,
+           help="before any rank starts, every node runs its layer's doctor checks, a compute check and a network "
+           "check in pairs of nodes (and every plugin's, docs/HOOKS.md); a node that fails or is under "
+           "--preflight-threshold of the median is named with its figures (docs/HANGS.md, \"Preflight\"). once "
+           "(the flag alone): before the first attempt (again after a failed one); always: before every attempt. "
+           "Right before the script, give its value: `--preflight once train.py`"),
+    Option("--job", action="store_true", supervision=True,
+           help="detlaunch doctor --job [OPTIONS]: on every node of an allocation, as a job would run there (the same "
+           "nodes and options), run the --preflight and print its table; no rank starts. Exits 0, or "
+           f"{exit_codes.PREFLIGHT} when a node is named"),
+    Option("--preflight-threshold", type=Number(float, 0.05, 0.99, 0.7), metavar="F", supervision=True,
+           help="a node under this fraction of the median node's figure fails the preflight (default %(default)g)"),
+    Option("--preflight-action", choices=("stop", "warn"), default="stop", supervision=True,
+           help="a node failed the preflight and no spare can take its place (--spares): stop the job before any "
+           f"rank starts (one line naming the node and its figures, exit code {exit_codes.PREFLIGHT}), or warn and "
+           "go on (default %(default)s)"),
     Option("--dump-budget", type=Number(float, 0, 10, 1.5, "s"), metavar="S", supervision=True,
            help="when a rank fails, take the other ranks' stacks within S seconds before stopping them "
            "(default %(default)g; 0: stop at once)"),

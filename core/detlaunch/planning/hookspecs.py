@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from detlaunch.planning.cluster import ClusterInfo
     from detlaunch.planning.config import Config
     from detlaunch.planning.doctor import Check
+    from detlaunch.planning.preflight import PreflightCheck
     from detlaunch.planning.spawn import Spawner
     from detlaunch.planning.stage import RankWrapper, Stage, StageContext
 
@@ -149,6 +150,22 @@ def detlaunch_doctor_checks(config: Config) -> list[Check] | None:
     check failed. Runs on the node where ``detlaunch doctor`` runs, never during a launch (a layer
     runs its own cheap checks while planning). It may import heavy packages (torch) to check them;
     it must not start a job. An exception is shown as a failed check naming the plugin.
+    """
+
+
+@hookspec
+def detlaunch_preflight_checks(config: Config) -> list[PreflightCheck] | None:
+    """Add checks to ``--preflight`` and ``detlaunch doctor --job``: run on every node before any rank starts.
+
+    :param config: the job's parsed options.
+    :return: a list of :class:`detlaunch.PreflightCheck` (a name, a ``run(peer)`` returning a
+        :class:`detlaunch.PreflightFigure`, its unit, whether it runs in a pair of nodes, whether its
+        figures are compared with the median of the nodes'), or None.
+
+    Called only in the preflight's check child on each node (never in the launcher): a check may import
+    torch, touch a GPU, read a NIC's state or write a probe file. A node whose check fails, or whose
+    figure is under ``--preflight-threshold`` x the median, is named with its figures and replaced or
+    stopped (``--preflight-action``). The built-in compute and network checks come through this hook.
     """
 
 

@@ -29,6 +29,7 @@ from detlaunch.planning import hookspecs
 from detlaunch.planning.cluster import ClusterInfo
 from detlaunch.planning.config import Config
 from detlaunch.planning.doctor import Check
+from detlaunch.planning.preflight import PreflightCheck
 from detlaunch.planning.spawn import Spawner
 from detlaunch.planning.stage import RankWrapper, Stage, StageContext
 
@@ -282,6 +283,19 @@ class Hooks:
                 checks.append(Check(f"{name}: its checks", False, f"raised {_error_line(e)}",
                                     f"report this to the {name} plugin's authors"))
         return checks
+
+    def preflight_checks(self, config: Config) -> tuple[list[PreflightCheck], list[str]]:
+        """Every plugin's preflight checks, and one error line for each plugin whose hook raised."""
+        checks: list[PreflightCheck] = []
+        errors: list[str] = []
+        for impl in reversed(self._hook.detlaunch_preflight_checks.get_hookimpls()):
+            name = impl.plugin_name.rpartition(":")[2]
+            try:
+                result = impl.function(**{arg: config for arg in impl.argnames})  # its only parameter
+                checks.extend(cast("list[PreflightCheck]", result or []))
+            except Exception as e:
+                errors.append(f"{name}: its preflight checks raised {_error_line(e)}")
+        return checks, errors
 
     def job_started(self, ctx: StageContext, stage: Stage) -> None:
         """Call every job_started hook; the first failure stops the launch as one DetlaunchError line."""

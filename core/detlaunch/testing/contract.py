@@ -233,6 +233,26 @@ class LayerContract:
         assert plan.rank_command[-len(plan.user_command):] == plan.user_command
         assert plan.rank_command[: len(plan.wrapper_argv)] == plan.wrapper_argv
 
+    def test_preflight_checks_are_well_formed(self, contract: Case) -> None:
+        """The layer's own ``detlaunch_preflight_checks`` (if any): PreflightChecks with a name of their own and
+        a callable run, the same list twice. They are listed, not run (a run may need the layer's framework)."""
+        from detlaunch.planning.preflight import BUILT_IN_NAMES, PreflightCheck
+
+        config = contract.loaded.config(contract.args(str(contract.script)), contract.env)
+        first = contract.loaded.own_results("detlaunch_preflight_checks", config=config)
+        again = contract.loaded.own_results("detlaunch_preflight_checks", config=config)
+        checks = [c for result in first for c in result]
+        assert all(isinstance(result, list) for result in first), "return a list of detlaunch.PreflightCheck, or None"
+        problems = [f"{c!r} is no detlaunch.PreflightCheck" for c in checks if not isinstance(c, PreflightCheck)]
+        named = [c for c in checks if isinstance(c, PreflightCheck)]
+        problems += [f"{c.name!r}: its run is not callable" for c in named if not callable(c.run)]
+        names = [c.name for c in named]
+        problems += [f"{n!r}: named twice, or a built-in check's name" for n in set(names)
+                     if not n or names.count(n) > 1 or n in BUILT_IN_NAMES]
+        assert not problems, "preflight checks:\n- " + "\n- ".join(problems)
+        assert [[c.name for c in r] for r in first] == [[c.name for c in r] for r in again], \
+            "two calls gave different checks"
+
     @pytest.mark.parametrize("shape", SHAPES, ids=[s.id for s in SHAPES])
     def test_det_chief_ip_reaches_every_process_in_the_plan(self, contract: Case, shape: Shape) -> None:
         if shape.nodes > 1:

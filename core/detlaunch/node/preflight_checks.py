@@ -1,0 +1,82 @@
+"""The preflight's built-in checks: a compute check on the node and a network check in its pair.
+
+They come through the public ``detlaunch_preflight_checks`` hook like any plugin's (the check child,
+node/preflight_child.py, registers this module), and run only in that child: torch is imported there,
+never in the launcher. Both are small and fixed, so that their figures compare across nodes: a slow
+node is one whose fixed work took longer.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+from typing import Any
+
+from detlaunch.planning.hookspecs import hookimpl  # detlaunch.hookimpl, as any plugin's checks use it
+from detlaunch.planning.preflight import PreflightCheck
+from detlaunch.planning.preflight import PreflightFigure as Figure
+from detlaunch.planning.preflight import PreflightPeer as Peer
+
+MATMUL_SIZE = 384  # a fixed matmul: 2 x 384^3 flops a call
+MATMUL_CALLS = 8  # a chunk: ~0.1 s of a CPU core, longer than a CFS period (a throttled node cannot hide in one)
+CHUNKS = 5  # the best chunk counts: a moment of contention on a shared machine is not the node's speed
+TRANSFER_FLOATS = 2 * 1024 * 1024  # 8 MiB a transfer: enough to measure bandwidth, not latency
+TRANSFERS = 4
+
+
+def compute(peer: Peer | None) -> Figure:
+    """GFLOP/s of a fixed matmul on the node's device (CUDA when there is one, else the CPU): its best chunk."""
+    import torch
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    torch.set_num_threads(1)  # a core's speed: comparable across nodes, and nodes sharing a machine do not collide
+    a = torch.rand(MATMUL_SIZE, MATMUL_SIZE, device=device)
+    b = torch.rand(MATMUL_SIZE, MATMUL_SIZE, device=device)
+    (a @ b).sum().item()  # warm-up: the first call pays for allocation and kernel choice
+    chunks = []
+    for _ in range(CHUNKS):
+        start = time.perf_counter()
+        for _ in range(MATMUL_CALLS):
+            c = a @ b
+        c.sum().item()  # waits for a GPU's queue
+        chunks.append(time.perf_counter() - start)
+    best = min(chunks)
+    return Figure(True, 2 * MATMUL_SIZE ** 3 * MATMUL_CALLS / best / 1e9,
+                  f"{device}, best of {CHUNKS} chunks {best:.3f} s")
+
+
+def network(peer: Peer | None) -> Figure:
+    """MB/s of an all-reduce in the node's group: a real torch.distributed group on the job's backend."""
+    if peer is None:
+        return Figure(True, None, "no other node")
+    import torch
+    import torch.distributed as dist
+
+    timeout = timedelta(seconds=peer.timeout)
+    try:
+        store = dist.TCPStore(  # type: ignore[attr-defined]
+            peer.master_addr, peer.master_port, peer.size, peer.rank == 0, timeout=timeout)
+        dist.init_process_group(peer.backend, store=store, rank=peer.rank, world_size=peer.size, timeout=timeout)
+    except Exception as e:  # noqa: BLE001 - a group that cannot form is this check's finding
+        return Figure(False, None, f"no group with node(s) {peer.nodes}: {type(e).__name__}: {e}"[:300])
+    try:
+        device = "cuda" if peer.backend == "nccl" else "cpu"
+        data = torch.ones(TRANSFER_FLOATS, device=device)
+        dist.all_reduce(data)  # warm-up: the connections are made here
+        dist.barrier()
+        start = time.perf_counter()
+        for _ in range(TRANSFERS):
+            dist.all_reduce(data)
+        data.sum().item()
+        seconds = time.perf_counter() - start
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+    size = data.element_size() * data.numel()
+    return Figure(True, size * TRANSFERS / seconds / 1e6, f"{seconds:.3f} s for {TRANSFERS} x {size >> 20} MiB")
+
+
+@hookimpl
+def detlaunch_preflight_checks(config: Any) -> list[PreflightCheck]:
+    return [PreflightCheck("compute", compute, "GFLOP/s"),
+            PreflightCheck("network", network, "MB/s", pairwise=True)]
