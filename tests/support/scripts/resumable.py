@@ -62,6 +62,8 @@ def parse_options(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--crash-how", choices=CRASH_HOWS, default="exit",
                    help="exit with --crash-code, raise RuntimeError, SIGKILL itself, hang, or import a missing module")
     p.add_argument("--crash-code", default="3", help="exit code(s) for 'exit': one per attempt, the last repeats")
+    p.add_argument("--show-world", action="store_true", help="also say the world each attempt sees, as torchrun's "
+                   "elastic agent shows it (WORLD_SIZE, GROUP_WORLD_SIZE, GROUP_RANK, TORCHELASTIC_RESTART_COUNT)")
     p.add_argument("--crash-message", default="injected failure at step {step}",
                    help="what the failure says; {step}, {rank} and {attempt} are filled in")
     opts = p.parse_args(argv)
@@ -126,6 +128,10 @@ def train(opts: argparse.Namespace, comm: Collectives, after_load: Callable[[Any
     if after_load is not None:
         after_load(net, optimizer)
     print(f"rank {rank} attempt {attempt} starts at step {done}", flush=True)
+    if opts.show_world:
+        world = " ".join(f"{k}={os.environ.get(k)}" for k in ("WORLD_SIZE", "GROUP_WORLD_SIZE", "GROUP_RANK",
+                                                              "TORCHELASTIC_RESTART_COUNT"))
+        print(f"rank {rank} attempt {attempt} world {world}", flush=True)
     for step in range(done + 1, opts.steps + 1):
         comm.barrier()  # every rank has saved step - 1
         if crashes_now(opts, rank, step):
