@@ -9,6 +9,7 @@ import dataclasses
 from typing import Any
 
 import pytest
+from detlaunch.link import places
 from detlaunch.link.chief import ChiefLink
 from detlaunch.link.worker import LinkState, WorkerLink
 from detlaunch.node.supervisor import replanned
@@ -47,8 +48,8 @@ def test_a_shrunk_job_names_the_places_of_the_next_attempt_and_each_node_plans_i
     loop, port, chief, chief_events, w1, w2, e2 = three_nodes(str(tmp_path))
     lose(loop, chief, chief_events, w1, [w2], attempt=2)
     assert chief.missing_nodes() == [1] and chief.holding
-    chief.drop_places({1})  # no spare for node 1: the job goes on with nodes 0 and 2
-    assert (chief.members(), chief.missing_nodes(), chief.dropped()) == ((0, 2), [], {1})
+    places.drop(chief, {1})  # no spare for node 1: the job goes on with nodes 0 and 2
+    assert (places.members(chief), chief.missing_nodes(), places.dropped(chief)) == ((0, 2), [], {1})
     chief.go()
     run_until(loop, lambda: "chief_go" in e2.names())
     assert w2.members == (0, 2)
@@ -75,8 +76,8 @@ def test_a_shrunk_job_names_the_places_of_the_next_attempt_and_each_node_plans_i
     assert chief_events.seen[-1][:3] == ("spare_joined", 3, "127.0.0.2") and 3 in chief.spares.waiting
 
     # The job grows back at a restart: place 1 is waited for again, and the spare is sent there.
-    chief.take_back([1])
-    assert chief.members() == (0, 1, 2) and chief.missing_nodes() == [1]
+    places.take_back(chief, [1])
+    assert places.members(chief) == (0, 1, 2) and chief.missing_nodes() == [1]
     assert chief.promote_spare(1, set()) == (3, "127.0.0.2") and chief.spares.coming == {1: 3}
     for link in (w1b, spare_link, w2, chief):
         link.close()
@@ -88,7 +89,7 @@ def test_a_lost_node_started_again_at_a_new_address_takes_its_place_there(tmp_pa
     lose(loop, chief, chief_events, w1, [w2], attempt=2)
     w1b = worker_link(loop, dataclasses.replace(settings(1, port, str(tmp_path)), node_addr="127.0.0.5"), Events())
     run_until(loop, lambda: w1b.joined and chief.missing_nodes() == [])
-    assert chief.addr_of(1) == "127.0.0.5" and chief.members() == (0, 1, 2)
+    assert chief.addr_of(1) == "127.0.0.5" and places.members(chief) == (0, 1, 2)
     seen: list[ClusterInfo] = []
     replanned(Plan(BASE), BASE, chief, lambda c: seen.append(c) or Plan(c), lambda _: None)  # type: ignore[arg-type,func-returns-value]
     assert seen and seen[-1].node_addrs == ("127.0.0.1", "127.0.0.5", "127.0.0.3") and seen[-1].node_rank == 0

@@ -11,7 +11,7 @@ import signal
 import sys
 import tempfile
 import traceback
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import detlaunch.exit_codes as exit_codes
@@ -211,11 +211,15 @@ def run(argv: list[str], env: dict[str, str], pre: argparse.Namespace | None = N
             return place
         plan = build_plan(hooks, config, spares.take_place(everyone, n_spares, place.node))
 
+    def replanner(run_dir: str) -> Callable[[ClusterInfo], LaunchPlan]:
+        """This node's plan for another cluster (nodes moved, the job shrank), in its supervisor's run dir."""
+        return lambda moved: build_plan(hooks, config, moved, run_dir)
+
     def supervise() -> int:
         node_plan = plan
         while True:
             sup = NodeSupervisor(node_plan, debug=bool(options.get("debug")), on_event=hooks.event,
-                                 replan=lambda moved, p=node_plan: build_plan(hooks, config, moved, p.run_dir))
+                                 replan=replanner(node_plan.run_dir))
             result = sup.run()
             number = sup.link_events.spare_number  # this node was lost and its place taken: a spare now
             if number is None:

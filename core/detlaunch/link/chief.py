@@ -22,7 +22,7 @@ from typing import Any, Protocol
 
 import detlaunch.exit_codes as exit_codes
 from detlaunch.errors import LaunchError
-from detlaunch.link import auth
+from detlaunch.link import auth, places
 from detlaunch.link.messages import (
     WORKER,
     Answer,
@@ -46,7 +46,6 @@ from detlaunch.link.settings import LinkSettings
 from detlaunch.link.spares import SparePool
 from detlaunch.link.wire import HEARTBEAT, HEARTBEAT_MISSES, PeerConnection
 from detlaunch.outcome import Failure, FailureKind, RankStatus
-from detlaunch.planning import membership
 from detlaunch.planning.addresses import bind_host
 from detlaunch.system.eventloop import EventLoop, Priority, Timer
 from detlaunch.system.jobdir import SECRET_ENV, SECRET_FILE, create_secret
@@ -85,7 +84,7 @@ class ChiefLink:
         self.secret_from_env = bool(settings.environ.get(SECRET_ENV))
         self.secret = create_secret(settings.environ, settings.shared_dir)
         self.expected = set(range(1, settings.num_nodes))  # the places whose nodes run the next attempt
-        self.places = frozenset(range(1, settings.num_nodes))  # every worker place (--nnodes MAX)
+        self.places = frozenset(range(1, settings.num_nodes))  # every worker place (--nnodes MAX; link/places.py)
         self.spares = SparePool(settings.num_nodes, settings.spares, events)  # link/spares.py
         self.nodes: dict[int, PeerConnection] = {}
         self.pending: set[PeerConnection] = set()  # accepted, not authenticated yet
@@ -122,7 +121,7 @@ class ChiefLink:
     # -- admission ---------------------------------------------------------------------------------
     def _listen(self) -> None:
         self.paused = None
-        if not self.listening and self._anyone_to_admit() and self.listener.fileno() >= 0:
+        if not self.listening and places.anyone_to_admit(self) and self.listener.fileno() >= 0:
             self.loop.add_reader(self.listener, Priority.CHILD_OUTPUT, self.on_accept)
             self.listening = True
 
@@ -159,12 +158,13 @@ class ChiefLink:
         self.pending.discard(conn)
         node = m.node if isinstance(m, Auth) else None
         spare = node is not None and self.spares.admits(node)
-        returned = node is not None and self.place_taken(node)
+        returned = node is not None and places.place_taken(self, node)
         ok = (isinstance(m, Auth) and (m.node in self.expected or spare or returned) and bool(self.secret)
               and auth.mac_matches(m.mac, auth.worker_mac(self.secret, self.job_id, m.node, conn.nonce)))
-        if ok and returned:
+        if ok and returned:  # its place is another's or empty: it joins again as a spare (link/places.py)
             assert isinstance(m, Auth)
-            self._enlist(conn, m)
+            places.enlist(self, conn, m)
+            self._listen()  # for it, as that spare
             return
         if not ok or node is None or node in self.nodes:
             self.events.trace(f"refused a link connection (node {node!r}): bad credentials or duplicate")
@@ -194,7 +194,7 @@ class ChiefLink:
             self.events.joined()
 
     def _stop_listening_if_complete(self) -> None:
-        if not self._anyone_to_admit():
+        if not places.anyone_to_admit(self):
             self._stop_listening(for_seconds=None)  # every node is here: nobody else has a reason to connect
 
     # -- what the workers say ------------------------------------------------------------------------
@@ -340,7 +340,7 @@ class ChiefLink:
         """Every node is back after a lost one: the attempt the nodes wait for starts now."""
         if self.holding:
             self.holding = False
-            self._to_every_node(Go(attempt=self.attempt, members=self.members()))
+            self._to_every_node(Go(attempt=self.attempt, members=places.members(self)))
 
     def dismiss(self, node: int, why: str) -> bool:
         """Send a live worker node away (a straggler replaced by a spare): it gets the job's end with `why` as
@@ -361,49 +361,6 @@ class ChiefLink:
         if promoted is not None:
             self._listen()  # for the spare's new connection, as node `place`
         return promoted
-
-    # -- membership: a job that may shrink (--nnodes MIN:MAX, planning/membership.py) --------------------
-    def members(self) -> tuple[int, ...]:
-        """The places that run the next attempt, in node-rank order (the chief first)."""
-        return membership.members(self.expected)
-
-    def dropped(self) -> set[int]:
-        """Worker places that run no attempt now (the job shrank)."""
-        return set(self.places - self.expected)
-
-    def drop_places(self, places: set[int]) -> None:
-        """The next attempt runs without these places: no node is waited for there."""
-        self.expected -= places
-        self._stop_listening_if_complete()
-
-    def take_back(self, places: list[int]) -> None:
-        """A shrunk job grows: these places are waited for again (a spare is sent to each)."""
-        self.expected |= set(places) & self.places
-
-    # -- a lost host that comes back joins as a spare (link/spares.py) ----------------------------------
-    def _anyone_to_admit(self) -> bool:
-        """A node of the job, or a spare, has not joined; or a place was taken or dropped, and the lost node's
-        new detlaunch may come back (as a spare)."""
-        return bool(self.expected - set(self.nodes) or self.spares.missing or self.spares.promoted
-                    or self.places - self.expected)
-
-    def place_taken(self, node: int) -> bool:
-        """Node `node`'s place is another's now (a spare was sent there) or empty (the job shrank): a new detlaunch
-        of that node joins as a spare, not as the node."""
-        taken = node in self.spares.coming or (node in self.nodes and node in self.spares.promoted.values())
-        return node in self.places and (taken or node not in self.expected)
-
-    def _enlist(self, conn: PeerConnection, m: Auth) -> None:
-        """Welcome it as a new spare number (proven as node `m.node`), and let it go: it joins again as that
-        spare, through a spare's own admission."""
-        number = self.spares.enlist()
-        addr = m.addr or str(conn.sock.getpeername()[0])
-        conn.trusted()
-        conn.send(Welcome(mac=auth.chief_mac(self.secret, self.job_id, m.node, m.nonce), attempt=self.attempt,
-                          hold=True, spare=number))
-        conn.close_when_sent()
-        self.events.trace(f"node {m.node} ({addr}) came back after its place was taken: it joins as spare {number}")
-        self._listen()
 
     def finish(self, failure: Failure | None, ranks: list[RankStatus]) -> None:
         """Every node has finished: tell each the final verdict (the earliest failure of all)."""

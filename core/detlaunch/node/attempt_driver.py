@@ -23,8 +23,10 @@ chief_restart, chief_go).
 from __future__ import annotations
 
 import time
+from collections import Counter
 from typing import Protocol
 
+from detlaunch.link import places
 from detlaunch.link.chief import ChiefLink
 from detlaunch.link.worker import WorkerLink
 from detlaunch.node.phase import Phase
@@ -211,8 +213,8 @@ class AttemptDriver:
         if not drop:
             return False
         gone = ", ".join(f"{n} ({link.addr_of(n)})" for n in sorted(drop))
-        link.drop_places(drop)
-        ids = link.members()
+        places.drop(link, drop)
+        ids = places.members(link)
         size = membership.describe(ids, h.base.slots, h.base.num_nodes)
         h.say(f"no spare for the place of node(s) {gone}: attempt {attempt} runs on {size} (--nnodes "
               f"{h.plan.settings.get('min_nodes')}:{h.base.num_nodes}; node and global ranks renumbered)")
@@ -231,15 +233,15 @@ class AttemptDriver:
         h = self.host
         link = h.link
         assert isinstance(link, ChiefLink)
-        dropped = link.dropped()
+        dropped = places.dropped(link)
         if not dropped or not link.spares.waiting:
             return
         excluded = self._excluded()
         ready = sum(1 for n in link.spares.waiting if link.spares.addrs.get(n) not in excluded)
         back = membership.grow(dropped, ready - len(link.lost_nodes()))  # the lost nodes' places come first
         if back:
-            link.take_back(back)
-            ids = link.members()
+            places.take_back(link, back)
+            ids = places.members(link)
             h.say(f"attempt {attempt} takes back the place of node(s) {', '.join(map(str, back))}: it runs on "
                   f"{membership.describe(ids, h.base.slots, h.base.num_nodes)}, a spare in each")
             h.events.emit(EventKind.JOB_RESIZED, nodes=len(ids), ranks=sum(h.base.slots[p] for p in ids),
@@ -254,24 +256,31 @@ class AttemptDriver:
             self._shrink(h.attempts.due)
 
     def _excluded(self) -> set[str]:
+        return self._exclusions()[0]
+
+    def _exclusions(self) -> tuple[set[str], Counter[str]]:
         h = self.host
         try:
-            return spares.read_excluded(h.plan.exclude_hosts)
+            return spares.read_exclusions(h.plan.exclude_hosts)
         except Exception as e:  # noqa: BLE001 - a file that cannot be read now must not end the job
             h.say(f"warning: {e}; the job goes on")
-            return set()
+            return set(), Counter()
 
     def exclude(self, node: int, addr: str, why: str, at_once: bool = False) -> None:
         """Chief: a node was lost (or sent away, `at_once`): its host is written into --exclude-hosts; it is
-        out once lost twice (planning/spares.py), or at once."""
+        out once lost twice (planning/spares.py), or at once. The file is read once."""
         h = self.host
         path = h.plan.exclude_hosts
-        if not path or not isinstance(h.link, ChiefLink) or addr in self._excluded():
+        if not path or not isinstance(h.link, ChiefLink):
             return
-        warning = spares.append_excluded(path, addr, why, how=spares.EXCLUDED if at_once else spares.LOST)
+        before = self._exclusions()
+        if addr in before[0]:
+            return
+        how = spares.EXCLUDED if at_once else spares.LOST
+        warning = spares.append_excluded(path, addr, why, how=how)
         if warning:
             h.say(f"warning: {warning}; the job goes on")
-        elif addr in self._excluded():
+        elif spares.out_after_loss(before, addr, how):
             h.events.emit(EventKind.NODE_EXCLUDED, node=node, host=addr, reason=why)
 
     def lost_between_attempts(self, node: int, addr: str, why: str) -> None:

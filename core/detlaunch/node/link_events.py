@@ -16,6 +16,7 @@ import signal
 import time
 from typing import Any, Protocol
 
+from detlaunch.link import places
 from detlaunch.link.chief import ChiefLink
 from detlaunch.link.control import ControlRequests
 from detlaunch.link.fdlimit import chief_needs, ensure_open_files
@@ -203,7 +204,7 @@ def size_facts(min_nodes: int | None, link: ChiefLink) -> dict[str, Any]:
     """--nnodes MIN:MAX: the nodes the job runs on now, for `detlaunch status` ("size")."""
     if not min_nodes:
         return {}
-    ids = link.members()
-    dropped = sorted(link.dropped())
+    ids = places.members(link)
+    dropped = sorted(places.dropped(link))
     return {"size": f"{len(ids)} of {len(link.places) + 1} (--nnodes {min_nodes}:{len(link.places) + 1})"
                     + (f"; the places of node(s) {', '.join(map(str, dropped))} are empty" if dropped else "")}

@@ -33,6 +33,7 @@ from collections.abc import Callable
 from typing import Any, TextIO
 
 from detlaunch.errors import LaunchError
+from detlaunch.link import places
 from detlaunch.link.chief import ChiefLink
 from detlaunch.link.control import ControlRequests, write_job_file
 from detlaunch.link.worker import WorkerLink
@@ -459,7 +460,7 @@ def replanned(plan: LaunchPlan, base: ClusterInfo, link: ChiefLink | WorkerLink 
     if replan is None or link is None:
         return None
     if isinstance(link, ChiefLink):
-        cluster = membership.cluster_of(base, link.members(), 0, link.addrs)
+        cluster = membership.cluster_of(base, places.members(link), 0, link.addrs)
     elif link.members is not None and link.node in link.members:
         cluster = membership.cluster_of(base, link.members, link.node)
     else:
