@@ -66,12 +66,16 @@ def anyone_to_admit(link: ChiefLink) -> bool:
                 or link.places - link.expected)
 
 
-def place_taken(link: ChiefLink, node: int) -> bool:
-    """Node `node`'s place is another's now (a spare was sent there) or empty (the job shrank): a new detlaunch
-    of that node joins as a spare, not as the node. A node still connected in its own place is never displaced."""
+def place_taken(link: ChiefLink, node: int, addr: str) -> bool:
+    """Node `node`'s place is another's now (a spare was sent there: a detlaunch at `addr` claiming it is not
+    that spare) or empty (the job shrank): a new detlaunch of that node joins as a spare, not as the node. A
+    node still connected in its own place is never displaced."""
     spares = link.spares
-    taken = node in spares.coming or (node in link.nodes and node in spares.promoted.values())
-    return node in link.places and (taken or node not in link.expected)
+    if node not in link.places:
+        return False
+    if node in spares.coming:
+        return spares.addrs.get(spares.coming[node]) != addr
+    return (node in link.nodes and node in spares.promoted.values()) or node not in link.expected
 
 
 def enlist(link: ChiefLink, conn: PeerConnection, m: Auth) -> None:
