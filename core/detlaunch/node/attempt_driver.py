@@ -10,7 +10,8 @@ carry the restart's branches.
                                                     │ a node lost meanwhile: forgotten   ▲
                                                     └─► await_rejoin ──(every node back)─┘ (--start-timeout)
                                                           a waiting spare is sent to each lost node's place
-                                                          (link/spares.py): it joins again as that node
+                                                          (link/spares.py): it joins again as that node; with
+                                                          none, --nnodes MIN:MAX drops the place (_shrink)
     worker: the chief's "restart" ─► backoff ─(its delay, or the chief's "go")─► next_attempt
 
 On every node the backoff also starts release_wait.ReleaseWait: the last attempt's processes (every
