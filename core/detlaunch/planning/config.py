@@ -80,13 +80,21 @@ DEDUPE_MIN_RANKS = 4  # "more than a few": fewer ranks than this rarely drown a 
 NODES = Number(int, 1, 65536)
 
 
-@dataclasses.dataclass(frozen=True)
-class NodeRange:
+class NodeRange(int):
     """--nnodes MIN:MAX (torchrun's spelling): MAX nodes run ranks; with none to replace a lost one, the job
-    goes on with fewer, down to MIN (docs/RESTARTS.md). Config.options holds nnodes=MAX, min_nodes=MIN."""
+    goes on with fewer, down to MIN (docs/RESTARTS.md). An int, MAX, to whatever reads --nnodes as a count
+    (a launcher flag's conversion); Config.options holds nnodes=MAX, min_nodes=MIN (split_node_range)."""
 
     low: int
-    high: int
+
+    def __new__(cls, low: int, high: int) -> NodeRange:
+        value = super().__new__(cls, high)
+        value.low = low
+        return value
+
+    @property
+    def high(self) -> int:
+        return int(self)
 
 
 def node_count(text: str) -> int | NodeRange:
@@ -105,6 +113,8 @@ def split_node_range(options: dict[str, Any]) -> None:
     value = options.get("nnodes")
     if isinstance(value, NodeRange):
         options["nnodes"], options["min_nodes"] = value.high, value.low if value.low < value.high else None
+    elif value is not None:
+        options["nnodes"], options["min_nodes"] = int(value), None
     else:
         options["min_nodes"] = None
 
