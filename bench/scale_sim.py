@@ -317,6 +317,7 @@ def measure_spares(nodes: int, spares: int, per_process: int, heartbeat: float, 
                               "--heartbeat", f"{heartbeat:g}", "--start-timeout", "600", str(rank)],
                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
     sims: list[subprocess.Popen[str]] = []
+    failed = False
     try:
         wait_until_listening(port + 1, chief)
         for first in range(1, nodes + 1 + spares, per_process):
@@ -341,6 +342,9 @@ def measure_spares(nodes: int, spares: int, per_process: int, heartbeat: float, 
                 "lost_to_every_node_told_ms": round(1000 * (max(t["go"] for t in told) - lost["lost_at"]), 1),
                 "nodes_told": sum(t["told"] for t in told), "places_in_go": max(t["members"] for t in told),
                 "next_attempt_rank_started": b"ready" in line, "load": os.getloadavg()[0]}
+    except Exception:
+        failed = True
+        raise
     finally:
         for sim in sims:
             if sim.poll() is None and sim.stdin is not None:
@@ -357,6 +361,8 @@ def measure_spares(nodes: int, spares: int, per_process: int, heartbeat: float, 
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
+        if failed and chief.stderr is not None:  # what the chief said, for the failure's diagnosis
+            print("\n".join(chief.stderr.read().decode(errors="replace").splitlines()[-40:]), file=sys.stderr)
 
 
 def slurm_step_env(names: list[str], node_id: int) -> dict[str, str]:
