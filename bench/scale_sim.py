@@ -208,22 +208,30 @@ def chief_processes(chief: subprocess.Popen[bytes]) -> tuple[list[psutil.Process
         ours.append(below[0])
 
 
+_UNREAD: dict[int, bytes] = {}  # what a simulating process said past the last line read, by its pipe's fd
+
+
 def read_json(pipe: Any, want: str, timeout: float) -> dict[str, Any]:
+    """The next message of a simulating process that has `want`, read from its pipe's fd itself: a buffered
+    readline() after select() would leave a second line in its buffer, unseen by select() (two lines said
+    together: "stopped", then "go")."""
+    fd = pipe.fileno()
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        ready, _, _ = select.select([pipe], [], [], max(0.0, deadline - time.monotonic()))
+    while True:
+        while b"\n" in _UNREAD.get(fd, b""):
+            line, _, _UNREAD[fd] = _UNREAD[fd].partition(b"\n")
+            message = json.loads(line)
+            if "error" in message:
+                print("  sim:", message["error"], file=sys.stderr)
+            elif want in message:
+                return dict(message)
+        ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
         if not ready:
-            break
-        line = pipe.readline()
-        if not line:
+            raise RuntimeError(f"timed out waiting for {want!r}")
+        data = os.read(fd, 65536)
+        if not data:
             raise RuntimeError(f"a simulating process ended before it said {want!r}")
-        message = json.loads(line)
-        if "error" in message:
-            print("  sim:", message["error"], file=sys.stderr)
-            continue
-        if want in message:
-            return dict(message)
-    raise RuntimeError(f"timed out waiting for {want!r}")
+        _UNREAD[fd] = _UNREAD.get(fd, b"") + data
 
 
 def wait_until_listening(port: int, chief: subprocess.Popen[bytes], timeout: float = 60) -> None:
