@@ -15,7 +15,9 @@ So what is measured is the real chief:
 - fan-out: from one worker's failure report (the last node's) to every worker told to stop
   (the `stop` message each worker's link hands to its events), wall clock of one machine;
 - RSS: the chief's supervisor with every node joined, less before any joined, per node;
-- plan: `--dry-run` of a 1024-host --hosts list, hostfile and SLURM hostlist (a step's variables), start to exit.
+- plan: `--dry-run` of a 1024-host --hosts list, hostfile and SLURM hostlist (a step's variables), start to exit;
+- `--spares-case`: 1024 nodes and 32 spares (--spares), one worker's detlaunch dies: from its loss to every node of
+  the next attempt told its places (the chief's "go"), a spare in the lost node's place (measure_spares).
 
 Results are printed as a table and written as JSON (--out).
 """
@@ -56,18 +58,28 @@ class SimNode(NoQuestionsNoOrders):  # the chief asks a simulated node nothing, 
     """One simulated worker node: what its supervisor would be told (link.worker.WorkerEvents), and what its
     questions' and attempts' owners would (link.worker.WorkerQuestions, AttemptOrders: never, here)."""
 
-    def __init__(self, sim: Simulation, node: int):
+    def __init__(self, sim: Simulation, node: int, spare: bool = False):
         self.sim, self.node = sim, node
         self.joined_at: float | None = None
         self.stopped_at: float | None = None
         self.link: Any = None
+        self.spare, self.lost = spare, False  # the spares case: a spare waits; a node is lost
+        self.place: int | None = None  # the place a spare was sent to
+        self.go_at: float | None = None  # when the chief's "go" of the next attempt came, with its places
+        self.members: tuple[int, ...] | None = None
+
+    @property
+    def in_job(self) -> bool:
+        """It runs the next attempt: a worker not lost, or a spare sent to a place."""
+        return not self.lost and (not self.spare or self.place is not None)
 
     def trace(self, message: str) -> None:
         pass
 
     def joined(self) -> None:
-        self.joined_at = time.time()
-        self.sim.on_joined()
+        if self.joined_at is None:
+            self.joined_at = time.time()
+            self.sim.on_joined()
 
     def link_failed_to_start(self, what: str) -> None:
         self.sim.say({"error": f"node {self.node}: {what}"})
@@ -77,8 +89,20 @@ class SimNode(NoQuestionsNoOrders):  # the chief asks a simulated node nothing, 
             self.stopped_at = time.time()
             self.sim.on_stopped()
             # As a supervisor would once its ranks are gone; later, so that the fan-out measured is
-            # the chief's, not this process taking 256 nodes' turns.
-            self.sim.loop.call_later(0.5, lambda: self.link.finish(failure, []))
+            # the chief's, not this process taking 256 nodes' turns (the spares case: at once, a restart follows).
+            self.sim.loop.call_later(0.0 if self.sim.restarts else 0.5, lambda: self.link.finish(failure, []))
+
+    def chief_restart(self, attempt: int, delay: float | None) -> None:
+        pass  # it waits for the chief's go (a node was lost)
+
+    def chief_go(self, attempt: int) -> None:
+        self.go_at, self.members = time.time(), self.link.members
+        self.sim.on_go()
+
+    def promoted(self, place: int) -> None:
+        """A spare sent to a lost node's place: it joins again as that node (as node/spare.py's detlaunch does)."""
+        self.place = place
+        self.link = self.sim.new_link(self, place)
 
     def chief_lost(self, why: str) -> None:
         self.sim.say({"error": f"node {self.node}: lost the chief: {why}"})
@@ -86,23 +110,40 @@ class SimNode(NoQuestionsNoOrders):  # the chief asks a simulated node nothing, 
 
 
 class Simulation:
-    def __init__(self, first: int, count: int, job_id: str, port: int, heartbeat: float, secret: str):
-        from detlaunch.link.settings import LinkSettings
-        from detlaunch.link.worker import WorkerLink
+    def __init__(self, first: int, count: int, job_id: str, port: int, heartbeat: float, secret: str,
+                 places: int = 0):
+        """places: the spares case (the job's places, chief included; nodes numbered from there are spares,
+        and a restart follows a loss); 0: no spares, no restart."""
         from detlaunch.system.eventloop import EventLoop, Priority
 
         self.loop = EventLoop()
-        self.nodes = [SimNode(self, n) for n in range(first, first + count)]
+        self.job_id, self.port, self.heartbeat, self.env = job_id, port, heartbeat, {"DETLAUNCH_JOB_SECRET": secret}
+        self.restarts = places > 0
+        self.nodes = [SimNode(self, n, spare=self.restarts and n >= places) for n in range(first, first + count)]
         self.joined = self.stopped = 0
-        env = {"DETLAUNCH_JOB_SECRET": secret}
+        self.said_go = False
         for sim_node in self.nodes:
-            settings = LinkSettings(job_id=job_id, node=sim_node.node, num_nodes=0,  # read by the chief only
-                                    chief_addr="127.0.0.1", port=port,
-                                    heartbeat=heartbeat, shared_dir=tempfile.gettempdir(), environ=env,
-                                    node_addr=host(sim_node.node))
-            sim_node.link = WorkerLink(self.loop, settings, sim_node, sim_node, sim_node)
+            sim_node.link = self.new_link(sim_node, sim_node.node)
         self.loop.add_reader(sys.stdin, Priority.RANK_REPORT, self.on_command)
         self.done = False
+
+    def new_link(self, sim_node: SimNode, node: int) -> Any:
+        """A real worker link for `sim_node`, joining as node `node`, from the simulated node's own address."""
+        from detlaunch.link.settings import LinkSettings
+        from detlaunch.link.worker import WorkerLink
+
+        settings = LinkSettings(job_id=self.job_id, node=node, num_nodes=0,  # read by the chief only
+                                chief_addr="127.0.0.1", port=self.port, heartbeat=self.heartbeat,
+                                shared_dir=tempfile.gettempdir(), environ=self.env, node_addr=host(sim_node.node))
+        return WorkerLink(self.loop, settings, sim_node, sim_node, sim_node)
+
+    def on_go(self) -> None:
+        """Every node of this process in the next attempt has the chief's go: say when the last one came."""
+        if not self.said_go and all(n.go_at for n in self.nodes if n.in_job):
+            self.said_go = True
+            told = [n for n in self.nodes if n.in_job]
+            self.say({"go": max(n.go_at or 0 for n in told), "told": len(told),
+                      "members": len(told[0].members or ()) if told else 0})
 
     def say(self, message: dict[str, Any]) -> None:
         print(json.dumps(message), flush=True)
@@ -121,6 +162,12 @@ class Simulation:
         line = sys.stdin.readline()
         if not line or line.startswith("quit"):
             self.done = True
+        elif line.startswith("lose"):  # a worker node's detlaunch dies: its connection closes, unannounced
+            node = next(n for n in reversed(self.nodes) if not n.spare)
+            node.lost = True
+            self.say({"lost_at": time.time(), "node": node.node})
+            node.link.connection.sock.close()
+            node.link.close()
         elif line.startswith("fail"):
             from detlaunch.outcome import Failure
 
@@ -130,7 +177,8 @@ class Simulation:
             node.link.failed(Failure(f"rank {node.node} on node {node.node} exited with code 3", 3, at=at))
 
     def run(self) -> None:
-        self.loop.run(done=lambda: self.done or all(n.link.closed and n.stopped_at for n in self.nodes))
+        self.loop.run(done=lambda: self.done or (not self.restarts and all(n.link.closed and n.stopped_at
+                                                                             for n in self.nodes)))
         self.say({"bye": True})
 
 
@@ -160,22 +208,30 @@ def chief_processes(chief: subprocess.Popen[bytes]) -> tuple[list[psutil.Process
         ours.append(below[0])
 
 
+_UNREAD: dict[int, bytes] = {}  # what a simulating process said past the last line read, by its pipe's fd
+
+
 def read_json(pipe: Any, want: str, timeout: float) -> dict[str, Any]:
+    """The next message of a simulating process that has `want`, read from its pipe's fd itself: a buffered
+    readline() after select() would leave a second line in its buffer, unseen by select() (two lines said
+    together: "stopped", then "go")."""
+    fd = pipe.fileno()
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        ready, _, _ = select.select([pipe], [], [], max(0.0, deadline - time.monotonic()))
+    while True:
+        while b"\n" in _UNREAD.get(fd, b""):
+            line, _, _UNREAD[fd] = _UNREAD[fd].partition(b"\n")
+            message = json.loads(line)
+            if "error" in message:
+                print("  sim:", message["error"], file=sys.stderr)
+            elif want in message:
+                return dict(message)
+        ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
         if not ready:
-            break
-        line = pipe.readline()
-        if not line:
+            raise RuntimeError(f"timed out waiting for {want!r}")
+        data = os.read(fd, 65536)
+        if not data:
             raise RuntimeError(f"a simulating process ended before it said {want!r}")
-        message = json.loads(line)
-        if "error" in message:
-            print("  sim:", message["error"], file=sys.stderr)
-            continue
-        if want in message:
-            return dict(message)
-    raise RuntimeError(f"timed out waiting for {want!r}")
+        _UNREAD[fd] = _UNREAD.get(fd, b"") + data
 
 
 def wait_until_listening(port: int, chief: subprocess.Popen[bytes], timeout: float = 60) -> None:
@@ -251,6 +307,72 @@ def measure(nodes: int, per_process: int, heartbeat: float, idle: float, tmp: Pa
                 proc.wait()
 
 
+def measure_spares(nodes: int, spares: int, per_process: int, heartbeat: float, tmp: Path) -> dict[str, Any]:
+    """The spares case: `nodes` worker nodes and `spares` spares, all joined; one worker's detlaunch dies (its
+    connection closes). Timed from that to the last node of the next attempt told its places (the chief's
+    "go", with the membership): the chief sees the loss, stops its rank, every node says goodbye, the chief
+    restarts, sends a spare to the place, the spare joins again as that node, the chief plans its part for
+    the new cluster and tells every node."""
+    secret, job = secrets.token_hex(16), f"sim-spares-{nodes}-{secrets.token_hex(3)}"
+    port = free_port()
+    hosts = ",".join(f"{host(i)}:1" for i in range(nodes + 1 + spares))
+    rank = tmp / "sleeper.py"
+    rank.write_text("import time\nprint('ready', flush=True)\ntime.sleep(600)\n")
+    env = {**os.environ, "DETLAUNCH_JOB_SECRET": secret, "TMPDIR": str(tmp), "XDG_CACHE_HOME": str(tmp)}
+    chief = subprocess.Popen([sys.executable, "-m", "detlaunch", "--layer", "direct", "--hosts", hosts,
+                              "--spares", str(spares), "--max-node-restarts", "1", "--restart-backoff", "0",
+                              "--node-rank", "0", "--job-id", job, "--master-port", str(port),
+                              "--heartbeat", f"{heartbeat:g}", "--start-timeout", "600", str(rank)],
+                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    sims: list[subprocess.Popen[str]] = []
+    failed = False
+    try:
+        wait_until_listening(port + 1, chief)
+        for first in range(1, nodes + 1 + spares, per_process):
+            count = min(per_process, nodes + 1 + spares - first)
+            sims.append(subprocess.Popen(
+                [sys.executable, "-m", "bench.scale_sim", "--simulate", str(first), str(count), job, str(port + 1),
+                 f"{heartbeat:g}", str(nodes + 1)], cwd=ROOT, env=env, stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE, text=True, start_new_session=True))
+        for sim in sims:
+            read_json(sim.stdout, "joined", 300)
+        assert chief.stdout is not None
+        line = chief.stdout.readline()
+        assert b"ready" in line, line
+        time.sleep(2 * heartbeat)  # the last joins' handshakes are over
+        assert sims[0].stdin is not None
+        sims[0].stdin.write("lose\n")
+        sims[0].stdin.flush()
+        lost = read_json(sims[0].stdout, "lost_at", 60)
+        told = [read_json(sim.stdout, "go", 120) for sim in sims]
+        line = chief.stdout.readline()  # the next attempt's rank
+        return {"nodes": nodes, "spares": spares, "lost_node": lost["node"],
+                "lost_to_every_node_told_ms": round(1000 * (max(t["go"] for t in told) - lost["lost_at"]), 1),
+                "nodes_told": sum(t["told"] for t in told), "places_in_go": max(t["members"] for t in told),
+                "next_attempt_rank_started": b"ready" in line, "load": os.getloadavg()[0]}
+    except Exception:
+        failed = True
+        raise
+    finally:
+        for sim in sims:
+            if sim.poll() is None and sim.stdin is not None:
+                try:
+                    sim.stdin.write("quit\n")
+                    sim.stdin.flush()
+                except OSError:
+                    pass
+        if chief.poll() is None:
+            chief.send_signal(signal.SIGTERM)
+        for proc in [chief, *sims]:
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        if failed and chief.stderr is not None:  # what the chief said, for the failure's diagnosis
+            print("\n".join(chief.stderr.read().decode(errors="replace").splitlines()[-40:]), file=sys.stderr)
+
+
 def slurm_step_env(names: list[str], node_id: int) -> dict[str, str]:
     """What `srun --ntasks-per-node=1` sets on node `node_id` of a job on `names` (as tests/planning/discovery has it),
     the node list compressed the way SLURM writes it; the machine's own scheduler variables left out."""
@@ -309,13 +431,27 @@ def main(argv: list[str]) -> int:
     p.add_argument("--idle", type=float, default=10.0, help="seconds of idle CPU measurement")
     p.add_argument("--plan-only", action="store_true", help="only the --dry-run plan times of 1024 hosts")
     p.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "scale_sim.json")
-    p.add_argument("--simulate", nargs=5, metavar=("FIRST", "COUNT", "JOB", "PORT", "HEARTBEAT"),
-                   help=argparse.SUPPRESS)
+    p.add_argument("--spares-case", action="store_true",
+                   help="only the spares case: 1024 nodes and 32 spares, one node lost, to every node told the "
+                   "next attempt's places (--nodes, --spares change it)")
+    p.add_argument("--spares", type=int, default=32)
+    p.add_argument("--reps", type=int, default=3, help="repetitions of the spares case")
+    p.add_argument("--simulate", nargs="+", help=argparse.SUPPRESS)  # FIRST COUNT JOB PORT HEARTBEAT [PLACES]
     args = p.parse_args(argv)
     if args.simulate:
-        first, count, job, port, heartbeat = args.simulate
+        first, count, job, port, heartbeat, *places = args.simulate
         Simulation(int(first), int(count), job, int(port), float(heartbeat),
-                   os.environ["DETLAUNCH_JOB_SECRET"]).run()
+                   os.environ["DETLAUNCH_JOB_SECRET"], int(places[0]) if places else 0).run()
+        return 0
+    if args.spares_case:
+        nodes = args.nodes[-1] if args.nodes != [256, 1024] else 1024
+        with tempfile.TemporaryDirectory() as tmp:
+            runs = [measure_spares(nodes, args.spares, args.per_process, args.heartbeat, Path(tmp))
+                    for _ in range(args.reps)]
+        for run in runs:
+            print(json.dumps(run), flush=True)
+        print(json.dumps({"median_lost_to_every_node_told_ms":
+                          statistics.median(r["lost_to_every_node_told_ms"] for r in runs)}), flush=True)
         return 0
     results: dict[str, Any] = {"runs": [], "load": os.getloadavg()}
     with tempfile.TemporaryDirectory() as tmp:

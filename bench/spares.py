@@ -10,20 +10,23 @@ run and the spare has joined, node 2 is lost, two ways:
 - silent: its supervisor (pid 1 of its PID namespace) is SIGSTOPped: its link goes quiet and the chief
   finds it after 5 heartbeats (--heartbeat), the floor of this case.
 
-Timed with CLOCK_MONOTONIC from the kill (or stop) to each rank of attempt 2 writing its start time,
-the spare's rank 2 included. Every process is stopped by its process group at the end.
+Timed with CLOCK_MONOTONIC from the kill (or stop) to each rank of attempt 2 printing its start time,
+the spare's rank 2 included; the bench reads every node's output as it arrives (select(), no polling).
+Every process is stopped by its process group at the end.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import selectors
 import signal
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
@@ -32,22 +35,57 @@ from .common import free_port
 
 RANK = """\
 import os, sys, time
-d, rank, attempt = sys.argv[1], os.environ["RANK"], os.environ.get("DETLAUNCH_RESTART_COUNT", "0")
-path = os.path.join(d, f"started-{rank}-{attempt}")
-with open(path + ".tmp", "w") as f:
-    f.write(repr(time.clock_gettime(time.CLOCK_MONOTONIC)))
-os.replace(path + ".tmp", path)
+rank, attempt = os.environ["RANK"], os.environ.get("DETLAUNCH_RESTART_COUNT", "0")
+print(f"STARTED {rank} {attempt} {time.clock_gettime(time.CLOCK_MONOTONIC)!r}", flush=True)
 if attempt == "0":
     time.sleep(600)
 """
 
 
-def wait_for(predicate, timeout: float = 120.0) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise RuntimeError("timed out")
-        time.sleep(0.002)
+class Output:
+    """Every node's output (its ranks' lines and its own, in one pipe), read as it arrives: the bench sleeps in
+    select() until a line comes, never polls. Each node's output also goes to its log, for a failure's message."""
+
+    def __init__(self, procs: list[subprocess.Popen[bytes]], logs: list[Path]) -> None:
+        self.selector = selectors.DefaultSelector()
+        self.lines: list[list[str]] = [[] for _ in procs]
+        self.rest = [b""] * len(procs)
+        self.ended: set[int] = set()  # nodes whose output is over (their detlaunch exited)
+        self.logs = logs
+        for n, proc in enumerate(procs):
+            assert proc.stdout is not None
+            self.selector.register(proc.stdout, selectors.EVENT_READ, n)
+
+    def until(self, done: Callable[[], bool], timeout: float = 120.0) -> None:
+        deadline = time.monotonic() + timeout
+        while not done():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise RuntimeError("timed out")
+            for key, _ in self.selector.select(left):
+                data = os.read(key.fd, 65536)
+                n = key.data
+                if not data:
+                    self.selector.unregister(key.fileobj)
+                    self.ended.add(n)
+                    continue
+                with open(self.logs[n], "ab") as log:
+                    log.write(data)
+                *whole, self.rest[n] = (self.rest[n] + data).split(b"\n")
+                self.lines[n] += [line.decode(errors="replace") for line in whole]
+
+    def started(self, attempt: int) -> dict[int, float]:
+        """Each rank's start time in `attempt` (0: the first), by rank, as its lines say so far."""
+        out = {}
+        for lines in self.lines:
+            for line in lines:
+                words = line.split("STARTED ", 1)[-1].split() if "STARTED " in line else []
+                if len(words) == 3 and words[1] == str(attempt):
+                    out[int(words[0])] = float(words[2])
+        return out
+
+    def said(self, node: int, text: str) -> bool:
+        return any(text in line for line in self.lines[node])
 
 
 def once(tmp: Path, how: str, heartbeat: float) -> tuple[float, float]:
@@ -58,25 +96,26 @@ def once(tmp: Path, how: str, heartbeat: float) -> tuple[float, float]:
     common = [sys.executable, "-m", "detlaunch", "--layer", "direct", "--nnodes", "3", "--spares", "1",
               "--nproc-per-node", "1", "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
               "--max-node-restarts", "1", "--restart-backoff", "0", "--heartbeat", str(heartbeat)]
-    logs = [open(job / f"node-{n}.log", "wb") for n in range(4)]  # noqa: SIM115 - closed below
-    nodes = [subprocess.Popen([*common, "--node-rank", str(n), "--node-addr", f"127.0.0.{n + 1}", str(script),
-                               str(job)], stdout=logs[n], stderr=subprocess.STDOUT, start_new_session=True)
+    nodes = [subprocess.Popen([*common, "--node-rank", str(n), "--node-addr", f"127.0.0.{n + 1}", str(script)],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
              for n in range(4)]
+    logs = [job / f"node-{n}.log" for n in range(4)]
+    out = Output(nodes, logs)
     try:
-        wait_for(lambda: all((job / f"started-{r}-0").exists() for r in range(3)))
-        wait_for(lambda: b"joined the job" in (job / "node-3.log").read_bytes())
+        out.until(lambda: len(out.started(0)) == 3 and out.said(3, "joined the job"))
         lost = nodes[2]
         lost_at = time.clock_gettime(time.CLOCK_MONOTONIC)
         if how == "closed link":
             lost.send_signal(signal.SIGKILL)
         else:
             psutil.Process(lost.pid).children()[0].suspend()
-        wait_for(lambda: all((job / f"started-{r}-1").exists() for r in range(3)))
-        starts = [float((job / f"started-{r}-1").read_text()) for r in range(3)]
+        out.until(lambda: len(out.started(1)) == 3)
+        starts = out.started(1)
+        out.until(lambda: {0, 1, 3} <= out.ended, 60)
         for n in (0, 1, 3):
             if nodes[n].wait(60) != 0:
-                raise RuntimeError(f"node {n} failed:\n{(job / f'node-{n}.log').read_text()[-2000:]}")
-        return starts[2] - lost_at, max(starts) - lost_at
+                raise RuntimeError(f"node {n} failed:\n{logs[n].read_text()[-2000:]}")
+        return starts[2] - lost_at, max(starts.values()) - lost_at
     finally:
         for proc in nodes:
             try:
@@ -84,8 +123,8 @@ def once(tmp: Path, how: str, heartbeat: float) -> tuple[float, float]:
             except ProcessLookupError:
                 pass
             proc.wait()
-        for log in logs:
-            log.close()
+            if proc.stdout is not None:
+                proc.stdout.close()
 
 
 def main() -> None:

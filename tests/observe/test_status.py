@@ -146,3 +146,14 @@ def test_a_nodes_answer_joins_what_the_supervisor_knows_beyond_the_events() -> N
     tracker.observe(ev(EventKind.ROOT_CAUSE, 6.0, 0, what="from the events", exit_code=3, at=5.9))
     assert tracker.answer("h", {}, None, 0, now=7.0)["root_cause"] == "from the events"
     assert tracker.answer("h", {}, "the verdict's", 0, now=7.0)["root_cause"] == "the verdict's"  # it knows best
+
+
+def test_a_job_that_may_shrink_shows_its_size_beside_its_spares() -> None:
+    import dataclasses
+
+    shrunk = dataclasses.replace(STATUS, size="2 of 3 (--nnodes 2:3); the places of node(s) 2 are empty",
+                                 spares=("node 3 (127.0.0.3) waiting",))
+    lines = render_table(shrunk, NOW).splitlines()
+    assert lines[2:4] == ["nodes: 2 of 3 (--nnodes 2:3); the places of node(s) 2 are empty",
+                          "spares: node 3 (127.0.0.3) waiting"], lines
+    assert JobStatus.from_json(shrunk.to_json()) == shrunk

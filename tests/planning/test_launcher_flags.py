@@ -253,7 +253,8 @@ def _log_dir(plan: Any) -> str:
 # (layer, first name of the row) -> [(args, what the plan must show, or the start of the error line)]
 MAPPED: dict[tuple[str, str], list[tuple[list[str], Callable[[Any], bool] | str]]] = {
     ("torchrun", "--nnodes"): [
-        (["--nnodes=1:2"], "--nnodes=1:2: elastic node ranges are not supported"),
+        (["--nnodes=1:2", "--master_addr", "127.0.0.1", "--max-restarts", "1"],
+         lambda p: p["cluster"]["slots"] == [1, 1] and p["supervisor"]["min_nodes"] == 1),
         (["--nnodes", "2", "--master_addr", "127.0.0.1", "--node_rank", "0"],
          lambda p: p["cluster"]["slots"] == [1, 1])],
     ("torchrun", "--nproc-per-node"): [
@@ -443,7 +444,7 @@ def test_torchruns_ways_to_name_the_script_run_as_torchrun_runs_them(tmp_path: P
 
 
 @pytest.mark.parametrize(("layer", "args"), [
-    ("torchrun", ["--nproc_per_node=2"]), ("torchrun", ["--nproc", "2"]), ("torchrun", ["--nnodes=1:2"]),
+    ("torchrun", ["--nproc_per_node=2"]), ("torchrun", ["--nproc", "2"]), ("torchrun", ["--nnodes=2"]),
     ("horovod", ["-np", "2", "-H", "localhost:2"]), ("horovod", ["--num-p", "2"]),
     ("deepspeed", ["--num_gpus", "2"]), ("deepspeed", ["--num_g", "2"]),
 ])

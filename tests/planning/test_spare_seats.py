@@ -56,3 +56,14 @@ def test_the_exclusion_file_is_read_with_comments_and_appended_to_whole(tmp_path
     path.write_bytes(b"\xff\xfe")
     with pytest.raises(ConfigError, match="^cannot read --exclude-hosts "):
         spares.read_excluded(str(path))
+
+
+def test_whether_a_host_is_out_after_one_more_loss_needs_one_read_of_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "excluded"
+    path.write_text("10.0.0.9\n10.0.0.2  # lost 1970-01-01T00:00:00Z: closed\n")
+    before = spares.read_exclusions(str(path))
+    assert before == ({"10.0.0.9"}, {"10.0.0.2": 1})
+    assert spares.out_after_loss(before, "10.0.0.2")  # a second loss: out
+    assert not spares.out_after_loss(before, "10.0.0.3")  # a first: it may serve again
+    assert spares.out_after_loss(before, "10.0.0.3", spares.EXCLUDED)  # sent away: out at once
+    assert spares.read_exclusions(None) == (set(), {})

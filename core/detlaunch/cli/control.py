@@ -112,6 +112,8 @@ def job_facts(data: dict[str, Any]) -> dict[str, Any]:
         data["hang_timeout"] = chief["hang_timeout"]
     if isinstance(chief.get("spares"), list):
         data["spares"] = [str(s) for s in chief["spares"]]
+    if chief.get("size"):  # --nnodes MIN:MAX
+        data["size"] = str(chief["size"])
     for node in nodes:
         for rank in node.get("ranks") or []:
             if isinstance(rank, dict) and "rank" in rank:
@@ -157,7 +159,7 @@ def format_status(data: Mapping[str, Any]) -> str:
     if not parts:
         return f"job {data.get('job')}: {data.get('error') or 'no node answered'}"
     merged = dataclasses.replace(status_view.merge(parts), hang_timeout=data.get("hang_timeout"),
-                                 spares=tuple(data.get("spares") or ()))
+                                 spares=tuple(data.get("spares") or ()), size=data.get("size"))
     text = status_view.render_table(merged, time.time())
     missing = data.get("missing") or []
     if missing:

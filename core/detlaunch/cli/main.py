@@ -11,7 +11,7 @@ import signal
 import sys
 import tempfile
 import traceback
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import detlaunch.exit_codes as exit_codes
@@ -176,6 +176,9 @@ def run(argv: list[str], env: dict[str, str], pre: argparse.Namespace | None = N
     if n_spares and not plan.restarts.enabled:
         raise ConfigError(f"--spares {n_spares}: a spare takes a lost node's place at the next attempt, and this "
                           "job has none: add --max-node-restarts N (or --max-restarts N)")
+    if options.get("min_nodes") and not plan.restarts.enabled:
+        raise ConfigError(f"--nnodes {options['min_nodes']}:{options['nnodes']}: a job shrinks at its next attempt, "
+                          "and this job has none: add --max-node-restarts N (or --max-restarts N)")
     excluded = spares.read_excluded(options.get("exclude_hosts"))
     if everyone.node_addr in excluded:
         raise ConfigError(f"this node's host {everyone.node_addr} is in --exclude-hosts {options['exclude_hosts']}: "
@@ -213,9 +216,23 @@ def run(argv: list[str], env: dict[str, str], pre: argparse.Namespace | None = N
             return place
         plan = build_plan(hooks, config, spares.take_place(everyone, n_spares, place.node))
 
+    def replanner(run_dir: str) -> Callable[[ClusterInfo], LaunchPlan]:
+        """This node's plan for another cluster (nodes moved, the job shrank), in its supervisor's run dir."""
+        return lambda moved: build_plan(hooks, config, moved, run_dir)
+
     def supervise() -> int:
-        result = NodeSupervisor(plan, debug=bool(options.get("debug")), on_event=hooks.event,
-                                replan=lambda moved: build_plan(hooks, config, moved, plan.run_dir)).run()
+        node_plan = plan
+        while True:
+            sup = NodeSupervisor(node_plan, debug=bool(options.get("debug")), on_event=hooks.event,
+                                 replan=replanner(node_plan.run_dir))
+            result = sup.run()
+            number = sup.link_events.spare_number  # this node was lost and its place taken: a spare now
+            if number is None:
+                break
+            place = wait_as_spare(node_plan, number, everyone.node_addr, bool(options.get("debug")))
+            if not isinstance(place, Place):
+                return place
+            node_plan = build_plan(hooks, config, spares.take_place(everyone, n_spares, place.node))
         for problem in hooks.job_finished(plan.context, result):
             print(f"detlaunch: warning: a job_finished observer failed: {problem}", file=sys.stderr)
         for line in [*format_warnings(result), *result.attempts, *format_report(result)]:

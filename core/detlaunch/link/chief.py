@@ -22,7 +22,7 @@ from typing import Any, Protocol
 
 import detlaunch.exit_codes as exit_codes
 from detlaunch.errors import LaunchError
-from detlaunch.link import auth
+from detlaunch.link import auth, places
 from detlaunch.link.messages import (
     WORKER,
     Answer,
@@ -83,7 +83,8 @@ class ChiefLink:
         self.shared_dir = settings.shared_dir
         self.secret_from_env = bool(settings.environ.get(SECRET_ENV))
         self.secret = create_secret(settings.environ, settings.shared_dir)
-        self.expected = set(range(1, settings.num_nodes))
+        self.expected = set(range(1, settings.num_nodes))  # the places whose nodes run the next attempt
+        self.places = frozenset(range(1, settings.num_nodes))  # every worker place (--nnodes MAX; link/places.py)
         self.spares = SparePool(settings.num_nodes, settings.spares, events)  # link/spares.py
         self.nodes: dict[int, PeerConnection] = {}
         self.pending: set[PeerConnection] = set()  # accepted, not authenticated yet
@@ -120,8 +121,7 @@ class ChiefLink:
     # -- admission ---------------------------------------------------------------------------------
     def _listen(self) -> None:
         self.paused = None
-        if not self.listening and (self.expected - set(self.nodes) or self.spares.missing) \
-                and self.listener.fileno() >= 0:
+        if not self.listening and places.anyone_to_admit(self) and self.listener.fileno() >= 0:
             self.loop.add_reader(self.listener, Priority.CHILD_OUTPUT, self.on_accept)
             self.listening = True
 
@@ -158,8 +158,14 @@ class ChiefLink:
         self.pending.discard(conn)
         node = m.node if isinstance(m, Auth) else None
         spare = node is not None and self.spares.admits(node)
-        ok = (isinstance(m, Auth) and (m.node in self.expected or spare) and bool(self.secret)
+        returned = node is not None and places.place_taken(self, node, getattr(m, "addr", "") or conn.peer)
+        ok = (isinstance(m, Auth) and (m.node in self.expected or spare or returned) and bool(self.secret)
               and auth.mac_matches(m.mac, auth.worker_mac(self.secret, self.job_id, m.node, conn.nonce)))
+        if ok and returned:  # its place is another's or empty: it joins again as a spare (link/places.py)
+            assert isinstance(m, Auth)
+            places.enlist(self, conn, m)
+            self._listen()  # for it, as that spare
+            return
         if not ok or node is None or node in self.nodes:
             self.events.trace(f"refused a link connection (node {node!r}): bad credentials or duplicate")
             conn.close()
@@ -188,7 +194,7 @@ class ChiefLink:
             self.events.joined()
 
     def _stop_listening_if_complete(self) -> None:
-        if not self.expected - set(self.nodes) and not self.spares.missing:
+        if not places.anyone_to_admit(self):
             self._stop_listening(for_seconds=None)  # every node is here: nobody else has a reason to connect
 
     # -- what the workers say ------------------------------------------------------------------------
@@ -305,13 +311,14 @@ class ChiefLink:
         lost = self.lost_nodes()
         for node in lost:
             del self.nodes[node]
-        self.attempt, self.holding = attempt, bool(lost)
+        hold = bool(self.missing_nodes())  # lost nodes, or places a shrunk job takes back (membership.py)
+        self.attempt, self.holding = attempt, hold
         self.end_in_sight = None
-        self._to_every_node(Restart(attempt=attempt, delay=None if lost else delay))
+        self._to_every_node(Restart(attempt=attempt, delay=None if hold else delay))
         self.finished = set()
         self.remote_ranks = {}
         self.stop_message = None
-        if lost:
+        if hold:
             self._listen()
 
     def forget_lost(self) -> list[int]:
@@ -333,7 +340,7 @@ class ChiefLink:
         """Every node is back after a lost one: the attempt the nodes wait for starts now."""
         if self.holding:
             self.holding = False
-            self._to_every_node(Go(attempt=self.attempt))
+            self._to_every_node(Go(attempt=self.attempt, members=places.members(self)))
 
     def dismiss(self, node: int, why: str) -> bool:
         """Send a live worker node away (a straggler replaced by a spare): it gets the job's end with `why` as

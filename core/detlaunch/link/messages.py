@@ -7,8 +7,9 @@ One JSON object per line (wire.py), its kind in "t". Who sends each kind, and it
     challenge   chief    job, nonce                   the chief's first words: prove you are a node of `job`
     auth        worker   node, nonce, addr, mac       I am node `node` (mac over the chief's nonce); prove
                                                       yourself over my `nonce`; `addr` is my own address
-    welcome     chief    mac, attempt, hold           mac over the worker's nonce; you join `attempt`, and
-                                                      wait for "go" first when `hold`
+    welcome     chief    mac, attempt, hold, spare    mac over the worker's nonce; you join `attempt`, and
+                                                      wait for "go" first when `hold`; `spare` (not null):
+                                                      your place is taken, join again as this spare
     rank_exit   worker   status                       one of my ranks ended (its RankStatus)
     failed      worker   failure                      this node failed for another reason (its sshd, a signal)
     bye         worker   ranks                        my part of the attempt is over: every rank's end
@@ -18,7 +19,8 @@ One JSON object per line (wire.py), its kind in "t". Who sends each kind, and it
     request     chief    id, what, args               your node's part of a question I gather
     answer      chief    id, data                     the job's answer to your `ask` number `id`
     restart     chief    attempt, delay               start `attempt` in `delay` s (null: wait for "go")
-    go          chief    attempt                      every node is back: start `attempt` now
+    go          chief    attempt, members             every node is back: start `attempt` now, on the places
+                                                      `members` (node-rank order; null: unchanged)
     end         chief    failure                      the job is over: the final verdict (null: it succeeded)
     promote     chief    place                        (to a spare) take node `place`'s place: leave, and join
                                                       again as that node (node/spare.py)
@@ -86,9 +88,12 @@ def _failure_json(f: Failure | None) -> Any:
 
 
 def _field(read: Callable[[Any], Any], *, key: str | None = None,
-           write: Callable[[Any], Any] = lambda v: v) -> Any:
+           write: Callable[[Any], Any] = lambda v: v, optional: bool = False) -> Any:
     """A message field: `read` converts the JSON value (raising TypeError/ValueError/KeyError on a bad one);
-    `key` names it on the wire when that differs from the attribute."""
+    `key` names it on the wire when that differs from the attribute; `optional`: None unless given (a field
+    added later: an older peer's message has none)."""
+    if optional:
+        return dataclasses.field(default=None, metadata={"read": read, "key": key, "write": write})
     return dataclasses.field(metadata={"read": read, "key": key, "write": write})
 
 
@@ -140,6 +145,8 @@ class Welcome(Kind):
     mac: str = _field(_text)
     attempt: int = _field(lambda v: int(v or 1))
     hold: bool = _field(bool)
+    # A lost node's new detlaunch whose place is taken: it joins again as this spare (link/spares.py).
+    spare: int | None = _field(lambda v: None if v is None else _integer(v), optional=True)
 
 
 @_kind("rank_exit", WORKER)
@@ -208,6 +215,9 @@ class Restart(Kind):
 @dataclasses.dataclass(frozen=True)
 class Go(Kind):
     attempt: int = _field(int)
+    # The places that run `attempt`, in node-rank order (planning/membership.py); None: as the last attempt.
+    members: tuple[int, ...] | None = _field(lambda v: None if v is None else tuple(_integer(x) for x in v),
+                                             write=lambda v: None if v is None else list(v), optional=True)
 
 
 @_kind("end", CHIEF)

@@ -18,6 +18,10 @@ from detlaunch.link.messages import End, Promote, encode
 from detlaunch.link.wire import HEARTBEAT, PeerConnection
 from detlaunch.outcome import Failure
 
+# A spare sent to a place plans that node's part and starts its supervisor before it dials again: it has this
+# many times the heartbeat window (HEARTBEAT_MISSES x --heartbeat) to join there before it counts as lost.
+JOIN_WINDOW = 6
+
 
 class SpareEvents(Protocol):
     def trace(self, message: str) -> None: ...
@@ -28,15 +32,24 @@ class SpareEvents(Protocol):
 class SparePool:
     def __init__(self, first: int, count: int, events: SpareEvents) -> None:
         self.ids = set(range(first, first + count))  # the spares' node numbers
+        self.next = first + count  # the number of the next lost node that comes back as a spare (enlist)
         self.events = events
         self.waiting: dict[int, PeerConnection] = {}  # joined, not promoted, still connected
         self.addrs: dict[int, str] = {}
         self.promoted: dict[int, int] = {}  # spare number -> the place it was sent to (numbers never reused)
         self.coming: dict[int, int] = {}  # place -> the spare sent there, until it joins as that node
+        self.sent_at: dict[int, float] = {}  # place -> when its spare was sent (monotonic)
 
     def admits(self, node: int) -> bool:
         """`node` is a spare's number not in use (a promoted spare's number is never reused)."""
         return node in self.ids and node not in self.waiting and node not in self.promoted
+
+    def enlist(self) -> int:
+        """A lost node's new detlaunch came back after its place was taken: the spare number it joins again as."""
+        number = self.next
+        self.next += 1
+        self.ids.add(number)
+        return number
 
     @property
     def missing(self) -> set[int]:
@@ -56,8 +69,17 @@ class SparePool:
         self.events.spare_lost(conn.node, self.addrs.get(conn.node, "address unknown"), why)
 
     def tick(self, silence: float) -> None:
-        """Heartbeats out; a spare silent for `silence` seconds is dropped (it holds nothing)."""
+        """Heartbeats out; a spare silent for `silence` seconds is dropped (it holds nothing), and so is one sent
+        to a place that has not joined there within JOIN_WINDOW x `silence` (it died on the way): the place is
+        free for another spare."""
         now = time.monotonic()
+        for place, at in list(self.sent_at.items()):
+            if now - at > JOIN_WINDOW * silence:
+                spare = self.coming.get(place)
+                self.arrived(place)
+                if spare is not None:
+                    self.events.spare_lost(spare, self.addrs.get(spare, "address unknown"), f"sent to node {place}'s "
+                                           f"place, it did not join there within {JOIN_WINDOW * silence:g} s")
         for node, conn in list(self.waiting.items()):
             if now - conn.last_heard > silence:
                 conn.close()  # on_close is not called for a close of ours
@@ -79,12 +101,14 @@ class SparePool:
             conn.close_when_sent()
             self.promoted[node] = place
             self.coming[place] = node
+            self.sent_at[place] = time.monotonic()
             return node, self.addrs.get(node, "address unknown")
         return None
 
     def arrived(self, place: int) -> None:
         """Node `place` joined (a promoted spare, or the lost node's own detlaunch, back first)."""
         self.coming.pop(place, None)
+        self.sent_at.pop(place, None)
 
     def end(self, failure: Failure | None) -> None:
         """The job is over: every waiting spare is told, and let go."""

@@ -49,6 +49,7 @@ class WorkerEvents(Protocol):
     def chief_verdict(self, failure: Failure | None) -> None: ...
     def chief_lost(self, why: str) -> None: ...
     def promoted(self, place: int) -> None: ...  # (a spare) take node `place`'s place (link/spares.py)
+    def made_spare(self, number: int) -> None: ...  # this node's place is taken: join again as spare `number`
 
 
 class WorkerQuestions(Protocol):
@@ -114,6 +115,7 @@ class WorkerLink:
                  orders: AttemptOrders):
         self.loop, self.events, self.questions, self.orders = loop, events, questions, orders
         self.node = settings.node
+        self.members: tuple[int, ...] | None = None  # the last "go"'s places (a job that may shrink)
         self.job_id = settings.job_id
         self.heartbeat = settings.heartbeat
         self.chief = (settings.chief_addr, settings.port)
@@ -164,6 +166,9 @@ class WorkerLink:
             self._give_up(conn, f"the chief at {self.where} failed authentication")
             return
         conn.trusted()
+        if m.spare is not None:
+            self._made_spare(conn, m.spare)
+            return
         self._to(LinkState.JOINED)
         for message in self.unsent:
             conn.send(message)
@@ -171,6 +176,14 @@ class WorkerLink:
         self.attempt, self.hold = m.attempt, m.hold
         self.events.trace(f"joined the chief (attempt {self.attempt}{', waiting for go' if self.hold else ''})")
         self.events.joined()
+
+    def _made_spare(self, conn: PeerConnection, number: int) -> None:
+        """A lost node's new detlaunch whose place is taken (a spare's, or the job shrank): this connection's
+        part is over; the node joins again as spare `number` (link/spares.py)."""
+        self._to(LinkState.ENDED)
+        conn.close()
+        self.connection = None
+        self.events.made_spare(number)
 
     def _give_up(self, conn: PeerConnection, why: str) -> None:
         """The handshake failed on this side: drop the connection (a node whose part is over may end) and say why."""
@@ -197,7 +210,9 @@ class WorkerLink:
             case Restart(attempt=attempt, delay=delay):
                 self._to(LinkState.JOINED)  # the chief answered the goodbye: the link serves the next attempt
                 self.orders.chief_restart(attempt, delay)
-            case Go(attempt=attempt):
+            case Go(attempt=attempt, members=members):
+                if members is not None:  # the places of this attempt (planning/membership.py)
+                    self.members = members
                 self.orders.chief_go(attempt)
             case Promote(place=place):
                 self._to(LinkState.ENDED)  # this connection's part is over: the spare joins again as `place`

@@ -10,7 +10,8 @@ carry the restart's branches.
                                                     │ a node lost meanwhile: forgotten   ▲
                                                     └─► await_rejoin ──(every node back)─┘ (--start-timeout)
                                                           a waiting spare is sent to each lost node's place
-                                                          (link/spares.py): it joins again as that node
+                                                          (link/spares.py): it joins again as that node; with
+                                                          none, --nnodes MIN:MAX drops the place (_shrink)
     worker: the chief's "restart" ─► backoff ─(its delay, or the chief's "go")─► next_attempt
 
 On every node the backoff also starts release_wait.ReleaseWait: the last attempt's processes (every
@@ -23,8 +24,10 @@ chief_restart, chief_go).
 from __future__ import annotations
 
 import time
+from collections import Counter
 from typing import Protocol
 
+from detlaunch.link import places
 from detlaunch.link.chief import ChiefLink
 from detlaunch.link.worker import WorkerLink
 from detlaunch.node.phase import Phase
@@ -34,7 +37,8 @@ from detlaunch.node.verdict import NodeLost, VerdictEvent
 from detlaunch.observe.emitter import EventEmitter
 from detlaunch.observe.events import EventKind
 from detlaunch.outcome import AttemptEnd
-from detlaunch.planning import spares
+from detlaunch.planning import membership, spares
+from detlaunch.planning.cluster import ClusterInfo
 from detlaunch.planning.plan import LaunchPlan
 from detlaunch.restarts.attempts import Attempts
 from detlaunch.system.eventloop import EventLoop, Timer, cancel_timer
@@ -45,6 +49,7 @@ class AttemptHost(Protocol):
 
     loop: EventLoop
     plan: LaunchPlan
+    base: ClusterInfo  # the job's places at the start (planning/membership.py)
     attempts: Attempts
     events: EventEmitter
     env: dict[str, str]  # the job's environment
@@ -99,6 +104,7 @@ class AttemptDriver:
             return False
         h.say(h.attempts.restarting())
         if isinstance(h.link, ChiefLink):
+            self._grow(decision.next_attempt)
             h.link.restart(decision.next_attempt, decision.delay)  # lost nodes are forgotten: they may rejoin
         self.begin_backoff(decision.next_attempt, decision.delay)
         return True
@@ -164,6 +170,8 @@ class AttemptDriver:
         assert isinstance(h.link, ChiefLink)
         h.attempts.due = attempt
         self.fill_from_spares()
+        if self._shrink(attempt):
+            return
         if self.rejoin_timer is None:
             spare_of = h.link.spares.coming
             lost = ", ".join(f"{n} ({h.link.addr_of(n)})" for n in h.link.missing_nodes() if n not in spare_of)
@@ -194,25 +202,86 @@ class AttemptDriver:
             h.say(f"spare node {spare} ({addr}) takes the place of node {node} ({lost_addr})")
             h.events.emit(EventKind.SPARE_PROMOTED, node=node, spare=spare, host=addr, replaces=lost_addr)
 
+    # -- a job that may shrink (--nnodes MIN:MAX, planning/membership.py) ----------------------------------
+    def _shrink(self, attempt: int) -> bool:
+        """Chief: places no spare fills are dropped, if the nodes left are at least --nnodes MIN: True when the
+        attempt starts now (no node is waited for)."""
+        h = self.host
+        link = h.link
+        assert isinstance(link, ChiefLink)
+        drop = membership.shrink(link.missing_nodes(), link.spares.coming, link.live_nodes(),
+                                 h.plan.settings.get("min_nodes"))
+        if not drop:
+            return False
+        gone = ", ".join(f"{n} ({link.addr_of(n)})" for n in sorted(drop))
+        places.drop(link, drop)
+        ids = places.members(link)
+        size = membership.describe(ids, h.base.slots, h.base.num_nodes)
+        h.say(f"no spare for the place of node(s) {gone}: attempt {attempt} runs on {size} (--nnodes "
+              f"{h.plan.settings.get('min_nodes')}:{h.base.num_nodes}; node and global ranks renumbered)")
+        h.events.emit(EventKind.JOB_RESIZED, nodes=len(ids), ranks=sum(h.base.slots[p] for p in ids),
+                      places=list(ids))
+        if link.missing_nodes():
+            return False
+        cancel_timer(self.rejoin_timer)
+        self.rejoin_timer = None
+        self.next_attempt(attempt)
+        return True
+
+    def _grow(self, attempt: int) -> None:
+        """Chief, restarting anyway: a shrunk job takes back a dropped place for each spare that waits (on a host
+        not kept out); the restart then waits for the spares sent there."""
+        h = self.host
+        link = h.link
+        assert isinstance(link, ChiefLink)
+        dropped = places.dropped(link)
+        if not dropped or not link.spares.waiting:
+            return
+        excluded = self._excluded()
+        ready = sum(1 for n in link.spares.waiting if link.spares.addrs.get(n) not in excluded)
+        back = membership.grow(dropped, ready - len(link.lost_nodes()))  # the lost nodes' places come first
+        if back:
+            places.take_back(link, back)
+            ids = places.members(link)
+            h.say(f"attempt {attempt} takes back the place of node(s) {', '.join(map(str, back))}: it runs on "
+                  f"{membership.describe(ids, h.base.slots, h.base.num_nodes)}, a spare in each")
+            h.events.emit(EventKind.JOB_RESIZED, nodes=len(ids), ranks=sum(h.base.slots[p] for p in ids),
+                          places=list(ids))
+
+    def refill(self) -> None:
+        """Chief, waiting for lost nodes: a spare joined or was lost meanwhile; fill the places again."""
+        h = self.host
+        if h.phase is Phase.BACKOFF and h.attempts.due is not None and isinstance(h.link, ChiefLink) \
+                and h.link.missing_nodes():
+            self.fill_from_spares()
+            self._shrink(h.attempts.due)
+
     def _excluded(self) -> set[str]:
+        return self._exclusions()[0]
+
+    def _exclusions(self) -> tuple[set[str], Counter[str]]:
         h = self.host
         try:
-            return spares.read_excluded(h.plan.exclude_hosts)
+            return spares.read_exclusions(h.plan.exclude_hosts)
         except Exception as e:  # noqa: BLE001 - a file that cannot be read now must not end the job
             h.say(f"warning: {e}; the job goes on")
-            return set()
+            return set(), Counter()
 
     def exclude(self, node: int, addr: str, why: str, at_once: bool = False) -> None:
         """Chief: a node was lost (or sent away, `at_once`): its host is written into --exclude-hosts; it is
-        out once lost twice (planning/spares.py), or at once."""
+        out once lost twice (planning/spares.py), or at once. The file is read once."""
         h = self.host
         path = h.plan.exclude_hosts
-        if not path or not isinstance(h.link, ChiefLink) or addr in self._excluded():
+        if not path or not isinstance(h.link, ChiefLink):
             return
-        warning = spares.append_excluded(path, addr, why, how=spares.EXCLUDED if at_once else spares.LOST)
+        before = self._exclusions()
+        if addr in before[0]:
+            return
+        how = spares.EXCLUDED if at_once else spares.LOST
+        warning = spares.append_excluded(path, addr, why, how=how)
         if warning:
             h.say(f"warning: {warning}; the job goes on")
-        elif addr in self._excluded():
+        elif spares.out_after_loss(before, addr, how):
             h.events.emit(EventKind.NODE_EXCLUDED, node=node, host=addr, reason=why)
 
     def lost_between_attempts(self, node: int, addr: str, why: str) -> None:

@@ -16,6 +16,7 @@ import signal
 import time
 from typing import Any, Protocol
 
+from detlaunch.link import places
 from detlaunch.link.chief import ChiefLink
 from detlaunch.link.control import ControlRequests
 from detlaunch.link.fdlimit import chief_needs, ensure_open_files
@@ -56,6 +57,7 @@ class LinkEventsHost(Protocol):
 
     def say(self, message: str) -> None: ...
     def trace(self, message: str) -> None: ...
+    def enter(self, phase: Phase) -> None: ...
     def fail(self, event: VerdictEvent) -> None: ...
     def fail_to_start(self, what: str) -> None: ...
 
@@ -72,6 +74,7 @@ def link_settings(plan: LaunchPlan) -> LinkSettings:
 class LinkEvents:
     def __init__(self, host: LinkEventsHost) -> None:
         self.host = host
+        self.spare_number: int | None = None  # the chief made this node a spare (made_spare)
 
     def connect(self) -> ChiefLink | WorkerLink:
         """This node's side of the job link: the chief's listens (one open file per node), a worker's dials."""
@@ -115,18 +118,24 @@ class LinkEvents:
         h.events.emit(EventKind.SPARE_JOINED, node=node, host=addr)
         if h.phase is Phase.STARTING:  # a node on an excluded host never comes: the spare takes its place now
             h.driver.fill_from_spares(only_excluded=True)
+        else:  # lost nodes waited for (below --nnodes MIN, or a place whose spare was lost): this one may go
+            h.driver.refill()
 
     def spare_facts(self) -> dict[str, Any]:
-        """The chief's part of `detlaunch status`: its spares, waiting or sent to a place."""
+        """The chief's part of `detlaunch status`: its spares, waiting or sent to a place, and the job's size
+        when it may shrink."""
         link = self.host.link
-        if not isinstance(link, ChiefLink) or not link.spares.ids:
+        if not isinstance(link, ChiefLink):
             return {}
+        facts: dict[str, Any] = size_facts(self.host.plan.settings.get("min_nodes"), link)
+        if not link.spares.ids:
+            return facts
         pool = link.spares
         waiting = [f"node {n} ({pool.addrs.get(n)}) waiting" for n in sorted(pool.waiting)]
         taken = [f"node {n} ({pool.addrs.get(n)}) took node {place}'s place"
                  for n, place in sorted(pool.promoted.items())]
         absent = [f"node {n} not joined" for n in sorted(pool.missing)]
-        return {"spares": waiting + taken + absent}
+        return {**facts, "spares": waiting + taken + absent}
 
     def replace_straggler(self, node: int, why: str = "a straggler (--straggler-action replace)") -> bool:
         """--straggler-action replace (node/straggler_watch.py): the chief sends the straggler's node away and a
@@ -145,6 +154,7 @@ class LinkEvents:
     def spare_lost(self, node: int, addr: str, why: str) -> None:
         self.host.say(f"lost spare node {node} ({addr}): {why}")
         self.host.events.emit(EventKind.NODE_LOST, node=node, host=addr, reason=why)
+        self.host.driver.refill()  # it may have been sent to a place: another spare goes, or the job shrinks
 
     def node_lost(self, node: int, addr: str, why: str) -> None:
         """A worker node's supervisor vanished: between attempts the next one waits for it; else the job fails."""
@@ -176,6 +186,24 @@ class LinkEvents:
     def link_failed_to_start(self, what: str) -> None:
         self.host.fail_to_start(what)
 
+    def made_spare(self, number: int) -> None:
+        """This node was lost, and its place is another's now: its part ends here, and its detlaunch joins again
+        as spare `number` (cli/main.py)."""
+        h = self.host
+        h.say(f"node {h.node}'s place is taken (this node was lost): it joins the job again as spare node {number}")
+        self.spare_number = number
+        h.enter(Phase.DONE)
+
     def promoted(self, place: int) -> None:
         """Only a spare is promoted (node/spare.py): a node's supervisor never is."""
         self.host.trace(f"ignored a promotion to node {place}: this node is no spare")
+
+
+def size_facts(min_nodes: int | None, link: ChiefLink) -> dict[str, Any]:
+    """--nnodes MIN:MAX: the nodes the job runs on now, for `detlaunch status` ("size")."""
+    if not min_nodes:
+        return {}
+    ids = places.members(link)
+    dropped = sorted(places.dropped(link))
+    return {"size": f"{len(ids)} of {len(link.places) + 1} (--nnodes {min_nodes}:{len(link.places) + 1})"
+                    + (f"; the places of node(s) {', '.join(map(str, dropped))} are empty" if dropped else "")}

@@ -76,3 +76,6 @@ class SpareWait(NoQuestionsNoOrders):  # the chief sends a spare no question and
     def promoted(self, place: int) -> None:
         self.say(f"spare node {self.settings.node}: takes node {place}'s place")
         self.place = place
+
+    def made_spare(self, number: int) -> None:
+        self.trace(f"the chief holds this node as spare {number} already")

@@ -34,6 +34,7 @@ from typing import Any, TextIO
 
 import detlaunch.exit_codes as exit_codes
 from detlaunch.errors import LaunchError
+from detlaunch.link import places
 from detlaunch.link.chief import ChiefLink
 from detlaunch.link.control import ControlRequests, write_job_file
 from detlaunch.link.worker import WorkerLink
@@ -66,7 +67,7 @@ from detlaunch.observe.console import FoldingConsole
 from detlaunch.observe.emitter import EventEmitter, EventHook
 from detlaunch.observe.events import EventKind
 from detlaunch.outcome import AttemptEnd, Failure, JobResult, RankStatus
-from detlaunch.planning import rank_defaults
+from detlaunch.planning import membership, rank_defaults
 from detlaunch.planning.cluster import ClusterInfo
 from detlaunch.planning.config import DEDUPE_MIN_RANKS
 from detlaunch.planning.plan import LaunchPlan
@@ -88,6 +89,7 @@ class NodeSupervisor:
         """replan: this node's plan for a cluster whose nodes moved (a spare took a lost node's place at
         another address): the chief's launcher reaches every node (horovod's -H, deepspeed's hostfile)."""
         self.plan = plan
+        self.base = plan.cluster  # one entry per place, its node rank the place's number (planning/membership.py)
         self.replan = replan
         self.err = err or sys.stderr
         self.debug = debug
@@ -155,7 +157,7 @@ class NodeSupervisor:
                                       on_orphan=self.template.reaped)
         self.startup.spare_standby(self.processes)
         self.template.spare(self.processes.spared)
-        rules = RankRules(job_id=c.job_id, node_rank=self.node, first_rank=c.first_rank,
+        rules = RankRules(job_id=c.job_id, node_rank=c.node_rank, first_rank=c.first_rank,
                           local_slots=c.local_slots, check_range=plan.stage.expected_ranks is None)
         self.ranks = RankRegistry(self.loop, rules, c.node_addr or socket.gethostname(),
                                   accepting=lambda: self.phase.active, welcome=self._welcome,
@@ -380,9 +382,9 @@ class NodeSupervisor:
             pass
         self.attempts.begin(attempt)
         self.events.emit(EventKind.ATTEMPT_STARTED, attempt=attempt - 1)
-        moved = replanned(self.plan, self.link, self.replan, self.trace)
-        if moved is not None:  # a spare took a lost node's place at another address
-            self.plan = moved
+        moved = replanned(self.plan, self.base, self.link, self.replan, self.trace)
+        if moved is not None:  # a spare took a lost node's place at another address, or the job shrank or grew
+            self.plan, self.env = moved, moved.process_env()
             self.files.rewrite(moved.stage)
         self._new_attempt_parts()
         self.enter(Phase.STARTING)
@@ -455,18 +457,25 @@ def ready_rank_defaults(plan: LaunchPlan, trace: Callable[[str], None]) -> dict[
     return defaults
 
 
-def replanned(plan: LaunchPlan, link: ChiefLink | WorkerLink | None,
+def replanned(plan: LaunchPlan, base: ClusterInfo, link: ChiefLink | WorkerLink | None,
               replan: Callable[[ClusterInfo], LaunchPlan] | None, trace: Callable[[str], None]) -> LaunchPlan | None:
-    """Chief: a node joined from another address (a spare in a lost node's place): this node's part planned
-    again for the nodes where they are now (the layer's launcher lists them), or None if none moved."""
-    c = plan.cluster
-    if not isinstance(link, ChiefLink) or replan is None:
+    """This node's part planned again for the next attempt's cluster (planning/membership.py), or None if it
+    is the same: the chief's when a node joined from another address (a spare in a lost node's place: its
+    layer's launcher lists every node) or the places changed; a worker's when the chief's "go" named other
+    places (the job shrank or grew: its node rank, the world size)."""
+    if replan is None or link is None:
         return None
-    addrs = tuple(link.addrs.get(n) or a for n, a in enumerate(c.node_addrs))
-    if addrs == c.node_addrs:
+    if isinstance(link, ChiefLink):
+        cluster = membership.cluster_of(base, places.members(link), 0, link.addrs)
+    elif link.members is not None and link.node in link.members:
+        cluster = membership.cluster_of(base, link.members, link.node)
+    else:
         return None
-    trace(f"the nodes are now at {', '.join(a or '?' for a in addrs)}: planning this node's part again")
-    return replan(dataclasses.replace(c, node_addrs=addrs))
+    if cluster == plan.cluster:
+        return None
+    trace(f"this attempt's nodes: {', '.join(a or '?' for a in cluster.node_addrs)} (this one node "
+          f"{cluster.node_rank}): planning this node's part again")
+    return replan(cluster)
 
 
 def folding_console(plan: LaunchPlan, loop: EventLoop) -> FoldingConsole | None:

@@ -52,6 +52,7 @@ class EventKind(enum.StrEnum):
     SPARE_JOINED = "spare_joined"
     SPARE_PROMOTED = "spare_promoted"
     NODE_EXCLUDED = "node_excluded"
+    JOB_RESIZED = "job_resized"  # --nnodes MIN:MAX (planning/membership.py)
     STRAGGLER = "straggler"
     HANG_TIMEOUT_LEARNED = "hang_timeout_learned"
     PREFLIGHT = "preflight"
@@ -81,6 +82,7 @@ DETAILS: Mapping[EventKind, Mapping[str, str | tuple[str, ...]]] = {
     EventKind.SPARE_JOINED: {"host": _STR},
     EventKind.SPARE_PROMOTED: {"spare": _INT, "host": _STR, "replaces": _STR},
     EventKind.NODE_EXCLUDED: {"host": _STR, "reason": _STR},
+    EventKind.JOB_RESIZED: {"nodes": _INT, "ranks": _INT, "places": "array"},
     EventKind.STRAGGLER: {"basis": _STR, "speed": _NUM, "action": _STR, "confidence": _STR},
     EventKind.HANG_TIMEOUT_LEARNED: {"timeout": _NUM, "longest_interval": _NUM},
     EventKind.PREFLIGHT: {"ok": _BOOL, "seconds": _NUM, "action": _STR, "nodes": _INT},

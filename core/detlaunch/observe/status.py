@@ -91,6 +91,7 @@ class JobStatus:
     root_cause: the root cause's one line, once there is one.
     hang_timeout: what --hang-timeout auto has learned ("auto: 60 s learned"), from the chief.
     spares: the spare nodes as the chief sees them ("node 3 (10.0.0.4) waiting"), from the chief.
+    size: with --nnodes MIN:MAX, the nodes the job runs on now ("2 of 3 (--nnodes 2:3)"), from the chief.
     """
 
     job_id: str
@@ -100,6 +101,7 @@ class JobStatus:
     root_cause: str | None = None
     hang_timeout: str | None = None
     spares: tuple[str, ...] = ()
+    size: str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "ranks", tuple(sorted(self.ranks, key=lambda r: r.rank)))
@@ -243,6 +245,8 @@ def render_table(status: JobStatus, now: float) -> str:
         lines.append(f"root cause: {status.root_cause}")
     if status.hang_timeout:
         lines.append(f"hang timeout: {status.hang_timeout}")
+    if status.size:
+        lines.append(f"nodes: {status.size}")
     if status.spares:
         lines.append(f"spares: {'; '.join(status.spares)}")
     columns: tuple[str, ...] = COLUMNS

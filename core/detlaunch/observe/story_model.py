@@ -337,7 +337,8 @@ def _mark(story: Story, e: Event) -> None:
 # Words for kinds this page has no code of its own for (spares: planning/spares.py), by name: (mark, text).
 WORDS = {"spare_joined": ("joined", "spare node {node} ({host}) joined: it waits for a lost node's place"),
          "spare_promoted": ("replaced", "spare {spare} ({host}) takes the place of node {node} ({replaces})"),
-         "node_excluded": ("lost", "node {node}'s host {host} is excluded from now on: {reason}")}
+         "node_excluded": ("lost", "node {node}'s host {host} is excluded from now on: {reason}"),
+         "job_resized": ("replaced", "the next attempt runs on {nodes} node(s), {ranks} rank(s) (--nnodes MIN:MAX)")}
 
 
 def foreign_mark(f: Foreign) -> Mark:

@@ -29,6 +29,7 @@ from detlaunch.planning.config import (
     read_config_file,
     resolve_command,
     split_argv,
+    split_node_range,
 )
 
 if TYPE_CHECKING:
@@ -114,6 +115,7 @@ class CommandLine:
         ns, launcher_args, command = parse(parser, self.argv, self.env)
         options = vars(ns)
         options["layer"] = layer
+        split_node_range(options)  # --nnodes MIN:MAX: nnodes=MAX, min_nodes=MIN
         run = resolve_command(command, self.env, bool(options.get("module")),
                               bool(options.get("no_python"))) if job else ()
         return Config(layer=layer or "", command=run,

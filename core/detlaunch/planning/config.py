@@ -90,6 +90,48 @@ PREFIX_FIELDS = ("rank", "node", "host")
 DEDUPE_MIN_RANKS = 4  # "more than a few": fewer ranks than this rarely drown a console
 
 
+NODES = Number(int, 1, 65536)
+
+
+class NodeRange(int):
+    """--nnodes MIN:MAX (torchrun's spelling): MAX nodes run ranks; with none to replace a lost one, the job
+    goes on with fewer, down to MIN (docs/RESTARTS.md). An int, MAX, to whatever reads --nnodes as a count
+    (a launcher flag's conversion); Config.options holds nnodes=MAX, min_nodes=MIN (split_node_range)."""
+
+    low: int
+
+    def __new__(cls, low: int, high: int) -> NodeRange:
+        value = super().__new__(cls, high)
+        value.low = low
+        return value
+
+    @property
+    def high(self) -> int:
+        return int(self)
+
+
+def node_count(text: str) -> int | NodeRange:
+    """--nnodes's type: N, or MIN:MAX (the flag, DETLAUNCH_NNODES and the config file alike)."""
+    low, colon, high = str(text).partition(":")
+    if not colon:
+        return int(NODES.parse(text))
+    pair = NodeRange(int(NODES.parse(low)), int(NODES.parse(high)))
+    if pair.low > pair.high:
+        raise argparse.ArgumentTypeError(f"{text!r}: MIN is more than MAX; give --nnodes MIN:MAX with MIN <= MAX")
+    return pair
+
+
+def split_node_range(options: dict[str, Any]) -> None:
+    """--nnodes MIN:MAX as the rest of detlaunch reads it: nnodes=MAX, min_nodes=MIN (None: a fixed count)."""
+    value = options.get("nnodes")
+    if isinstance(value, NodeRange):
+        options["nnodes"], options["min_nodes"] = value.high, value.low if value.low < value.high else None
+    elif value is not None:
+        options["nnodes"], options["min_nodes"] = int(value), None
+    else:
+        options["min_nodes"] = None
+
+
 def line_prefix(text: str) -> str:
     """A --prefix template: only {rank}, {node} and {host} (the wrapper fills them in with str.format)."""
     fields = ", ".join("{" + f + "}" for f in PREFIX_FIELDS)
@@ -124,7 +166,9 @@ def job_options(layer_names: Sequence[str] = ()) -> OptionGroup:
 CLUSTER = OptionGroup("cluster (torchrun-style flags, or --hosts/--hostfile)", (
     Option("--nproc-per-node", type=Number(int, 1, 4096), metavar="N",
            help="ranks on this node (default: visible GPUs, else 1)"),
-    Option("--nnodes", type=Number(int, 1, 65536), metavar="N", help="number of nodes"),
+    Option("--nnodes", type=node_count, metavar="N|MIN:MAX", help="number of nodes; MIN:MAX: MAX nodes run ranks "
+           "and, when a node is lost and no spare is left, the job goes on with the nodes that remain, down to MIN "
+           "(needs restarts: --max-node-restarts)"),
     Option("--node-rank", type=Number(int, 0, 65535), metavar="R", help="this node's rank (0 is the chief)"),
     Option("--master-addr", metavar="ADDR", help="the chief's address"),
     Option("--master-port", type=ports(29500), metavar="PORT",

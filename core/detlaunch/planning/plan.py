@@ -225,7 +225,7 @@ def build_plan(hooks: Hooks, config: Config, cluster: ClusterInfo, run_dir: str 
         link_port=config.options.get("link_port") or config.options["master_port"] + 1,
         restarts=policy_from_options(config.options),
         events_path=node_events_path(config.options.get("events"), config.options.get("log_dir"), cluster.node_rank),
-        settings=supervision_settings(config.options),
+        settings={**supervision_settings(config.options), "min_nodes": config.options.get("min_nodes")},
         rank_defaults=rank_defaults(config.env),
         not_progress=tuple(dict.fromkeys(str(text) for p in pieces for text in p.not_progress if text)),
         launcher_rank_env=launcher_rank_env(pieces),
@@ -284,6 +284,9 @@ def render_text(plan: LaunchPlan) -> str:
         last = c.num_nodes + plan.spares - 1
         ranks = f"node rank {last}" if plan.spares == 1 else f"node ranks {c.num_nodes}..{last}"
         lines.append(f"├── admits {plan.spares} spare node(s) ({ranks}), each to take a lost node's place")
+    if plan.settings.get("min_nodes") and c.is_chief:
+        lines.append(f"├── may shrink: with no spare for a lost node's place, the next attempt runs on the nodes "
+                     f"left, down to {plan.min_nodes} (--nnodes {plan.min_nodes}:{c.num_nodes}; ranks renumbered)")
     for path in plan.stage.dirs:
         lines.append(f"├── makes a fresh private folder {path}")
     for path in sorted([*plan.stage.files, *plan.stage.executables]):

@@ -62,13 +62,24 @@ LOST_TIMES_OUT = 2  # a host lost this many times is kept out
 
 def read_excluded(path: str | None) -> set[str]:
     """The hosts kept out by the exclusion file (a missing file: none); one line if it cannot be read."""
+    return read_exclusions(path)[0]
+
+
+def out_after_loss(exclusions: tuple[set[str], Counter[str]], host: str, how: str = LOST) -> bool:
+    """Whether `host` is out once one more line of `how` is appended to a file that read as `exclusions`."""
+    out, losses = exclusions
+    return host in out or how != LOST or losses[host] + 1 >= LOST_TIMES_OUT
+
+
+def read_exclusions(path: str | None) -> tuple[set[str], Counter[str]]:
+    """The exclusion file as (the hosts kept out, each host's losses so far); one line if it cannot be read."""
     if not path:
-        return set()
+        return set(), Counter()
     try:
         with open(path, encoding="utf-8") as f:
             text = f.read()
     except FileNotFoundError:
-        return set()
+        return set(), Counter()
     except (OSError, UnicodeDecodeError) as e:
         raise ConfigError(f"cannot read --exclude-hosts {path}: {getattr(e, 'strerror', None) or e}") from None
     out, losses = set(), Counter[str]()
@@ -80,7 +91,7 @@ def read_excluded(path: str | None) -> set[str]:
             losses[host] += 1
         else:
             out.add(host)
-    return out | {host for host, times in losses.items() if times >= LOST_TIMES_OUT}
+    return out | {host for host, times in losses.items() if times >= LOST_TIMES_OUT}, losses
 
 
 def append_excluded(path: str, host: str, why: str, when: float | None = None, how: str = LOST) -> str | None:

@@ -277,6 +277,26 @@ class LayerContract:
         assert WORKER_ADDR not in after, f"{shape.id}: node 1 moved to {moved_to}, the plan still names {WORKER_ADDR}"
         assert (WORKER_ADDR in before) == (moved_to in after), f"{shape.id}: node 1's new address is not in the plan"
 
+    @pytest.mark.parametrize("place", [0, 2], ids=["chief", "worker"])
+    def test_the_plan_follows_a_job_that_shrank(self, contract: Case, place: int) -> None:
+        """--nnodes MIN:MAX (docs/RESTARTS.md): of three nodes, node 1 is lost and no spare takes its place, so
+        the next attempt runs on nodes 0 and 2, node 2 now node rank 1: each plans from that cluster (two nodes,
+        ranks renumbered), and the lost node's address is nowhere in the plan."""
+        from detlaunch.planning import membership
+
+        self._multi_node_or_skip(contract)
+        lost_addr, third = WORKER_ADDR, "127.0.0.3"
+        base = dataclasses.replace(Shape(2, 8, 0).cluster(), node_addrs=(CHIEF_ADDR, lost_addr, third),
+                                   slots=(8, 8, 8), node_rank=place)
+        shrunk = membership.cluster_of(base, (0, 2), place)
+        config = contract.loaded.config(contract.args(str(contract.script), port=free_port()), contract.env)
+        plan = contract.loaded.plan(config, shrunk)
+        assert (plan.cluster.num_nodes, plan.cluster.node_rank, plan.cluster.total_slots) == (2, place // 2, 16)
+        wrappers = contract.loaded.plugins.hooks.rank_wrappers(plan.context)
+        problems = plan_problems(plan, wrappers, None)
+        assert not problems, f"the {plan.role} plan of a shrunk job is not well formed:\n- " + "\n- ".join(problems)
+        assert lost_addr not in repr(plan.stage), f"node 1 ({lost_addr}) was dropped, the plan still names it"
+
     @pytest.mark.parametrize("shape", SHAPES, ids=[s.id for s in SHAPES])
     def test_rank_commands_match_the_declaration(self, contract: Case, shape: Shape) -> None:
         """A launcher-less layer (rank_commands) starts each of the node's ranks itself, once; others none."""

@@ -18,12 +18,6 @@ from detlaunch.launcher_flags import GIVEN, LauncherFlag, maps, passes, refuses,
 LOG_FILES = "detlaunch writes each rank's output to DIR/rank-N.log with --log-dir DIR"
 
 
-def check_nnodes(value: str) -> None:
-    if ":" in value:
-        raise ConfigError(f"--nnodes={value}: elastic node ranges are not supported: detlaunch runs a fixed "
-                          "number of nodes and stops the whole job at the first failure; give --nnodes N")
-
-
 def nproc_per_node(value: str | None, options: Mapping[str, Any]) -> Mapping[str, Any]:
     if value is not None and not value.isdigit():
         raise ConfigError(f"--nproc-per-node={value}: detlaunch counts the visible GPUs itself when "
@@ -97,7 +91,7 @@ def standalone(value: str | None, options: Mapping[str, Any]) -> Mapping[str, An
 
 TABLE: tuple[LauncherFlag, ...] = (
     same_as_detlaunch("-h", "--help", value=False, doc="detlaunch's help (with --layer torchrun, its options)"),
-    maps("--nnodes", to="nnodes", check=check_nnodes, doc="--nnodes (elastic MIN:MAX refused)"),
+    maps("--nnodes", to="nnodes", doc="--nnodes (N, or MIN:MAX: a job that may shrink, docs/RESTARTS.md)"),
     maps("--nproc-per-node", "--nproc_per_node", to=nproc_per_node, doc="--nproc-per-node (a number)"),
     passes("--rdzv-backend", "--rdzv_backend"),
     passes("--rdzv-endpoint", "--rdzv_endpoint"),

@@ -59,9 +59,13 @@ def parse_options(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--crash-step", type=int, help="fail at the start of this step (1 is the first)")
     p.add_argument("--crash-rank", type=int, default=0)
     p.add_argument("--crash-attempts", default="0", help="restart counts that fail, comma-separated, or 'all'")
+    p.add_argument("--crash-at", default="", help="RESTART_COUNT:RANK,...: the rank that fails on each of these "
+                   "attempts (instead of --crash-rank and --crash-attempts)")
     p.add_argument("--crash-how", choices=CRASH_HOWS, default="exit",
                    help="exit with --crash-code, raise RuntimeError, SIGKILL itself, hang, or import a missing module")
     p.add_argument("--crash-code", default="3", help="exit code(s) for 'exit': one per attempt, the last repeats")
+    p.add_argument("--show-world", action="store_true", help="also say the world each attempt sees, as torchrun's "
+                   "elastic agent shows it (WORLD_SIZE, GROUP_WORLD_SIZE, GROUP_RANK, TORCHELASTIC_RESTART_COUNT)")
     p.add_argument("--crash-message", default="injected failure at step {step}",
                    help="what the failure says; {step}, {rank} and {attempt} are filled in")
     opts = p.parse_args(argv)
@@ -98,6 +102,8 @@ def crash(opts: argparse.Namespace, rank: int, step: int, hard_exit: bool) -> No
 
 
 def crashes_now(opts: argparse.Namespace, rank: int, step: int) -> bool:
+    if opts.crash_at:
+        return step == opts.crash_step and f"{restart_count()}:{rank}" in opts.crash_at.split(",")
     attempts = opts.crash_attempts.strip().lower()
     this = attempts == "all" or str(restart_count()) in attempts.split(",")
     return this and rank == opts.crash_rank and step == opts.crash_step
@@ -126,6 +132,10 @@ def train(opts: argparse.Namespace, comm: Collectives, after_load: Callable[[Any
     if after_load is not None:
         after_load(net, optimizer)
     print(f"rank {rank} attempt {attempt} starts at step {done}", flush=True)
+    if opts.show_world:
+        world = " ".join(f"{k}={os.environ.get(k)}" for k in ("WORLD_SIZE", "GROUP_WORLD_SIZE", "GROUP_RANK",
+                                                              "TORCHELASTIC_RESTART_COUNT"))
+        print(f"rank {rank} attempt {attempt} world {world}", flush=True)
     for step in range(done + 1, opts.steps + 1):
         comm.barrier()  # every rank has saved step - 1
         if crashes_now(opts, rank, step):

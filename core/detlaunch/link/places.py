@@ -1,0 +1,90 @@
+"""The chief's places: which run the next attempt, and a lost node's detlaunch that comes back after its place
+went to another (or the job shrank), made a spare.
+
+A place is a worker node's number at the start (1..MAX-1); the link knows nodes by it (ChiefLink.places,
+every one; ChiefLink.expected, those the next attempt waits for). With `--nnodes MIN:MAX` a place no spare
+fills is dropped, and taken back when a spare waits at a restart (planning/membership.py decides, the
+attempt driver acts). A lost node's new detlaunch whose place is taken or dropped is welcomed as a new spare
+number (link/spares.py) and let go: it joins again through a spare's own admission (node/spare.py).
+Functions of the chief's link, kept out of its class.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from detlaunch.link import auth
+from detlaunch.link.messages import Auth, Welcome
+from detlaunch.link.spares import SparePool
+from detlaunch.link.wire import PeerConnection
+from detlaunch.planning import membership
+
+
+class Traces(Protocol):
+    def trace(self, message: str) -> None: ...
+
+
+class ChiefLink(Protocol):
+    """What these functions read of the chief's link (link/chief.py)."""
+
+    expected: set[int]
+    places: frozenset[int]
+    nodes: dict[int, PeerConnection]
+    spares: SparePool
+    secret: str
+    job_id: str
+    attempt: int
+
+    @property
+    def events(self) -> Traces: ...
+
+
+def members(link: ChiefLink) -> tuple[int, ...]:
+    """The places that run the next attempt, in node-rank order (the chief first)."""
+    return membership.members(link.expected)
+
+
+def dropped(link: ChiefLink) -> set[int]:
+    """Worker places that run no attempt now (the job shrank)."""
+    return set(link.places - link.expected)
+
+
+def drop(link: ChiefLink, places: set[int]) -> None:
+    """The next attempt runs without these places: no node is waited for there."""
+    link.expected -= places
+
+
+def take_back(link: ChiefLink, places: list[int]) -> None:
+    """A shrunk job grows: these places are waited for again (a spare is sent to each)."""
+    link.expected |= set(places) & link.places
+
+
+def anyone_to_admit(link: ChiefLink) -> bool:
+    """A node of the job or a spare has not joined; or a place was taken or dropped, and the lost node's new
+    detlaunch may come back (as a spare)."""
+    return bool(link.expected - set(link.nodes) or link.spares.missing or link.spares.promoted
+                or link.places - link.expected)
+
+
+def place_taken(link: ChiefLink, node: int, addr: str) -> bool:
+    """Node `node`'s place is another's now (a spare was sent there: a detlaunch at `addr` claiming it is not
+    that spare) or empty (the job shrank): a new detlaunch of that node joins as a spare, not as the node. A
+    node still connected in its own place is never displaced."""
+    spares = link.spares
+    if node not in link.places:
+        return False
+    if node in spares.coming:
+        return spares.addrs.get(spares.coming[node]) != addr
+    return (node in link.nodes and node in spares.promoted.values()) or node not in link.expected
+
+
+def enlist(link: ChiefLink, conn: PeerConnection, m: Auth) -> None:
+    """Welcome it (proven as node `m.node`) as a new spare number, and let this connection go: it joins again
+    as that spare."""
+    number = link.spares.enlist()
+    addr = m.addr or str(conn.sock.getpeername()[0])
+    conn.trusted()
+    conn.send(Welcome(mac=auth.chief_mac(link.secret, link.job_id, m.node, m.nonce), attempt=link.attempt,
+                      hold=True, spare=number))
+    conn.close_when_sent()
+    link.events.trace(f"node {m.node} ({addr}) came back after its place was taken: it joins as spare {number}")

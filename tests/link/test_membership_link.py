@@ -1,0 +1,125 @@
+"""The job link's side of a job whose nodes change, in one event loop on loopback (no process started):
+a job that shrinks tells every node the places of the next attempt; a lost node's new detlaunch from a
+new address takes its place, and its address is planned with from then on; one whose place is taken or
+dropped is made a spare; a spare sent to a place that never joins there frees the place."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import pytest
+from detlaunch.link import places
+from detlaunch.link.chief import ChiefLink
+from detlaunch.link.worker import LinkState, WorkerLink
+from detlaunch.node.supervisor import replanned
+from detlaunch.planning.cluster import ClusterInfo
+from detlaunch.system.eventloop import EventLoop
+from support.helpers import free_port
+from test_rejoin_link import Events, run_until, settings, three_nodes, worker_link
+
+pytestmark = pytest.mark.timeout(30)
+BASE = ClusterInfo(node_addrs=("127.0.0.1", "127.0.0.2", "127.0.0.3"), slots=(2, 2, 2), node_rank=0,
+                   chief_addr="127.0.0.1", job_id="job-1")
+
+
+class Plan:
+    """What `replanned` reads of a plan: its cluster."""
+
+    def __init__(self, cluster: ClusterInfo) -> None:
+        self.cluster = cluster
+
+
+def lose(loop: EventLoop, chief: ChiefLink, chief_events: Events, worker: WorkerLink, others: list[WorkerLink],
+         attempt: int) -> None:
+    """`worker`'s detlaunch dies mid-attempt; every other node says goodbye and the chief restarts."""
+    assert worker.connection is not None
+    worker.connection.sock.close()
+    lost = chief_events.names().count("node_lost") + 1
+    run_until(loop, lambda: chief_events.names().count("node_lost") == lost)
+    worker.close()
+    for w in others:
+        w.finish(None, [])
+    run_until(loop, chief.ready_to_finish)
+    chief.restart(attempt, 0.0)
+
+
+def test_a_shrunk_job_names_the_places_of_the_next_attempt_and_each_node_plans_its_new_rank(tmp_path: Any) -> None:
+    loop, port, chief, chief_events, w1, w2, e2 = three_nodes(str(tmp_path))
+    lose(loop, chief, chief_events, w1, [w2], attempt=2)
+    assert chief.missing_nodes() == [1] and chief.holding
+    places.drop(chief, {1})  # no spare for node 1: the job goes on with nodes 0 and 2
+    assert (places.members(chief), chief.missing_nodes(), places.dropped(chief)) == ((0, 2), [], {1})
+    chief.go()
+    run_until(loop, lambda: "chief_go" in e2.names())
+    assert w2.members == (0, 2)
+    seen: list[ClusterInfo] = []
+
+    def replan(cluster: ClusterInfo) -> Any:
+        seen.append(cluster)
+        return Plan(cluster)
+
+    node2 = dataclasses.replace(BASE, node_rank=2)
+    moved = replanned(Plan(node2), node2, w2, replan, lambda _: None)  # type: ignore[arg-type]
+    assert moved is not None and (seen[-1].node_rank, seen[-1].num_nodes, seen[-1].first_rank) == (1, 2, 2)
+    moved = replanned(Plan(BASE), BASE, chief, replan, lambda _: None)  # type: ignore[arg-type]
+    assert moved is not None and seen[-1].node_addrs == ("127.0.0.1", "127.0.0.3") and seen[-1].total_slots == 4
+    assert replanned(moved, BASE, chief, replan, lambda _: None) is None  # type: ignore[arg-type]  # the same
+
+    # Node 1's new detlaunch: its place is dropped, so it is made a spare, and joins as one.
+    e1b = Events()
+    w1b = worker_link(loop, settings(1, port, str(tmp_path)), e1b)
+    run_until(loop, lambda: "made_spare" in e1b.names())
+    assert e1b.seen[-1] == ("made_spare", 3) and w1b.state is LinkState.ENDED  # its part is over
+    spare_link = worker_link(loop, dataclasses.replace(settings(1, port, str(tmp_path)), node=3), Events())
+    run_until(loop, lambda: "spare_joined" in chief_events.names())
+    assert chief_events.seen[-1][:3] == ("spare_joined", 3, "127.0.0.2") and 3 in chief.spares.waiting
+
+    # The job grows back at a restart: place 1 is waited for again, and the spare is sent there.
+    places.take_back(chief, [1])
+    assert places.members(chief) == (0, 1, 2) and chief.missing_nodes() == [1]
+    assert chief.promote_spare(1, set()) == (3, "127.0.0.2") and chief.spares.coming == {1: 3}
+    # Another detlaunch claiming node 1 meanwhile, from elsewhere, is made a spare; the spare joins as node 1.
+    e1c = Events()
+    w1c = worker_link(loop, dataclasses.replace(settings(1, port, str(tmp_path)), node_addr="127.0.0.7"), e1c)
+    run_until(loop, lambda: "made_spare" in e1c.names())
+    assert e1c.seen[-1] == ("made_spare", 4)
+    spare_as_1 = worker_link(loop, settings(1, port, str(tmp_path)), Events())
+    run_until(loop, lambda: spare_as_1.joined and not chief.missing_nodes())
+    assert chief.spares.coming == {} and chief.addr_of(1) == "127.0.0.2"
+    for link in (w1b, w1c, spare_as_1, spare_link, w2, chief):
+        link.close()
+    loop.close()
+
+
+def test_a_lost_node_started_again_at_a_new_address_takes_its_place_there(tmp_path: Any) -> None:
+    loop, port, chief, chief_events, w1, w2, e2 = three_nodes(str(tmp_path))
+    lose(loop, chief, chief_events, w1, [w2], attempt=2)
+    w1b = worker_link(loop, dataclasses.replace(settings(1, port, str(tmp_path)), node_addr="127.0.0.5"), Events())
+    run_until(loop, lambda: w1b.joined and chief.missing_nodes() == [])
+    assert chief.addr_of(1) == "127.0.0.5" and places.members(chief) == (0, 1, 2)
+    seen: list[ClusterInfo] = []
+    replanned(Plan(BASE), BASE, chief, lambda c: seen.append(c) or Plan(c), lambda _: None)  # type: ignore[arg-type,func-returns-value]
+    assert seen and seen[-1].node_addrs == ("127.0.0.1", "127.0.0.5", "127.0.0.3") and seen[-1].node_rank == 0
+    for link in (w1b, w2, chief):
+        link.close()
+    loop.close()
+
+
+def test_a_spare_sent_to_a_place_that_never_joins_there_frees_the_place(tmp_path: Any) -> None:
+    loop, port = EventLoop(), free_port()
+    fast = dict(heartbeat=0.02, spares=1)
+    chief_events = Events()
+    chief = ChiefLink(loop, dataclasses.replace(settings(0, port, str(tmp_path)), **fast), chief_events, chief_events)
+    w1 = worker_link(loop, dataclasses.replace(settings(1, port, str(tmp_path)), **fast), Events())
+    w2 = worker_link(loop, dataclasses.replace(settings(2, port, str(tmp_path)), **fast), Events())
+    spare = worker_link(loop, dataclasses.replace(settings(2, port, str(tmp_path)), node=3, **fast), Events())
+    run_until(loop, lambda: w1.joined and w2.joined and 3 in chief.spares.waiting)
+    assert chief.promote_spare(2, set()) == (3, "127.0.0.3") and chief.spares.coming == {2: 3}
+    spare.close()  # it dies on its way: it never joins as node 2
+    run_until(loop, lambda: not chief.spares.coming, timeout=10)
+    assert chief_events.seen[-1][0] == "spare_lost" and "did not join there within" in chief_events.seen[-1][3]
+    for link in (w1, w2, chief):
+        link.close()
+    loop.close()
+
