@@ -12,6 +12,7 @@ the link from the plan (`connect`): the link takes only its settings (link.setti
 
 from __future__ import annotations
 
+import dataclasses
 import signal
 import time
 from typing import Any, Protocol
@@ -26,11 +27,13 @@ from detlaunch.node.hangs import HangPolicy
 from detlaunch.node.phase import Phase
 from detlaunch.node.shutdown import Shutdown
 from detlaunch.node.startup import Startup
+from detlaunch.node.succession import Succession
 from detlaunch.node.verdict import ChiefLost, ChiefVerdict, NodeLost, RankEnded, RemoteFailure, Verdict, VerdictEvent
 from detlaunch.observe.emitter import EventEmitter
 from detlaunch.observe.events import EventKind
 from detlaunch.outcome import Failure, RankStatus
 from detlaunch.planning.plan import LaunchPlan
+from detlaunch.restarts.attempts import Attempts
 from detlaunch.system.eventloop import EventLoop
 
 
@@ -47,6 +50,8 @@ class LinkEventsHost(Protocol):
     driver: AttemptDriver
     startup: Startup
     shutdown: Shutdown
+    succession: Succession
+    attempts: Attempts
 
     @property
     def phase(self) -> Phase: ...
@@ -77,6 +82,8 @@ class LinkEvents:
         """This node's side of the job link: the chief's listens (one open file per node), a worker's dials."""
         h = self.host
         settings = link_settings(h.plan)
+        if h.succession.carried is not None:  # a successor serves the link with the job's secret
+            settings = dataclasses.replace(settings, secret=h.succession.carried.secret)
         if h.plan.cluster.is_chief:
             ensure_open_files(chief_needs(h.plan.cluster))
             return ChiefLink(h.loop, settings, self, h.control)
@@ -101,6 +108,7 @@ class LinkEvents:
     # -- the chief's link (ChiefEvents) -------------------------------------------------------------
     def node_joined(self, node: int, addr: str) -> None:
         self.host.events.emit(EventKind.NODE_JOINED, node=node, host=addr)
+        self.host.succession.changed()
 
     def remote_rank_exit(self, status: RankStatus) -> None:
         self.host.fail(RankEnded(status))
@@ -113,8 +121,11 @@ class LinkEvents:
         h = self.host
         h.trace(f"spare node {node} ({addr}) joined")
         h.events.emit(EventKind.SPARE_JOINED, node=node, host=addr)
+        h.succession.changed()
         if h.phase is Phase.STARTING:  # a node on an excluded host never comes: the spare takes its place now
             h.driver.fill_from_spares(only_excluded=True)
+        elif h.phase is Phase.BACKOFF and h.attempts.due is not None:  # a lost node's place waits for one
+            h.driver.fill_from_spares()
 
     def spare_facts(self) -> dict[str, Any]:
         """The chief's part of `detlaunch status`: its spares, waiting or sent to a place."""
@@ -146,11 +157,13 @@ class LinkEvents:
     def spare_lost(self, node: int, addr: str, why: str) -> None:
         self.host.say(f"lost spare node {node} ({addr}): {why}")
         self.host.events.emit(EventKind.NODE_LOST, node=node, host=addr, reason=why)
+        self.host.succession.changed()
 
     def node_lost(self, node: int, addr: str, why: str) -> None:
         """A worker node's supervisor vanished: between attempts the next one waits for it; else the job fails."""
         h = self.host
         h.events.emit(EventKind.NODE_LOST, node=node, host=addr, reason=why)
+        h.succession.changed()
         h.driver.exclude(node, addr, why)
         if h.phase is Phase.BACKOFF and h.plan.restarts.enabled:
             h.driver.lost_between_attempts(node, addr, why)
@@ -171,6 +184,8 @@ class LinkEvents:
     def chief_lost(self, why: str) -> None:
         """The chief's supervisor vanished before the job ended."""
         h = self.host
+        if h.phase is not Phase.DONE:  # a successor may take over (node/succession.py)
+            h.succession.chief_lost(why)
         if h.phase.active or h.phase is Phase.BACKOFF:
             h.fail(ChiefLost(h.plan.cluster.chief_addr, why, h.node, time.time()))
 

@@ -54,6 +54,7 @@ class EventKind(enum.StrEnum):
     NODE_EXCLUDED = "node_excluded"
     STRAGGLER = "straggler"
     HANG_TIMEOUT_LEARNED = "hang_timeout_learned"
+    CHIEF_CHANGED = "chief_changed"
 
 
 # The details each kind carries: name -> JSON type(s). All listed details are required;
@@ -82,6 +83,7 @@ DETAILS: Mapping[EventKind, Mapping[str, str | tuple[str, ...]]] = {
     EventKind.NODE_EXCLUDED: {"host": _STR, "reason": _STR},
     EventKind.STRAGGLER: {"basis": _STR, "speed": _NUM, "action": _STR, "confidence": _STR},
     EventKind.HANG_TIMEOUT_LEARNED: {"timeout": _NUM, "longest_interval": _NUM},
+    EventKind.CHIEF_CHANGED: {"host": _STR, "successor": _INT, "replaces": _STR, "reason": _STR, "attempt": _INT},
 }
 
 
