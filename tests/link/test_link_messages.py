@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 from detlaunch.link import messages
+from detlaunch.link.membership import Membership
 from detlaunch.link.messages import (
     BOTH,
     CHIEF,
@@ -38,7 +39,6 @@ from detlaunch.link.messages import (
     decode,
     encode,
 )
-from detlaunch.link.membership import Membership
 from detlaunch.link.wire import PeerConnection
 from detlaunch.outcome import Failure, FailureKind, RankStatus
 from detlaunch.system.eventloop import EventLoop

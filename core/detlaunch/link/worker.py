@@ -202,8 +202,8 @@ class WorkerLink:
                 self.orders.chief_restart(attempt, delay)
             case Go(attempt=attempt):
                 self.orders.chief_go(attempt)
-            case Members(m=m):
-                self.membership = m
+            case Members(m=shared):
+                self.membership = shared
             case Promote(place=place):
                 self._to(LinkState.ENDED)  # this connection's part is over: the spare joins again as `place`
                 conn.close()

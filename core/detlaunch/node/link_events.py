@@ -164,6 +164,8 @@ class LinkEvents:
         h = self.host
         h.events.emit(EventKind.NODE_LOST, node=node, host=addr, reason=why)
         h.succession.changed()
+        if h.succession.outvoted(node, addr, why):  # the nodes may follow a successor: no second chief
+            return
         h.driver.exclude(node, addr, why)
         if h.phase is Phase.BACKOFF and h.plan.restarts.enabled:
             h.driver.lost_between_attempts(node, addr, why)

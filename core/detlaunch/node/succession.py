@@ -29,6 +29,7 @@ import detlaunch.exit_codes as exit_codes
 from detlaunch.link.chief import ChiefLink
 from detlaunch.link.membership import Membership, cluster_after, has_majority
 from detlaunch.link.messages import Members
+from detlaunch.link.wire import HEARTBEAT_MISSES
 from detlaunch.link.worker import WorkerLink
 from detlaunch.node.attempt_driver import AttemptDriver
 from detlaunch.node.phase import Phase
@@ -114,6 +115,7 @@ class Succession:
         self.backoff_timer: Timer | None = None
         self.backoff_over = False
         self.waiting = False  # successor: for a majority
+        self.stepped_down = False  # a chief that lost a majority of its nodes (outvoted)
 
     # -- the chief shares the membership ------------------------------------------------------------
     def changed(self) -> None:
@@ -173,7 +175,31 @@ class Succession:
 
     @property
     def handing_over(self) -> bool:
-        return self.next is not None
+        """The job goes on without this supervisor: under this detlaunch's next one, or (a chief that stepped
+        down) under a successor elsewhere, which writes the job's log from here on."""
+        return self.next is not None or self.stepped_down
+
+    # -- a chief that lost more than half of its nodes at once -------------------------------------------
+    def outvoted(self, node: int, addr: str, why: str) -> bool:
+        """Chief: node `node` was lost. When more than half of the job's nodes are lost, they may hold a majority
+        and follow a successor (a chief silent too long: stopped, cut off): this chief must not go on as a second
+        one. It stops the job here, restarts nothing, writes no host into --exclude-hosts, and leaves."""
+        h, link = self.host, self.host.link
+        if self.stepped_down:
+            return True
+        n = h.plan.cluster.num_nodes
+        if not isinstance(link, ChiefLink) or not h.plan.restarts.enabled or n < 3:
+            return False
+        silence = HEARTBEAT_MISSES * link.heartbeat  # those silent as long are lost too (a chief that was stopped
+        lost = sorted(n for n, c in link.nodes.items() if c.closed or c.silent_for() > silence)  # finds all at once)
+        if not has_majority(len(lost), n):
+            return False
+        self.stepped_down = True
+        names = ", ".join(f"{n} ({link.addr_of(n)})" for n in lost)
+        h.say(f"lost node(s) {names}, more than half of the job's {n} nodes: they may follow a successor "
+              f"(the lowest of them), so this chief leaves the job")
+        h.fail(StartFailed(f"this chief was replaced: it lost node(s) {names} ({why})", h.node, time.time()))
+        return True
 
     # -- the successor ---------------------------------------------------------------------------------
     def begin(self) -> bool:

@@ -192,9 +192,10 @@ class NodeSupervisor:
 
     def run(self) -> JobResult:
         c = self.plan.cluster
-        self.events.emit(EventKind.JOB_PLANNED, layer=self.plan.layer, nodes=c.num_nodes, ranks=sum(c.slots))
-        if self.policy.enabled:
-            self.events.emit(EventKind.ATTEMPT_STARTED, attempt=0)
+        if self.succession.carried is None:  # else the job goes on: planned and started under the lost chief
+            self.events.emit(EventKind.JOB_PLANNED, layer=self.plan.layer, nodes=c.num_nodes, ranks=sum(c.slots))
+            if self.policy.enabled:
+                self.events.emit(EventKind.ATTEMPT_STARTED, attempt=0)
         try:
             self._prepare()
             if c.num_nodes > 1:
@@ -338,7 +339,7 @@ class NodeSupervisor:
         """After every batch of events: move through the phases as far as the state allows."""
         self.shutdown.advance()  # RUNNING ... LOCAL_DONE
         if self.phase is Phase.LOCAL_DONE and (self.link is None or self.link.ready_to_finish()) \
-                and not self.driver.restart_if_decided():
+                and (self.succession.stepped_down or not self.driver.restart_if_decided()):
             if self.link is not None:
                 statuses = [e.status for e in self.ranks.ranks.values() if e.status]
                 self.link.finish(self.verdict.failure, statuses)
