@@ -79,6 +79,8 @@ def test_every_survivor_reads_the_restart_budget_alike() -> None:
                      policy)[0] is True
     assert may_go_on(M, "a", "w", 5.0, RestartPolicy(max_restarts=0, max_node_restarts=1))[0] is False
     assert may_go_on(M, "a", "w", 5.0, RestartPolicy()) == (False, "restarts are off (--max-restarts)")
+    two = Membership(nodes=("a", "b"), live=(0, 1))  # node 1 alone is no majority of two: it never succeeds
+    assert may_go_on(two, "a", "w", 5.0, policy) == (False, "its 1 other node(s) are no majority of the job's 2")
 
 
 def test_a_worker_keeps_the_chiefs_membership_and_joins_its_successor_with_the_jobs_secret(tmp_path: Any) -> None:

@@ -20,7 +20,7 @@ import signal
 from collections.abc import Callable
 
 import detlaunch.exit_codes as exit_codes
-from detlaunch.link.membership import Membership
+from detlaunch.link.membership import Membership, has_majority
 from detlaunch.link.settings import LinkSettings
 from detlaunch.link.worker import LinkState, NoQuestionsNoOrders, WorkerLink
 from detlaunch.outcome import Failure
@@ -90,7 +90,8 @@ class SpareWait(NoQuestionsNoOrders):  # the chief sends a spare no question and
         lost = self.link
         m = lost.membership if lost is not None and lost.membership is not None else None
         successor = m.successor() if m is not None else None
-        if m is None or successor is None or not m.nodes[successor]:
+        if m is None or successor is None or not m.nodes[successor] or \
+                not has_majority(len([n for n in m.live if n != 0]), len(m.nodes)):
             self.say(f"spare node {self.settings.node}: lost the chief ({why}): leaving")
             self.exit_code = exit_codes.FAILED
             return

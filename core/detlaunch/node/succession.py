@@ -74,6 +74,9 @@ def may_go_on(m: Membership, old_chief: str, why: str, at: float, policy: Restar
     history, so all decide alike), and why not."""
     if not policy.enabled:
         return False, "restarts are off (--max-restarts)"
+    survivors = len([n for n in m.live if n != 0])
+    if not has_majority(survivors, len(m.nodes)):  # e.g. a job of two nodes: no side of it can go on alone
+        return False, f"its {survivors} other node(s) are no majority of the job's {len(m.nodes)}"
     if not m.running:  # lost between attempts: the next one was decided already
         return True, ""
     decision = policy.decide([*m.history, chief_loss_end(m, old_chief, why, at, policy)], _NoJitter())
