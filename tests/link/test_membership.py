@@ -7,16 +7,21 @@ secret."""
 from __future__ import annotations
 
 import dataclasses
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 from detlaunch.link.chief import ChiefLink
 from detlaunch.link.membership import Membership, cluster_after, has_majority, with_addresses
 from detlaunch.link.messages import Members, decode, encode
-from detlaunch.node.succession import chief_loss_end, may_go_on
+from detlaunch.node.phase import Phase
+from detlaunch.node.succession import Succession, Takeover, chief_loss_end, may_go_on
 from detlaunch.outcome import AttemptEnd, RestartClass
 from detlaunch.planning.cluster import ClusterInfo
+from detlaunch.restarts.attempts import Attempts
 from detlaunch.restarts.policy import RestartPolicy
+from detlaunch.system.eventloop import EventLoop
+from support.helpers import free_port
 from test_rejoin_link import Events, run_until, settings, three_nodes, worker_link
 
 pytestmark = pytest.mark.timeout(30)
@@ -106,4 +111,107 @@ def test_a_worker_keeps_the_chiefs_membership_and_joins_its_successor_with_the_j
     run_until(loop, lambda: "link_failed_to_start" in stranger_events.names())
     for link in (new, follower, stranger, w1, w2):
         link.close()
+    loop.close()
+
+
+class Recorder(Events):
+    """Events that take keyword arguments too (an emitter's details)."""
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return lambda *args, **details: self.seen.append((name, *args))
+
+
+class Host:
+    """What node/succession.py needs of a supervisor: a real link and loop, the rest recorded."""
+
+    def __init__(self, link: ChiefLink, nodes: int, start_timeout: float = 30.0) -> None:
+        self.loop, self.link, self.node, self.phase = link.loop, link, 0, Phase.BACKOFF
+        policy = RestartPolicy(max_restarts=1, backoff_initial=0.0)
+        self.plan = SimpleNamespace(cluster=SimpleNamespace(num_nodes=nodes, chief_addr="127.0.0.2"), heartbeat=1.0,
+                                    start_timeout=start_timeout, restarts=policy, exclude_hosts=None)
+        self.attempts, self.events, self.driver = Attempts(policy), Recorder(), Recorder()
+        self.said: list[str] = []
+        self.failed: list[Any] = []
+
+    def say(self, message: str) -> None:
+        self.said.append(message)
+
+    def trace(self, message: str) -> None:
+        pass
+
+    def fail(self, event: Any) -> None:
+        self.failed.append(event)
+
+
+def successor_of(tmp: str, nodes: int, start_timeout: float) -> tuple[ChiefLink, Host, Succession, int]:
+    """Node 1 of a job of `nodes` (127.0.0.1-N) took over from the chief: its link and succession begun."""
+    port = free_port("127.0.0.2")
+    addrs = tuple(f"127.0.0.{n + 1}" for n in range(nodes))
+    s = dataclasses.replace(settings(0, port, tmp), num_nodes=nodes, chief_addr="127.0.0.2", node_addr="127.0.0.2",
+                            node_addrs=("127.0.0.2", "127.0.0.1", *addrs[2:]))
+    link = ChiefLink(EventLoop(), s, events := Events(), events)
+    host = Host(link, nodes, start_timeout)
+    m = Membership(nodes=addrs, live=tuple(range(nodes)), attempt=1, running=True)
+    carried = Takeover(cluster_after(cluster(1), m, 1), m, 1, "127.0.0.1", "no heartbeat", "s3cret", 5.0)
+    succession = Succession(host, carried)  # type: ignore[arg-type]
+    assert succession.begin()
+    return link, host, succession, port
+
+
+def join(link: ChiefLink, port: int, tmp: str, node: int) -> Any:
+    w = worker_link(link.loop, dataclasses.replace(settings(node, port, tmp), chief_addr="127.0.0.2"), Events())
+    run_until(link.loop, lambda: w.joined)
+    return w
+
+
+def test_the_successor_goes_on_only_with_a_majority_of_the_last_attempts_nodes(tmp_path: Any) -> None:
+    link, host, succession, port = successor_of(str(tmp_path), 4, 30.0)
+    assert ("begin_backoff", 2, None) in host.driver.seen and link.attempt == 2 and link.holding
+    assert host.attempts.history[-1].restart_class is RestartClass.NODE_LOST  # counted as a lost node
+    workers = [join(link, port, str(tmp_path), 2)]
+    succession.changed()
+    assert succession.waiting  # 2 of 4: not yet
+    workers.append(join(link, port, str(tmp_path), 3))
+    succession.changed()
+    run_until(link.loop, lambda: ("next_attempt", 2) in host.driver.seen)  # 3 of 4, and the backoff is over
+    assert "3 of the last attempt's 4 nodes are here (a majority): the job goes on" in host.said
+    assert not host.failed
+    for w in workers:
+        w.close()
+    succession.close()
+    link.close()
+
+
+def test_without_a_majority_the_successor_ends_naming_what_it_could_not_reach(tmp_path: Any) -> None:
+    link, host, succession, port = successor_of(str(tmp_path), 5, 0.5)
+    w = join(link, port, str(tmp_path), 2)
+    succession.changed()
+    run_until(link.loop, lambda: bool(host.failed))
+    assert host.failed[0].what == ("lost the chief and reached only 2 of the last attempt's 5 nodes within 0.5 s, no "
+                                   "majority: could not reach node(s) 3 (127.0.0.4), 4 (127.0.0.5)")
+    assert ("next_attempt", 2) not in host.driver.seen  # no spare promoted, no attempt on this side
+    w.close()
+    succession.close()
+    link.close()
+
+
+def test_a_chief_that_lost_more_than_half_of_its_nodes_steps_down(tmp_path: Any) -> None:
+    loop, port = EventLoop(), free_port()
+    s = dataclasses.replace(settings(0, port, str(tmp_path)), num_nodes=4,
+                            node_addrs=("127.0.0.1", "127.0.0.2", "127.0.0.3", "127.0.0.4"))
+    chief = ChiefLink(loop, s, chief_events := Events(), chief_events)
+    host = Host(chief, 4)
+    succession = Succession(host)  # type: ignore[arg-type]
+    workers = [worker_link(loop, settings(n, port, str(tmp_path)), Events()) for n in (1, 2, 3)]
+    run_until(loop, lambda: all(w.joined for w in workers))
+    for n, w in enumerate(workers, start=1):
+        w.close()
+        run_until(loop, lambda n=n: ("node_lost", n) in [e[:2] for e in chief_events.seen])  # type: ignore[misc]
+        assert succession.outvoted(n, f"127.0.0.{n + 1}", "gone") is (n == 3)  # 3 of 4 lost: they may go on
+    assert host.said == ["lost node(s) 1 (127.0.0.2), 2 (127.0.0.3), 3 (127.0.0.4), more than half of the job's 4 "
+                         "nodes: they may follow a successor (the lowest of them), so this chief leaves the job"]
+    assert succession.stepped_down and succession.handing_over  # no restart; the job's log is the successor's
+    chief.close()
     loop.close()

@@ -134,7 +134,10 @@ class Succession:
 
     def _share(self) -> None:
         self.share_timer = None
-        link = self.host.link
+        h, link = self.host, self.host.link
+        if h.phase is Phase.STARTING and h.attempts.number == 1 and isinstance(link, ChiefLink) \
+                and link.missing_nodes():
+            return  # the first start: shared once every node is here (no successor could start the job before)
         if isinstance(link, ChiefLink) and link.listener.fileno() >= 0:
             self.shared_at = self.host.loop.clock()
             link.share(Members(m=self.membership()))
