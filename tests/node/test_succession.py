@@ -17,6 +17,7 @@ import os
 import signal
 from pathlib import Path
 
+import psutil
 import pytest
 from support.helpers import free_port, rank_lines
 from support.jobs import Launcher
@@ -25,8 +26,9 @@ from test_restarts import DDP, train_args
 pytestmark = pytest.mark.timeout(300)
 
 
-def test_the_chief_is_lost_mid_training_and_the_lowest_surviving_node_takes_over(launcher: Launcher,
-                                                                                 tmp_path: Path) -> None:
+@pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGSTOP], ids=["closed", "silent"])
+def test_the_chief_is_lost_mid_training_and_the_lowest_surviving_node_takes_over(
+        launcher: Launcher, tmp_path: Path, how: signal.Signals) -> None:
     excluded = tmp_path / "excluded-hosts"
     common = ["--layer", "direct", "--nnodes", "4", "--nproc-per-node", "1", "--master-addr", "127.0.0.1",
               "--spares", "1", "--master-port", str(free_port()), "--max-restarts", "1", "--restart-backoff", "0",
@@ -38,10 +40,20 @@ def test_the_chief_is_lost_mid_training_and_the_lowest_surviving_node_takes_over
     chief, spare = nodes[0], nodes[4]
     spare.wait_for_output("detlaunch: spare node 4: joined the job; it runs no rank", timeout=60)
     nodes[2].wait_for_output("rank 2 attempt 1 fails at step 3 (hang)", timeout=150)
-    chief.send_signal(signal.SIGKILL)
-    done = [job.wait(180) for job in nodes[1:]]
-    chief.wait(30)
+    if how == signal.SIGSTOP:  # the chief's supervisor (pid 1 of its PID namespace) stops answering
+        stopped = psutil.Process(chief.proc.pid).children()[0]
+        stopped.suspend()
+    else:
+        chief.send_signal(how)
+    try:
+        done = [job.wait(180) for job in nodes[1:]]
+    finally:
+        if how == signal.SIGSTOP:  # back after the succession: it learns it was replaced, and leaves
+            stopped.resume()
+    old = chief.wait(60)
     assert [d.returncode for d in done] == [0, 0, 0, 0], "\n".join(d.output for d in done)
+    if how == signal.SIGSTOP:
+        assert old.returncode == 1 and "so this chief leaves the job" in old.stderr, old.output
     rs, r2, r3, rp = done
     lost = "detlaunch: lost the chief, node 0 (127.0.0.1): "
     for d, who in ((rs, "this node"), (r2, "node 1 (127.0.0.2)"), (r3, "node 1 (127.0.0.2)")):
@@ -65,6 +77,6 @@ def test_the_chief_is_lost_mid_training_and_the_lowest_surviving_node_takes_over
     changed = [e for e in events if e["kind"] == "chief_changed"]
     assert len(changed) == 1 and changed[0]["details"]["host"] == "127.0.0.2" and \
         changed[0]["details"]["replaces"] == "127.0.0.1" and changed[0]["details"]["successor"] == 1, changed
-    kinds = [e["kind"] for e in events]
-    assert kinds.count("job_planned") == 1 and kinds[-1] == "job_finished", kinds
-    assert events[-1]["details"]["exit_code"] == 0
+    finished = [e for e in events if e["kind"] == "job_finished"]  # the successor's: the job's one end
+    assert [e["kind"] for e in events].count("job_planned") == 1 and len(finished) == 1, events
+    assert finished[0]["details"]["exit_code"] == 0 and finished[0]["node"] == 0
