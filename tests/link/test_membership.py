@@ -15,9 +15,10 @@ from detlaunch.link.chief import ChiefLink
 from detlaunch.link.membership import Membership, cluster_after, has_majority, with_addresses
 from detlaunch.link.messages import Members, decode, encode
 from detlaunch.node.phase import Phase
-from detlaunch.node.succession import Succession, Takeover, chief_loss_end, may_go_on
+from detlaunch.node.succession import Succession, Takeover, carry_exclusions, chief_loss_end, may_go_on
 from detlaunch.outcome import AttemptEnd, RestartClass
 from detlaunch.planning.cluster import ClusterInfo
+from detlaunch.planning.spares import read_excluded
 from detlaunch.restarts.attempts import Attempts
 from detlaunch.restarts.policy import RestartPolicy
 from detlaunch.system.eventloop import EventLoop
@@ -215,3 +216,13 @@ def test_a_chief_that_lost_more_than_half_of_its_nodes_steps_down(tmp_path: Any)
     assert succession.stepped_down and succession.handing_over  # no restart; the job's log is the successor's
     chief.close()
     loop.close()
+
+
+def test_the_hosts_the_lost_chief_kept_out_stay_out_on_the_successor(tmp_path: Any) -> None:
+    own = tmp_path / "excluded"
+    own.write_text("10.9.9.9\n")
+    carry_exclusions(str(own), ("10.9.9.9", "10.0.0.7"), print)
+    assert read_excluded(str(own)) == {"10.9.9.9", "10.0.0.7"}
+    assert own.read_text().splitlines()[1].startswith("10.0.0.7  # excluded ")  # once, not twice
+    carry_exclusions(str(own), ("10.0.0.7",), print)
+    assert len(own.read_text().splitlines()) == 2

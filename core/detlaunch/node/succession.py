@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Callable
 from typing import Protocol
 
 import detlaunch.exit_codes as exit_codes
@@ -81,6 +82,22 @@ def may_go_on(m: Membership, old_chief: str, why: str, at: float, policy: Restar
         return True, ""
     decision = policy.decide([*m.history, chief_loss_end(m, old_chief, why, at, policy)], _NoJitter())
     return decision.restart, decision.why
+
+
+def carry_exclusions(path: str | None, hosts: tuple[str, ...], say: Callable[[str], None]) -> None:
+    """The hosts the lost chief kept out stay out: those missing from this node's --exclude-hosts file (one of
+    its own, not shared) are added to it, as excluded."""
+    if not path or not hosts:
+        return
+    try:
+        known = spares.read_excluded(path)
+    except Exception as e:  # noqa: BLE001 - a file that cannot be read now must not end the job
+        say(f"warning: {e}; the job goes on")
+        return
+    for host in sorted(set(hosts) - known):
+        warning = spares.append_excluded(path, host, "kept out by the lost chief", how=spares.EXCLUDED)
+        if warning:
+            say(f"warning: {warning}; the job goes on")
 
 
 class _NoJitter:
@@ -231,6 +248,7 @@ class Succession:
         link.attempt, link.holding = t.next_attempt, True  # every node joins held, and waits for "go"
         link.spares.promoted.update({n: -1 for n in m.used_spares})  # never admitted as spares again
         h.events.emit(EventKind.NODE_LOST, node=t.successor, host=t.old_chief, reason=f"the chief: {t.why}")
+        carry_exclusions(h.plan.exclude_hosts, m.excluded, h.say)
         h.driver.exclude(t.successor, t.old_chief, f"the chief: {t.why}")
         n = h.plan.cluster.num_nodes
         h.say(f"this node is the chief now (node rank 0, was node {t.successor}): waiting for more than half of "
