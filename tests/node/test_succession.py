@@ -32,7 +32,8 @@ def test_the_chief_is_lost_mid_training_and_the_lowest_surviving_node_takes_over
     excluded = tmp_path / "excluded-hosts"
     common = ["--layer", "direct", "--nnodes", "4", "--nproc-per-node", "1", "--master-addr", "127.0.0.1",
               "--spares", "1", "--master-port", str(free_port()), "--max-restarts", "1", "--restart-backoff", "0",
-              "--heartbeat", "0.2" if how == signal.SIGSTOP else "1", "--job-id", f"succession-{os.getpid()}", "--exclude-hosts", str(excluded),
+              "--heartbeat", "0.2" if how == signal.SIGSTOP else "1", "--job-id", f"succession-{os.getpid()}",
+              "--exclude-hosts", str(excluded),
               "--log-dir", str(tmp_path / "logs")]
     script = train_args(tmp_path, DDP, "--crash-step", "3", "--crash-rank", "2", "--crash-how", "hang")
     nodes = [launcher.start(*common, "--node-rank", str(n), "--node-addr", f"127.0.0.{n + 1}", *script)
