@@ -8,6 +8,8 @@ the chief (node rank 0, global rank 0, MASTER_ADDR); nodes 2 and 3 and the spare
 secret; a majority (3 of 4) is there, so the job goes on; the spare takes the place node 1 left; attempt
 2 resumes at step 2 and every surviving node ends 0, with the restart state carried over (the attempt
 number, the lost host in the exclusion file) and the event log going on. Nothing is left on any node.
+The same with a silent chief (its supervisor SIGSTOPped: 5 heartbeats of 0.2 s) that comes back once the
+job is over: it finds more than half of its nodes gone, knows it was replaced, and leaves (exit 1).
 """
 
 from __future__ import annotations
