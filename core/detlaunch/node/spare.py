@@ -20,6 +20,7 @@ import signal
 from collections.abc import Callable
 
 import detlaunch.exit_codes as exit_codes
+from detlaunch.link.dial import RETRY_MAX
 from detlaunch.link.membership import Membership, has_majority
 from detlaunch.link.settings import LinkSettings
 from detlaunch.link.worker import LinkState, NoQuestionsNoOrders, WorkerLink
@@ -78,6 +79,12 @@ class SpareWait(NoQuestionsNoOrders):  # the chief sends a spare no question and
                  "node's place")
 
     def link_failed_to_start(self, what: str) -> None:
+        if self.deadline is not None:  # the successor does not serve yet: a process of its node's last attempt may
+            self.trace(f"{what}: dialing the successor again")  # hold the job's port on its address for a while
+            if self.link is not None:
+                self.link.close()
+            self.loop.call_later(RETRY_MAX, self._dial)
+            return
         self.say(f"spare node {self.settings.node}: {what}")
         self.exit_code = exit_codes.FAILED
 
@@ -101,8 +108,12 @@ class SpareWait(NoQuestionsNoOrders):  # the chief sends a spare no question and
                  f"({m.nodes[successor]}), its successor")
         assert lost is not None
         lost.close()
-        self.link = WorkerLink(self.loop, self.settings, self, self, self)
         self.deadline = self.loop.call_later(self.start_timeout, self._no_successor)
+        self.loop.call_later(0, self._dial)  # after this batch of events (the closed link's)
+
+    def _dial(self) -> None:
+        if self.exit_code is None and self.place is None:
+            self.link = WorkerLink(self.loop, self.settings, self, self, self)
 
     def _no_successor(self) -> None:
         self.deadline = None
