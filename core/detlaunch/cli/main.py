@@ -220,7 +220,12 @@ def run(argv: list[str], env: dict[str, str], pre: argparse.Namespace | None = N
             carried = supervisor.succession.next
             if carried is None:
                 break
-            plan = build_plan(hooks, config, carried.cluster)
+            try:
+                plan = build_plan(hooks, config, carried.cluster)
+            except DetlaunchError as e:  # this node's part under the new chief cannot be planned: one line
+                print(f"detlaunch: error: the job cannot go on here after the succession: {one_line(e)}",
+                      file=sys.stderr)
+                return exit_codes.FAILED
         for problem in hooks.job_finished(plan.context, result):
             print(f"detlaunch: warning: a job_finished observer failed: {problem}", file=sys.stderr)
         for line in [*format_warnings(result), *result.attempts, *format_report(result)]:
