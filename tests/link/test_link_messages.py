@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 from detlaunch.link import messages
+from detlaunch.link.membership import Membership
 from detlaunch.link.messages import (
     BOTH,
     CHIEF,
@@ -25,6 +26,7 @@ from detlaunch.link.messages import (
     Go,
     Heartbeat,
     Malformed,
+    Members,
     Message,
     Promote,
     RankExit,
@@ -51,6 +53,7 @@ EXAMPLES: list[Message] = [
     Reply(key=7, data=[1, "two"]), Stop(failure=FAILURE), Request(key=8, what="stacks", args={"budget": 1.5}),
     Answer(key=8, data={"nodes": []}), Restart(attempt=2, delay=None), Restart(attempt=2, delay=0.5), Go(attempt=2),
     End(failure=None), End(failure=FAILURE), Promote(place=2),
+    Members(m=Membership(nodes=("10.0.0.1", ""), live=(0,), spares=((2, "10.0.0.3"),), attempt=2, running=False)),
 ]
 
 
@@ -62,7 +65,7 @@ def test_every_kind_reads_back_as_it_was_written(message: Message) -> None:
 
 def test_the_table_in_the_docstring_names_every_kind_once_with_its_sender_and_fields() -> None:
     rows = re.findall(r"^    (\w+) +(chief|worker|both) +(-|\w+(?:, \w+)*) ", messages.__doc__ or "", re.M)
-    assert sorted(kind for kind, _, _ in rows) == sorted(KINDS) and len(rows) == len(KINDS) == 16
+    assert sorted(kind for kind, _, _ in rows) == sorted(KINDS) and len(rows) == len(KINDS) == 17
     for kind, sender, fields in rows:
         cls = KINDS[kind]
         assert cls.sender == sender

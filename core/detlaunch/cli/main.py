@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import atexit
 import dataclasses
+import functools
 import json
 import os
 import signal
@@ -21,6 +22,7 @@ from detlaunch.planning.command_line import CommandLine, first_pass, truthy
 from detlaunch.planning.config import Parser, check_sections, split_argv
 
 if TYPE_CHECKING:
+    from detlaunch.link.membership import Membership
     from detlaunch.planning.cluster import ClusterInfo
     from detlaunch.planning.config import Config
     from detlaunch.planning.plan import LaunchPlan
@@ -214,30 +216,37 @@ def run(argv: list[str], env: dict[str, str], pre: argparse.Namespace | None = N
             if job_lock is not None:
                 job_lock.release()
             return place
-        plan = build_plan(hooks, config, spares.take_place(everyone, n_spares, place.node))
-
-    def replanner(run_dir: str) -> Callable[[ClusterInfo], LaunchPlan]:
-        """This node's plan for another cluster (nodes moved, the job shrank), in its supervisor's run dir."""
-        return lambda moved: build_plan(hooks, config, moved, run_dir)
+        plan = build_plan(hooks, config, spares.take_place(place.everyone(everyone), n_spares, place.node))
 
     def supervise() -> int:
-        node_plan = plan
-        while True:
-            sup = NodeSupervisor(node_plan, debug=bool(options.get("debug")), on_event=hooks.event,
-                                 replan=replanner(node_plan.run_dir))
-            result = sup.run()
-            number = sup.link_events.spare_number  # this node was lost and its place taken: a spare now
+        nonlocal plan
+        carried = None
+        while True:  # the job goes on here: as a lost chief's successor or a node that follows it
+            # (node/succession.py), or as a spare, this node's place having gone to another (a lost host back)
+            supervisor = NodeSupervisor(plan, debug=bool(options.get("debug")), on_event=hooks.event, carried=carried,
+                                        replan=functools.partial(replan, hooks, config, plan.run_dir))
+            result = supervisor.run()
+            carried = supervisor.succession.next
+            if carried is not None:
+                try:
+                    plan = build_plan(hooks, config, carried.cluster)
+                except DetlaunchError as e:  # this node's part under the new chief cannot be planned: one line
+                    print(f"detlaunch: error: the job cannot go on here after the succession: {one_line(e)}",
+                          file=sys.stderr)
+                    return exit_codes.FAILED
+                continue
+            number = supervisor.link_events.spare_number  # this node was lost and its place taken: a spare now
             if number is None:
                 break
-            place = wait_as_spare(node_plan, number, everyone.node_addr, bool(options.get("debug")))
+            place = wait_as_spare(plan, number, everyone.node_addr, bool(options.get("debug")))
             if not isinstance(place, Place):
                 return place
-            node_plan = build_plan(hooks, config, spares.take_place(everyone, n_spares, place.node))
+            plan = build_plan(hooks, config, spares.take_place(place.everyone(everyone), n_spares, place.node))
         for problem in hooks.job_finished(plan.context, result):
             print(f"detlaunch: warning: a job_finished observer failed: {problem}", file=sys.stderr)
         for line in [*format_warnings(result), *result.attempts, *format_report(result)]:
             print(line, file=sys.stderr)
-        if options.get("log_dir") and cluster.is_chief:  # the job's page, from its logs (cli/report.py)
+        if options.get("log_dir") and plan.cluster.is_chief:  # the job's page, from its logs (cli/report.py)
             from detlaunch.cli.report import page_at_end
 
             if page_problem := page_at_end(options["log_dir"], options.get("events")):
@@ -258,9 +267,23 @@ def run(argv: list[str], env: dict[str, str], pre: argparse.Namespace | None = N
             job_lock.release()
 
 
+def replan(hooks: Hooks, config: Config, run_dir: str, moved: ClusterInfo) -> LaunchPlan:
+    """This node's plan again, for nodes that moved (a spare in a lost node's place), in the same run dir."""
+    from detlaunch.planning.plan import build_plan
+
+    return build_plan(hooks, config, moved, run_dir)
+
+
 @dataclasses.dataclass(frozen=True)
 class Place:
     node: int  # the node rank a spare takes
+    membership: Membership | None = None  # the chief's last (its addresses: a successor's may differ)
+
+    def everyone(self, everyone: ClusterInfo) -> ClusterInfo:
+        """The whole cluster with the addresses the chief that promoted the spare has."""
+        from detlaunch.link.membership import with_addresses
+
+        return with_addresses(everyone, self.membership) if self.membership is not None else everyone
 
 
 def wait_as_spare(plan: LaunchPlan, spare: int, addr: str | None, debug: bool) -> Place | int:
@@ -269,12 +292,13 @@ def wait_as_spare(plan: LaunchPlan, spare: int, addr: str | None, debug: bool) -
     from detlaunch.node.spare import SpareWait
 
     settings = dataclasses.replace(link_settings(plan), node=spare, node_addr=addr)
-    wait = SpareWait(settings, say=lambda line: print(f"detlaunch: {line}", file=sys.stderr, flush=True), debug=debug)
+    wait = SpareWait(settings, say=lambda line: print(f"detlaunch: {line}", file=sys.stderr, flush=True), debug=debug,
+                     start_timeout=plan.start_timeout)
     place = wait.wait()
     if place is None:
         assert wait.exit_code is not None
         return wait.exit_code
-    return Place(place)
+    return Place(place, wait.membership)
 
 
 def discover(hooks: Hooks, config: Config, job: bool) -> ClusterInfo:

@@ -82,7 +82,7 @@ class ChiefLink:
         self.heartbeat = settings.heartbeat
         self.shared_dir = settings.shared_dir
         self.secret_from_env = bool(settings.environ.get(SECRET_ENV))
-        self.secret = create_secret(settings.environ, settings.shared_dir)
+        self.secret = settings.secret or create_secret(settings.environ, settings.shared_dir)
         self.expected = set(range(1, settings.num_nodes))  # the places whose nodes run the next attempt
         self.places = frozenset(range(1, settings.num_nodes))  # every worker place (--nnodes MAX; link/places.py)
         self.spares = SparePool(settings.num_nodes, settings.spares, events)  # link/spares.py
@@ -273,6 +273,13 @@ class ChiefLink:
         encoded = encode(message)  # once, for every node
         for conn in self.nodes.values():
             conn.send_encoded(encoded)
+
+    def share(self, message: Message) -> None:
+        """To every node and every waiting spare (the membership, node/succession.py)."""
+        encoded = encode(message)
+        for conn in [*self.nodes.values(), *self.spares.waiting.values()]:
+            if not conn.closed:
+                conn.send_encoded(encoded)
 
     def live_nodes(self) -> set[int]:
         """The worker nodes that joined and are still connected."""

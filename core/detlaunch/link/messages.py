@@ -24,6 +24,8 @@ One JSON object per line (wire.py), its kind in "t". Who sends each kind, and it
     end         chief    failure                      the job is over: the final verdict (null: it succeeded)
     promote     chief    place                        (to a spare) take node `place`'s place: leave, and join
                                                       again as that node (node/spare.py)
+    members     chief    m                            the job's membership and restart state, as it changes
+                                                      (membership.py): what a successor needs of the chief
 
 Reading is in one place, `decode`: a line that is not JSON, or a known kind with a field missing
 or of the wrong type, is `Malformed`; a kind this link does not know (or that is not a JSON object),
@@ -39,6 +41,7 @@ import json
 from collections.abc import Callable
 from typing import Any, ClassVar, TypeVar, cast
 
+from detlaunch.link.membership import Membership
 from detlaunch.outcome import Failure, RankStatus
 
 CHIEF, WORKER, BOTH = "chief", "worker", "both"  # who sends a kind
@@ -232,8 +235,14 @@ class Promote(Kind):
     place: int = _field(_integer)
 
 
+@_kind("members", CHIEF)
+@dataclasses.dataclass(frozen=True)
+class Members(Kind):
+    m: Membership = _field(Membership.from_json, write=lambda m: m.to_json())
+
+
 Message = (Heartbeat | Challenge | Auth | Welcome | RankExit | Failed | Bye | Ask | Reply | Stop | Request | Answer
-           | Restart | Go | End | Promote)
+           | Restart | Go | End | Promote | Members)
 
 
 # -- reading and writing ---------------------------------------------------------------------------------

@@ -20,3 +20,4 @@ class LinkSettings:
     node_addr: str | None = None  # this node's own address: a worker dials the chief from it
     bind_any: bool = False  # the chief listens on the wildcard (a job across machines: planning/addresses.py)
     spares: int = 0  # spare nodes (numbered num_nodes..num_nodes+spares-1) the chief admits besides
+    secret: str = ""  # a successor chief: the job's secret it already holds (node/succession.py)

@@ -14,6 +14,7 @@ from typing import Any, Protocol
 
 from detlaunch.link import auth
 from detlaunch.link.dial import Dialer
+from detlaunch.link.membership import Membership
 from detlaunch.link.messages import (
     CHIEF,
     Answer,
@@ -24,6 +25,7 @@ from detlaunch.link.messages import (
     End,
     Failed,
     Go,
+    Members,
     Message,
     Promote,
     RankExit,
@@ -128,6 +130,7 @@ class WorkerLink:
         self.unsent: list[Message] = []  # said before the welcome: the chief takes anything else for auth
         self.attempt = 1  # the attempt the chief's welcome said this node joins
         self.hold = False  # and whether it waits for the chief's "go" first
+        self.membership: Membership | None = None  # the chief's latest: who succeeds it (node/succession.py)
         self.dialer = Dialer(loop, *self.chief, self._on_connected, events.link_failed_to_start,
                              source=settings.node_addr)
         self.timer: Timer | None = loop.call_later(self.heartbeat, self.tick)
@@ -214,6 +217,8 @@ class WorkerLink:
                 if members is not None:  # the places of this attempt (planning/membership.py)
                     self.members = members
                 self.orders.chief_go(attempt)
+            case Members(m=shared):
+                self.membership = shared
             case Promote(place=place):
                 self._to(LinkState.ENDED)  # this connection's part is over: the spare joins again as `place`
                 conn.close()

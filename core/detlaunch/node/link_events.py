@@ -12,6 +12,7 @@ the link from the plan (`connect`): the link takes only its settings (link.setti
 
 from __future__ import annotations
 
+import dataclasses
 import signal
 import time
 from typing import Any, Protocol
@@ -27,11 +28,13 @@ from detlaunch.node.hangs import HangPolicy
 from detlaunch.node.phase import Phase
 from detlaunch.node.shutdown import Shutdown
 from detlaunch.node.startup import Startup
+from detlaunch.node.succession import Succession
 from detlaunch.node.verdict import ChiefLost, ChiefVerdict, NodeLost, RankEnded, RemoteFailure, Verdict, VerdictEvent
 from detlaunch.observe.emitter import EventEmitter
 from detlaunch.observe.events import EventKind
 from detlaunch.outcome import Failure, RankStatus
 from detlaunch.planning.plan import LaunchPlan
+from detlaunch.restarts.attempts import Attempts
 from detlaunch.system.eventloop import EventLoop
 
 
@@ -48,6 +51,8 @@ class LinkEventsHost(Protocol):
     driver: AttemptDriver
     startup: Startup
     shutdown: Shutdown
+    succession: Succession
+    attempts: Attempts
 
     @property
     def phase(self) -> Phase: ...
@@ -80,6 +85,8 @@ class LinkEvents:
         """This node's side of the job link: the chief's listens (one open file per node), a worker's dials."""
         h = self.host
         settings = link_settings(h.plan)
+        if h.succession.carried is not None:  # a successor serves the link with the job's secret
+            settings = dataclasses.replace(settings, secret=h.succession.carried.secret)
         if h.plan.cluster.is_chief:
             ensure_open_files(chief_needs(h.plan.cluster))
             return ChiefLink(h.loop, settings, self, h.control)
@@ -104,6 +111,7 @@ class LinkEvents:
     # -- the chief's link (ChiefEvents) -------------------------------------------------------------
     def node_joined(self, node: int, addr: str) -> None:
         self.host.events.emit(EventKind.NODE_JOINED, node=node, host=addr)
+        self.host.succession.changed()
 
     def remote_rank_exit(self, status: RankStatus) -> None:
         self.host.fail(RankEnded(status))
@@ -116,6 +124,7 @@ class LinkEvents:
         h = self.host
         h.trace(f"spare node {node} ({addr}) joined")
         h.events.emit(EventKind.SPARE_JOINED, node=node, host=addr)
+        h.succession.changed()
         if h.phase is Phase.STARTING:  # a node on an excluded host never comes: the spare takes its place now
             h.driver.fill_from_spares(only_excluded=True)
         else:  # lost nodes waited for (below --nnodes MIN, or a place whose spare was lost): this one may go
@@ -154,12 +163,16 @@ class LinkEvents:
     def spare_lost(self, node: int, addr: str, why: str) -> None:
         self.host.say(f"lost spare node {node} ({addr}): {why}")
         self.host.events.emit(EventKind.NODE_LOST, node=node, host=addr, reason=why)
+        self.host.succession.changed()
         self.host.driver.refill()  # it may have been sent to a place: another spare goes, or the job shrinks
 
     def node_lost(self, node: int, addr: str, why: str) -> None:
         """A worker node's supervisor vanished: between attempts the next one waits for it; else the job fails."""
         h = self.host
         h.events.emit(EventKind.NODE_LOST, node=node, host=addr, reason=why)
+        h.succession.changed()
+        if h.succession.outvoted(node, addr, why):  # the nodes may follow a successor: no second chief
+            return
         h.driver.exclude(node, addr, why)
         if h.phase is Phase.BACKOFF and h.plan.restarts.enabled:
             h.driver.lost_between_attempts(node, addr, why)
@@ -180,6 +193,8 @@ class LinkEvents:
     def chief_lost(self, why: str) -> None:
         """The chief's supervisor vanished before the job ended."""
         h = self.host
+        if h.phase is not Phase.DONE:  # a successor may take over (node/succession.py)
+            h.succession.chief_lost(why)
         if h.phase.active or h.phase is Phase.BACKOFF:
             h.fail(ChiefLost(h.plan.cluster.chief_addr, why, h.node, time.time()))
 

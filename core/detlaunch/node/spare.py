@@ -7,40 +7,53 @@ link as any node, keeps the heartbeat, and waits on one event loop (nothing poll
   plans that node's part and joins again as that node (cli/main.py), the way a lost node's new
   detlaunch does;
 - the job ends (the chief's last word): the job's exit code, the spare never needed;
-- the chief is lost, the link never comes up, or a signal: detlaunch's code for each.
+- the chief is lost: the spare dials its successor (the lowest live node rank of the chief's last
+  membership, node/succession.py) and waits there, as a spare still, for at most --start-timeout;
+  without a membership, or when no successor welcomes it in time: detlaunch's code for a lost job;
+- the link never comes up, or a signal: detlaunch's code for each.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import signal
 from collections.abc import Callable
 
 import detlaunch.exit_codes as exit_codes
+from detlaunch.link.dial import RETRY_MAX
+from detlaunch.link.membership import Membership, has_majority
 from detlaunch.link.settings import LinkSettings
 from detlaunch.link.worker import LinkState, NoQuestionsNoOrders, WorkerLink
 from detlaunch.outcome import Failure
-from detlaunch.system.eventloop import EventLoop
+from detlaunch.system.eventloop import EventLoop, Timer, cancel_timer
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 class SpareWait(NoQuestionsNoOrders):  # the chief sends a spare no question and no order
-    def __init__(self, settings: LinkSettings, say: Callable[[str], None], debug: bool = False) -> None:
+    def __init__(self, settings: LinkSettings, say: Callable[[str], None], debug: bool = False,
+                 start_timeout: float = 300.0) -> None:
         self.settings, self.say, self.debug = settings, say, debug
+        self.start_timeout = start_timeout  # for a successor's welcome
         self.loop = EventLoop()
         self.place: int | None = None
         self.exit_code: int | None = None
         self.failure: Failure | None = None
+        self.link: WorkerLink | None = None
+        self.membership: Membership | None = None  # as the chief it waits on numbers the nodes
+        self.deadline: Timer | None = None
 
     def wait(self) -> int | None:
         """The place this spare takes (a node rank), or None when it ends first (see `exit_code`)."""
         self.loop.catch_signals(STOP_SIGNALS, self._on_signal)
-        link = WorkerLink(self.loop, self.settings, self, self, self)
+        self.link = WorkerLink(self.loop, self.settings, self, self, self)
         try:
             self.loop.run(done=lambda: self.place is not None or self.exit_code is not None
-                          or link.state is LinkState.ENDED)
+                          or self.link is None or self.link.state is LinkState.ENDED)
         finally:
-            link.close()
+            cancel_timer(self.deadline)
+            if self.link is not None:
+                self.link.close()
             self.loop.close()
         if self.place is None and self.exit_code is None:  # the chief's end, without a failure
             self.say(f"spare node {self.settings.node}: the job ended without needing this node")
@@ -57,10 +70,21 @@ class SpareWait(NoQuestionsNoOrders):  # the chief sends a spare no question and
             self.say(f"[spare {self.settings.node}] {message}")
 
     def joined(self) -> None:
+        if self.deadline is not None:  # a successor welcomed this spare
+            cancel_timer(self.deadline)
+            self.deadline = None
+            self.say(f"spare node {self.settings.node}: joined the new chief at {self.settings.chief_addr}")
+            return
         self.say(f"spare node {self.settings.node}: joined the job; it runs no rank until it takes a lost "
                  "node's place")
 
     def link_failed_to_start(self, what: str) -> None:
+        if self.deadline is not None:  # the successor does not serve yet: a process of its node's last attempt may
+            self.trace(f"{what}: dialing the successor again")  # hold the job's port on its address for a while
+            if self.link is not None:
+                self.link.close()
+            self.loop.call_later(RETRY_MAX, self._dial)
+            return
         self.say(f"spare node {self.settings.node}: {what}")
         self.exit_code = exit_codes.FAILED
 
@@ -70,11 +94,37 @@ class SpareWait(NoQuestionsNoOrders):  # the chief sends a spare no question and
             self.exit_code = failure.exit_code
 
     def chief_lost(self, why: str) -> None:
-        self.say(f"spare node {self.settings.node}: lost the chief ({why}): leaving")
+        lost = self.link
+        m = lost.membership if lost is not None and lost.membership is not None else None
+        successor = m.successor() if m is not None else None
+        if m is None or successor is None or not m.nodes[successor] or \
+                not has_majority(len([n for n in m.live if n != 0]), len(m.nodes)):
+            self.say(f"spare node {self.settings.node}: lost the chief ({why}): leaving")
+            self.exit_code = exit_codes.FAILED
+            return
+        self.membership = m.succeeded_by(successor)  # until the successor shares its own
+        self.settings = dataclasses.replace(self.settings, chief_addr=m.nodes[successor])
+        self.say(f"spare node {self.settings.node}: lost the chief ({why}): waits for node {successor} "
+                 f"({m.nodes[successor]}), its successor")
+        assert lost is not None
+        lost.close()
+        self.deadline = self.loop.call_later(self.start_timeout, self._no_successor)
+        self.loop.call_later(0, self._dial)  # after this batch of events (the closed link's)
+
+    def _dial(self) -> None:
+        if self.exit_code is None and self.place is None:
+            self.link = WorkerLink(self.loop, self.settings, self, self, self)
+
+    def _no_successor(self) -> None:
+        self.deadline = None
+        self.say(f"spare node {self.settings.node}: no successor chief welcomed this spare at "
+                 f"{self.settings.chief_addr} within {self.start_timeout:g} s: leaving")
         self.exit_code = exit_codes.FAILED
 
     def promoted(self, place: int) -> None:
         self.say(f"spare node {self.settings.node}: takes node {place}'s place")
+        if self.link is not None and self.link.membership is not None:
+            self.membership = self.link.membership
         self.place = place
 
     def made_spare(self, number: int) -> None:

@@ -51,6 +51,7 @@ from detlaunch.node.shutdown import Shutdown
 from detlaunch.node.stage_files import StageFiles
 from detlaunch.node.startup import Startup
 from detlaunch.node.straggler_watch import StragglerWatch
+from detlaunch.node.succession import Succession, Takeover
 from detlaunch.node.verdict import (
     ChildExited,
     Decision,
@@ -85,9 +86,11 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 class NodeSupervisor:
     link_events: LinkEvents  # made after the parts that call it back
     def __init__(self, plan: LaunchPlan, *, err: TextIO | None = None, debug: bool = False,
-                 on_event: EventHook | None = None, replan: Callable[[ClusterInfo], LaunchPlan] | None = None):
+                 on_event: EventHook | None = None, replan: Callable[[ClusterInfo], LaunchPlan] | None = None,
+                 carried: Takeover | None = None):
         """replan: this node's plan for a cluster whose nodes moved (a spare took a lost node's place at
-        another address): the chief's launcher reaches every node (horovod's -H, deepspeed's hostfile)."""
+        another address): the chief's launcher reaches every node (horovod's -H, deepspeed's hostfile).
+        carried: the chief was lost under this detlaunch's last supervisor (node/succession.py)."""
         self.plan = plan
         self.base = plan.cluster  # one entry per place, its node rank the place's number (planning/membership.py)
         self.replan = replan
@@ -105,6 +108,7 @@ class NodeSupervisor:
         self.policy = plan.restarts
         self.attempts = Attempts(self.policy)
         self.driver = AttemptDriver(self)  # the backoff, the next attempt, lost nodes coming back
+        self.succession = Succession(self, carried)  # the membership shared; a lost chief succeeded
         self.control = ControlRequests(  # questions from other shells, routed over the job link
             self.loop, plan.cluster.job_id, self.node,
             chief=lambda: self.link if isinstance(self.link, ChiefLink) else None,
@@ -195,16 +199,19 @@ class NodeSupervisor:
 
     def run(self) -> JobResult:
         c = self.plan.cluster
-        self.events.emit(EventKind.JOB_PLANNED, layer=self.plan.layer, nodes=c.num_nodes, ranks=sum(c.slots))
-        if self.policy.enabled:
-            self.events.emit(EventKind.ATTEMPT_STARTED, attempt=0)
+        if self.succession.carried is None:  # else the job goes on: planned and started under the lost chief
+            self.events.emit(EventKind.JOB_PLANNED, layer=self.plan.layer, nodes=c.num_nodes, ranks=sum(c.slots))
+            if self.policy.enabled:
+                self.events.emit(EventKind.ATTEMPT_STARTED, attempt=0)
         try:
             self._prepare()
             if c.num_nodes > 1:
                 self.link = self.link_events.connect()
             self.files.write()
             self.startup.run_steps(self.plan.stage.setup)
-            if isinstance(self.link, WorkerLink) and self.policy.enabled:
+            if self.succession.begin():
+                pass  # the successor: the next attempt once a majority of the nodes has joined
+            elif isinstance(self.link, WorkerLink) and self.policy.enabled:
                 self.startup.await_join()  # the chief's welcome says which attempt this node joins
             else:
                 self.startup.start_stage()
@@ -218,11 +225,12 @@ class NodeSupervisor:
         result = node_result(self)
         if self.policy.enabled and self.attempts.running:
             self.events.emit(EventKind.ATTEMPT_ENDED, **self.attempts.ended_event(self.attempt, result.exit_code))
-        if result.failure is not None:
+        if result.failure is not None and not self.succession.handing_over:
             f = result.failure
             self.events.emit(EventKind.ROOT_CAUSE, f.rank.rank if f.rank else None, what=f.what,
                              exit_code=f.exit_code, at=f.at, **story_details.root_cause(result))
-        self.events.emit(EventKind.JOB_FINISHED, exit_code=result.exit_code, duration=result.duration)
+        if not self.succession.handing_over:  # else the job goes on under the next supervisor
+            self.events.emit(EventKind.JOB_FINISHED, exit_code=result.exit_code, duration=result.duration)
         self.events.close()
         return dataclasses.replace(result, warnings=(*result.warnings, *self.events.warnings()))
 
@@ -338,7 +346,7 @@ class NodeSupervisor:
         """After every batch of events: move through the phases as far as the state allows."""
         self.shutdown.advance()  # RUNNING ... LOCAL_DONE
         if self.phase is Phase.LOCAL_DONE and (self.link is None or self.link.ready_to_finish()) \
-                and not self.driver.restart_if_decided():
+                and (self.succession.stepped_down or not self.driver.restart_if_decided()):
             if self.link is not None:
                 statuses = [e.status for e in self.ranks.ranks.values() if e.status]
                 self.link.finish(self.verdict.failure, statuses)
@@ -371,6 +379,7 @@ class NodeSupervisor:
         self.events.emit(EventKind.ATTEMPT_ENDED, **self.attempts.ended_event(self.attempt, self.verdict.exit_code))
         self.verdict = Verdict()  # a signal or a failure during the wait is the job's end, not the last attempt's
         self.enter(Phase.BACKOFF)
+        self.succession.changed()
 
     def start_attempt(self, attempt: int) -> None:
         self.startup.new_attempt()
@@ -390,6 +399,7 @@ class NodeSupervisor:
         self.enter(Phase.STARTING)
         if isinstance(self.link, ChiefLink):
             self.link.go()  # the nodes that waited for lost ones start too
+            self.succession.changed()
         try:
             self.ranks.listen(self.plan.socket_path)
             self.startup.start_stage()
@@ -403,6 +413,7 @@ class NodeSupervisor:
         self.startup.close()  # its probes, and a standby no attempt used
         self.template.stop()
         self.driver.release.cancel()
+        self.succession.close()
         if not self.phase.over:
             self.processes.kill_all()
         self.processes.reap()

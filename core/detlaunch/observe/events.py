@@ -56,6 +56,7 @@ class EventKind(enum.StrEnum):
     STRAGGLER = "straggler"
     HANG_TIMEOUT_LEARNED = "hang_timeout_learned"
     PREFLIGHT = "preflight"
+    CHIEF_CHANGED = "chief_changed"
 
 
 # The details each kind carries: name -> JSON type(s). All listed details are required;
@@ -86,6 +87,7 @@ DETAILS: Mapping[EventKind, Mapping[str, str | tuple[str, ...]]] = {
     EventKind.STRAGGLER: {"basis": _STR, "speed": _NUM, "action": _STR, "confidence": _STR},
     EventKind.HANG_TIMEOUT_LEARNED: {"timeout": _NUM, "longest_interval": _NUM},
     EventKind.PREFLIGHT: {"ok": _BOOL, "seconds": _NUM, "action": _STR, "nodes": _INT},
+    EventKind.CHIEF_CHANGED: {"host": _STR, "successor": _INT, "replaces": _STR, "reason": _STR, "attempt": _INT},
 }
 
 

@@ -1,0 +1,116 @@
+"""The job's membership, as the chief shares it with every node: who is where, and what a successor must know.
+
+A node started with torchrun-style flags knows only the chief's address; the chief learns each node's
+from its join. So that the job outlives its chief (node/succession.py), the chief sends every node and
+every waiting spare a `Membership` whenever it changes (rate-limited to one a heartbeat): each node
+rank's address, which nodes are live, the waiting spares and those already used, and the restart
+state (the attempt, every attempt's end: both restart counts and the crash-loop breaker read them from
+the history alone, so carrying the history carries them exactly; the excluded hosts).
+
+From it, every surviving node computes the same thing without asking anyone (pure functions here):
+the successor (the lowest live node rank but the chief's), the cluster as it is after the succession
+(the successor becomes node rank 0, so that the chief's role and global rank 0 stay on one node and
+MASTER_ADDR = DET_CHIEF_IP = the chief's address, as every layer assumes; the place it leaves is the
+one a spare fills, or its node must join again), and whether a side of a partition may go on
+(`has_majority`: more than half of the last attempt's nodes).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from detlaunch.outcome import AttemptEnd, RestartClass
+from detlaunch.planning.cluster import ClusterInfo
+
+
+def _end_json(end: AttemptEnd) -> dict[str, Any]:
+    out = dataclasses.asdict(end)
+    out["restart_class"] = end.restart_class.value if end.restart_class else None
+    return out
+
+
+def _end_from_json(raw: Any) -> AttemptEnd:
+    if not isinstance(raw, dict):
+        raise TypeError("an attempt's end is an object")
+    names = {f.name for f in dataclasses.fields(AttemptEnd)}
+    values = {k: v for k, v in raw.items() if k in names}
+    cls = values.get("restart_class")
+    values["restart_class"] = RestartClass(cls) if cls else None
+    return AttemptEnd(**values)
+
+
+@dataclasses.dataclass(frozen=True)
+class Membership:
+    """nodes[i]: node rank i's address ("" unknown); live: the node ranks joined and connected (the chief, 0,
+    included); spares: the waiting spares (number, address); used_spares: spare numbers sent to a place
+    (never admitted as spares again); attempt: the attempt that runs, or comes next (running: one runs);
+    history: every attempt's end so far; excluded: the hosts kept out."""
+
+    nodes: tuple[str, ...]
+    live: tuple[int, ...]
+    spares: tuple[tuple[int, str], ...] = ()
+    used_spares: tuple[int, ...] = ()
+    attempt: int = 1
+    running: bool = True
+    history: tuple[AttemptEnd, ...] = ()
+    excluded: tuple[str, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return {"nodes": list(self.nodes), "live": list(self.live), "spares": [list(s) for s in self.spares],
+                "used_spares": list(self.used_spares), "attempt": self.attempt, "running": self.running,
+                "history": [_end_json(e) for e in self.history], "excluded": list(self.excluded)}
+
+    @classmethod
+    def from_json(cls, raw: Any) -> Membership:
+        """TypeError/ValueError/KeyError on a malformed one (messages.decode makes it Malformed)."""
+        if not isinstance(raw, dict):
+            raise TypeError("a membership is an object")
+        nodes = tuple(str(a) for a in raw["nodes"])
+        live = tuple(sorted(int(n) for n in raw["live"] if 0 <= int(n) < len(nodes)))
+        return cls(nodes=nodes, live=live, spares=tuple((int(n), str(a)) for n, a in raw.get("spares") or ()),
+                   used_spares=tuple(int(n) for n in raw.get("used_spares") or ()), attempt=int(raw["attempt"]),
+                   running=bool(raw.get("running", True)),
+                   history=tuple(_end_from_json(e) for e in raw.get("history") or ()),
+                   excluded=tuple(str(h) for h in raw.get("excluded") or ()))
+
+    def successor(self, gone: frozenset[int] = frozenset({0})) -> int | None:
+        """The node rank that takes the chief's role: the lowest live one not in `gone` (None: none is left)."""
+        return next((n for n in self.live if n not in gone), None)
+
+    def succeeded_by(self, successor: int) -> Membership:
+        """The membership as the successor numbers it: it is node 0, its old place the lost chief's (not live)."""
+        nodes = list(self.nodes)
+        nodes[0], nodes[successor] = nodes[successor], nodes[0]
+        live = sorted({0 if n == successor else n for n in self.live if n != 0})
+        return dataclasses.replace(self, nodes=tuple(nodes), live=tuple(live))
+
+
+def has_majority(joined: int, last_nodes: int) -> bool:
+    """A side of the job may go on: more than half of the last attempt's `last_nodes` nodes are on it (its
+    successor included). Two sides of a partition can never both have one."""
+    return 2 * joined > last_nodes
+
+
+def cluster_after(cluster: ClusterInfo, membership: Membership, successor: int) -> ClusterInfo:
+    """This node's cluster once node `successor` has taken the chief's role: it becomes node rank 0 (with its
+    slots), and its old place is the lost chief's (its address, until a spare or its node takes it); every
+    other node keeps its rank. Addresses this node learned from the chief fill those it did not know."""
+    n = len(membership.nodes)  # the places (a spare's cluster lists the spares after them)
+    slots = list(cluster.slots[:n])
+    slots[0], slots[successor] = slots[successor], slots[0]
+    rank = {successor: 0, 0: successor}.get(cluster.node_rank, cluster.node_rank)
+    swapped = list(cluster.node_addrs[:n])
+    swapped[0], swapped[successor] = swapped[successor], swapped[0]
+    moved = dataclasses.replace(cluster, node_addrs=(*swapped, *cluster.node_addrs[n:]),
+                                slots=(*slots, *cluster.slots[n:]), node_rank=rank)
+    return with_addresses(moved, membership.succeeded_by(successor))
+
+
+def with_addresses(cluster: ClusterInfo, membership: Membership) -> ClusterInfo:
+    """`cluster` with the places' addresses the membership knows (numbered as the chief that shared it numbers
+    them), and its node 0 as the chief."""
+    n = len(membership.nodes)
+    addrs = [membership.nodes[i] or a for i, a in enumerate(cluster.node_addrs[:n])]
+    return dataclasses.replace(cluster, node_addrs=(*addrs, *cluster.node_addrs[n:]),
+                               chief_addr=addrs[0] or cluster.chief_addr)

@@ -1,0 +1,309 @@
+"""The chief is no single point of failure: the surviving nodes choose a successor and the job goes on.
+
+    chief:     shares the Membership (link/membership.py) with every node and spare as it changes
+               (at most once a heartbeat)
+    the chief is lost (its link closed, or silent for HEARTBEAT_MISSES heartbeats), on every survivor:
+        chief_lost: the restart policy, read from the shared history with the loss counted as a lost node,
+                    allows another attempt -> this node's supervisor ends its attempt (its ranks stopped)
+                    and hands `next` (a Takeover) to the next supervisor of the same detlaunch (cli/main.py)
+        successor (the lowest live node rank but 0):  becomes node rank 0, listens on its own address at
+                    the job's port with the job's secret (take_over); the restart state carried over
+        the others: dial it as a lost node's new detlaunch would, and wait for its "go"
+    successor:  waits until more than half of the last attempt's nodes (itself included) have joined,
+                within --start-timeout; then the next attempt is due and the place it left (the lost
+                chief's) is filled as any lost node's (a spare; else that node must join again)
+                without a majority: every node on its side ends with one line and exit code 1
+
+The chief's role and global rank 0 stay on one node: the successor takes node rank 0 and its ranks,
+so MASTER_ADDR and DET_CHIEF_IP name it (every layer's rendezvous is on the chief). Reaches the
+supervisor only through `SuccessionHost`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable
+from typing import Protocol
+
+import detlaunch.exit_codes as exit_codes
+from detlaunch.link.chief import ChiefLink
+from detlaunch.link.membership import Membership, cluster_after, has_majority
+from detlaunch.link.messages import Members
+from detlaunch.link.wire import HEARTBEAT_MISSES
+from detlaunch.link.worker import WorkerLink
+from detlaunch.node.attempt_driver import AttemptDriver
+from detlaunch.node.phase import Phase
+from detlaunch.node.verdict import StartFailed, VerdictEvent
+from detlaunch.observe.emitter import EventEmitter
+from detlaunch.observe.events import EventKind
+from detlaunch.outcome import AttemptEnd, Failure, FailureKind
+from detlaunch.planning import spares
+from detlaunch.planning.cluster import ClusterInfo
+from detlaunch.planning.plan import LaunchPlan
+from detlaunch.restarts.attempts import Attempts, attempt_end_from_verdict
+from detlaunch.restarts.policy import RestartPolicy
+from detlaunch.system.eventloop import EventLoop, Timer, cancel_timer
+
+
+@dataclasses.dataclass(frozen=True)
+class Takeover:
+    """What one supervisor of a node hands the next once the chief was lost."""
+
+    cluster: ClusterInfo  # this node's, after the succession (the successor's node rank is 0)
+    membership: Membership  # the lost chief's last, as it numbered the nodes
+    successor: int  # the successor's node rank before it took the chief's
+    old_chief: str  # the lost chief's address
+    why: str  # why it was lost
+    secret: str  # the job's secret (the successor serves the link with it)
+    at: float  # when it was lost (wall clock)
+
+    @property
+    def next_attempt(self) -> int:
+        return self.membership.attempt + 1
+
+
+def chief_loss_end(m: Membership, old_chief: str, why: str, at: float, policy: RestartPolicy) -> AttemptEnd:
+    """The running attempt's end, as a lost node's: what every survivor adds to the history alike."""
+    what = f"lost the chief, node 0 ({old_chief}): {why}"
+    return attempt_end_from_verdict(m.attempt, Failure(what, exit_codes.FAILED, at=at, kind=FailureKind.NODE_LOST),
+                                    None, exit_codes.FAILED, started=True, policy=policy, started_at=at, ended_at=at)
+
+
+def may_go_on(m: Membership, old_chief: str, why: str, at: float, policy: RestartPolicy) -> tuple[bool, str]:
+    """Whether the restart policy allows the attempt after the chief's loss (every survivor reads the same
+    history, so all decide alike), and why not."""
+    if not policy.enabled:
+        return False, "restarts are off (--max-restarts)"
+    survivors = len([n for n in m.live if n != 0])
+    if not has_majority(survivors, len(m.nodes)):  # e.g. a job of two nodes: no side of it can go on alone
+        return False, f"its {survivors} other node(s) are no majority of the job's {len(m.nodes)}"
+    if not m.running:  # lost between attempts: the next one was decided already
+        return True, ""
+    decision = policy.decide([*m.history, chief_loss_end(m, old_chief, why, at, policy)], _NoJitter())
+    return decision.restart, decision.why
+
+
+def carry_exclusions(path: str | None, hosts: tuple[str, ...], say: Callable[[str], None]) -> None:
+    """The hosts the lost chief kept out stay out: those missing from this node's --exclude-hosts file (one of
+    its own, not shared) are added to it, as excluded."""
+    if not path or not hosts:
+        return
+    try:
+        known = spares.read_excluded(path)
+    except Exception as e:  # noqa: BLE001 - a file that cannot be read now must not end the job
+        say(f"warning: {e}; the job goes on")
+        return
+    for host in sorted(set(hosts) - known):
+        warning = spares.append_excluded(path, host, "kept out by the lost chief", how=spares.EXCLUDED)
+        if warning:
+            say(f"warning: {warning}; the job goes on")
+
+
+class _NoJitter:
+    def random(self) -> float:
+        return 0.5
+
+
+class SuccessionHost(Protocol):
+    loop: EventLoop
+    plan: LaunchPlan
+    node: int
+    attempts: Attempts
+    events: EventEmitter
+    driver: AttemptDriver
+
+    @property
+    def phase(self) -> Phase: ...
+
+    @property
+    def link(self) -> ChiefLink | WorkerLink | None: ...
+
+    def say(self, message: str) -> None: ...
+    def trace(self, message: str) -> None: ...
+    def fail(self, event: VerdictEvent) -> None: ...
+
+
+class Succession:
+    def __init__(self, host: SuccessionHost, carried: Takeover | None = None) -> None:
+        self.host = host
+        self.carried = carried  # this supervisor follows a lost chief's
+        self.next: Takeover | None = None  # the chief was lost: what the next supervisor takes over
+        self.share_timer: Timer | None = None
+        self.shared_at = float("-inf")
+        self.majority_timer: Timer | None = None  # successor: until a majority joins (--start-timeout)
+        self.backoff_timer: Timer | None = None
+        self.backoff_over = False
+        self.waiting = False  # successor: for a majority
+        self.stepped_down = False  # a chief that lost a majority of its nodes (outvoted)
+
+    # -- the chief shares the membership ------------------------------------------------------------
+    def changed(self) -> None:
+        """Chief: a node or spare joined or was lost, or the attempt moved: share it (at most once a heartbeat)."""
+        h = self.host
+        if not isinstance(h.link, ChiefLink):
+            return
+        if self.waiting:
+            self._check_majority()
+        if self.share_timer is None:
+            delay = max(0.0, self.shared_at + h.plan.heartbeat - h.loop.clock())
+            self.share_timer = h.loop.call_later(delay, self._share)
+
+    def _share(self) -> None:
+        self.share_timer = None
+        h, link = self.host, self.host.link
+        if h.phase is Phase.STARTING and h.attempts.number == 1 and isinstance(link, ChiefLink) \
+                and link.missing_nodes():
+            return  # the first start: shared once every node is here (no successor could start the job before)
+        if isinstance(link, ChiefLink) and link.listener.fileno() >= 0:
+            self.shared_at = self.host.loop.clock()
+            link.share(Members(m=self.membership()))
+
+    def membership(self) -> Membership:
+        h = self.host
+        link = h.link
+        assert isinstance(link, ChiefLink)
+        c = h.plan.cluster
+        nodes = tuple((c.chief_addr if n == 0 else link.addrs.get(n)) or "" for n in range(c.num_nodes))
+        try:
+            excluded = tuple(sorted(spares.read_excluded(h.plan.exclude_hosts)))
+        except Exception:  # noqa: BLE001 - a file that cannot be read now: the successor reads it itself
+            excluded = ()
+        return Membership(nodes=nodes, live=(0, *sorted(link.live_nodes())),
+                          spares=tuple(sorted((n, link.spares.addrs.get(n, "")) for n in link.spares.waiting)),
+                          used_spares=tuple(sorted(link.spares.promoted)), attempt=h.attempts.number,
+                          running=h.attempts.running, history=tuple(h.attempts.history), excluded=excluded)
+
+    # -- a worker loses the chief --------------------------------------------------------------------
+    def chief_lost(self, why: str) -> None:
+        """Worker: decide, from the chief's last membership, whether the job goes on under a successor."""
+        h = self.host
+        link = h.link
+        if not isinstance(link, WorkerLink) or self.next is not None:
+            return
+        m, c, at = link.membership, h.plan.cluster, time.time()
+        old = c.chief_addr
+        successor = m.successor() if m is not None else None
+        if m is None or successor is None or link.secret is None:
+            h.trace("the chief was lost before it shared the job's membership: no successor")
+            return
+        go_on, why_not = may_go_on(m, old, why, at, h.plan.restarts)
+        if not go_on:
+            h.say(f"lost the chief, node 0 ({old}): no successor takes over: {why_not}")
+            return
+        self.next = Takeover(cluster_after(c, m, successor), m, successor, old, why, link.secret, at)
+        who = "this node" if successor == h.node else f"node {successor} ({m.nodes[successor]})"
+        h.say(f"lost the chief, node 0 ({old}): {why}: {who} takes over as the chief (node rank 0); attempt "
+              f"{self.next.next_attempt} follows")
+
+    @property
+    def handing_over(self) -> bool:
+        """The job goes on without this supervisor: under this detlaunch's next one, or (a chief that stepped
+        down) under a successor elsewhere, which writes the job's log from here on."""
+        return self.next is not None or self.stepped_down
+
+    # -- a chief that lost more than half of its nodes at once -------------------------------------------
+    def outvoted(self, node: int, addr: str, why: str) -> bool:
+        """Chief: node `node` was lost. When more than half of the job's nodes are lost, they may hold a majority
+        and follow a successor (a chief silent too long: stopped, cut off): this chief must not go on as a second
+        one. It stops the job here, restarts nothing, writes no host into --exclude-hosts, and leaves."""
+        h, link = self.host, self.host.link
+        if self.stepped_down:
+            return True
+        n = h.plan.cluster.num_nodes
+        if not isinstance(link, ChiefLink) or not h.plan.restarts.enabled or n < 3:
+            return False
+        silence = HEARTBEAT_MISSES * link.heartbeat  # those silent as long are lost too (a chief that was stopped
+        lost = sorted(n for n, c in link.nodes.items() if c.closed or c.silent_for() > silence)  # finds all at once)
+        if not has_majority(len(lost), n):
+            return False
+        self.stepped_down = True
+        names = ", ".join(f"{n} ({link.addr_of(n)})" for n in lost)
+        h.say(f"lost node(s) {names}, more than half of the job's {n} nodes: they may follow a successor "
+              f"(the lowest of them), so this chief leaves the job")
+        h.fail(StartFailed(f"this chief was replaced: it lost node(s) {names} ({why})", h.node, time.time()))
+        return True
+
+    # -- the successor ---------------------------------------------------------------------------------
+    def begin(self) -> bool:
+        """At the start of a supervisor that follows a lost chief: the event, and the successor's take-over.
+        False: this node is no successor (it joins the new chief as any node rejoins)."""
+        t, h = self.carried, self.host
+        if t is None:
+            return False
+        h.events.emit(EventKind.CHIEF_CHANGED, node=0, host=t.cluster.chief_addr, successor=t.successor,
+                      replaces=t.old_chief, reason=t.why, attempt=t.next_attempt - 1)
+        if not isinstance(h.link, ChiefLink):
+            return False
+        self._take_over(t, h.link)
+        return True
+
+    def _take_over(self, t: Takeover, link: ChiefLink) -> None:
+        h, m = self.host, t.membership
+        h.attempts.history[:] = m.history
+        h.attempts.number = m.attempt
+        delay = 0.0
+        if m.running:  # the attempt that ran ended with the chief: a lost node's end, counted as one
+            delay = h.attempts.ended(chief_loss_end(m, t.old_chief, t.why, t.at, h.plan.restarts)).delay
+        link.attempt, link.holding = t.next_attempt, True  # every node joins held, and waits for "go"
+        link.spares.promoted.update({n: -1 for n in m.used_spares})  # never admitted as spares again
+        h.events.emit(EventKind.NODE_LOST, node=t.successor, host=t.old_chief, reason=f"the chief: {t.why}")
+        carry_exclusions(h.plan.exclude_hosts, m.excluded, h.say)
+        h.driver.exclude(t.successor, t.old_chief, f"the chief: {t.why}")
+        n = h.plan.cluster.num_nodes
+        h.say(f"this node is the chief now (node rank 0, was node {t.successor}): waiting for more than half of "
+              f"the last attempt's {n} nodes to join within {h.plan.start_timeout:g} s")
+        h.driver.begin_backoff(t.next_attempt, None)
+        self.waiting = True
+        self.majority_timer = h.loop.call_later(h.plan.start_timeout, self._no_majority)
+        self.backoff_timer = h.loop.call_later(delay, self._backoff_done)
+        self._check_majority()
+
+    def _joined(self) -> int:
+        """The successor and the last attempt's nodes joined to it (the lost chief's place is a spare's)."""
+        link, t = self.host.link, self.carried
+        assert isinstance(link, ChiefLink) and t is not None
+        return 1 + len(link.live_nodes() - {t.successor})
+
+    def _check_majority(self) -> None:
+        h = self.host
+        joined, n = self._joined(), h.plan.cluster.num_nodes
+        if not has_majority(joined, n):
+            return
+        self.waiting = False
+        cancel_timer(self.majority_timer)
+        self.majority_timer = None
+        h.say(f"{joined} of the last attempt's {n} nodes are here (a majority): the job goes on")
+        if self.backoff_over:
+            self._next_attempt()
+
+    def _backoff_done(self) -> None:
+        self.backoff_timer = None
+        self.backoff_over = True
+        if not self.waiting:
+            self._next_attempt()
+
+    def _next_attempt(self) -> None:
+        h, t = self.host, self.carried
+        assert t is not None
+        if h.phase is Phase.BACKOFF:
+            h.driver.next_attempt(t.next_attempt)  # the lost chief's place: a spare, or its node joins again
+
+    def _no_majority(self) -> None:
+        """Too few nodes reached this side: another side may hold the majority; this one ends."""
+        self.majority_timer = None
+        h, link = self.host, self.host.link
+        if not self.waiting or h.phase is not Phase.BACKOFF or not isinstance(link, ChiefLink):
+            return
+        self.waiting = False
+        c, t = h.plan.cluster, self.carried
+        assert t is not None
+        absent = [n for n in range(1, c.num_nodes) if n not in link.live_nodes() and n != t.successor]
+        names = ", ".join(f"{n} ({link.addr_of(n)})" for n in absent)
+        h.fail(StartFailed(f"lost the chief and reached only {self._joined()} of the last attempt's {c.num_nodes} "
+                           f"nodes within {h.plan.start_timeout:g} s, no majority: could not reach node(s) {names}",
+                           h.node, time.time()))
+
+    def close(self) -> None:
+        for timer in (self.share_timer, self.majority_timer, self.backoff_timer):
+            cancel_timer(timer)
