@@ -12,7 +12,7 @@ import signal
 import sys
 import tempfile
 import traceback
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import detlaunch.exit_codes as exit_codes

@@ -147,10 +147,11 @@ class Shutdown:
         succeeded fails on the chief (deepspeed's launcher polls its ranks once a second, then exits: on a
         loaded machine, more than 5 s)."""
         h = self.host
+        grace = float(h.plan.grace_period)
         daemons = any(c.daemon for c in h.plan.stage.commands)
         if daemons and not h.verdict.stopping:
-            return max(h.plan.grace_period, 1.0)
-        return max(min(h.plan.grace_period, rank_protocol.LEFTOVER_WAIT), 1.0)
+            return max(grace, 1.0)
+        return max(min(grace, rank_protocol.LEFTOVER_WAIT), 1.0)
 
     def _ranks_over(self) -> bool:
         """RUNNING: every launcher has exited (daemons only, as sshd: every expected rank came and went)."""

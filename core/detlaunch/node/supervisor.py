@@ -9,16 +9,15 @@ It is the policy that ties the parts together; each part knows nothing of the ot
 - link.chief / link.worker: the other nodes' supervisors (the link hands questions to
   control.ControlRequests, and the chief's restarts to the attempt driver, itself), and
   link_events.LinkEvents: what the rest of the link's news means for this node;
-- startup.Startup: an attempt's start (daemons, sshd probes, launchers, the standby) and its timeout;
-- shutdown.Shutdown: an attempt's stop (ranks, launchers, SIGKILL, the sweep) and the user's signals;
+- startup.Startup, shutdown.Shutdown: an attempt's start (daemons, sshd probes, launchers, the standby)
+  and its timeout; its stop (ranks, launchers, SIGKILL, the sweep) and the user's signals;
 - attempt_driver.AttemptDriver: between two attempts of a restart (the backoff, lost nodes, the next start);
-- hangs.HangPolicy and node_status.NodeStatus: hangs and stacks, and this node's part of `detlaunch status`;
-- phase.Phase: where this node's part of the job is, drawn in one docstring;
+- hangs.HangPolicy, node_status.NodeStatus: hangs and stacks, this node's part of `detlaunch status`;
+- phase.Phase: where this node's part of the job is; succession.Succession: the job outliving its chief;
 - stage_files.StageFiles: the stage's files and folders on this node, written at the start and removed at the end.
 
-When any rank fails, it stops every other process at once (the ranks through their
-wrappers, the launchers with their stop signal), SIGKILLs whatever is left after the
-grace period, and exits with the first failing rank's own exit code.
+When any rank fails, it stops every other process at once (the ranks through their wrappers, the launchers
+with their stop signal), SIGKILLs what is left after the grace period, exits with that rank's own exit code.
 """
 
 from __future__ import annotations
