@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import detlaunch
 import pytest
 from detlaunch.planning import preflight as pf
-from detlaunch.planning.preflight import Figure, Result
+from detlaunch.planning.preflight import Figure, PreflightCheck, Result
 
 pytestmark = pytest.mark.timeout(10)
 
@@ -142,3 +143,24 @@ def test_preflight_option_values_and_the_doctor_job_config():
     assert config.command[1:] == ("-c", "")
     with pytest.raises(ConfigError, match="add --layer NAME"):
         pf.doctor_job_config(Config("", (), (), {}, {}))
+
+
+def test_the_pair_checks_run_first_so_that_a_groups_node_checks_start_together() -> None:
+    """Forming a pair's group waits for its other nodes: after it, every node of the group times its compute at
+    the same moment (nodes sharing a machine would otherwise time theirs while the others still import torch)."""
+    from detlaunch.node.preflight_child import run_checks
+
+    calls: list[str] = []
+
+    def check(name: str) -> Any:
+        def run(peer: Any) -> Figure:
+            calls.append(name)
+            return Figure(True, 1.0, "")
+        return run
+
+    checks = [PreflightCheck("compute", check("compute"), "GFLOP/s"),
+              PreflightCheck("network", check("network"), "MB/s", pairwise=True)]
+    spec = {"node": 1, "node_checks": True, "group": {"nodes": [0, 1], "addr": "127.0.0.1", "port": 1}}
+    results = run_checks(spec, checks)
+    assert calls == ["network", "compute"]
+    assert [r.check for r in results] == ["compute", "network"]  # the figures keep the checks' order

@@ -19,7 +19,7 @@ from detlaunch.planning.preflight import PreflightPeer as Peer
 
 MATMUL_SIZE = 384  # a fixed matmul: 2 x 384^3 flops a call
 MATMUL_CALLS = 8  # a chunk: ~0.1 s of a CPU core, longer than a CFS period (a throttled node cannot hide in one)
-CHUNKS = 5  # the best chunk counts: a moment of contention on a shared machine is not the node's speed
+CHUNKS = 10  # the best chunk counts: a moment of contention on a shared machine is not the node's speed
 TRANSFER_FLOATS = 2 * 1024 * 1024  # 8 MiB a transfer: enough to measure bandwidth, not latency
 TRANSFERS = 4
 

@@ -30,8 +30,14 @@ def run_checks(spec: dict[str, Any], checks: list[PreflightCheck]) -> list[Resul
         nodes = tuple(int(n) for n in group["nodes"])
         peer = Peer(nodes.index(node), len(nodes), str(group["addr"]), int(group["port"]),
                     str(spec.get("backend") or "gloo"), nodes, float(spec.get("timeout") or 30))
-    results = []
-    for check in checks:
+    # The pair checks first: forming the pair's group waits for its other nodes, so the node checks that follow
+    # start together on every node of the group. Nodes that share a machine (loopback test nodes, one host's
+    # detlaunch per GPU set) would otherwise time their compute while the others still import torch, and the
+    # first one would look slow. The figures keep the checks' order.
+    order = sorted(range(len(checks)), key=lambda i: not checks[i].pairwise)
+    ran: dict[int, Result] = {}
+    for i in order:
+        check = checks[i]
         if check.pairwise and peer is None or not check.pairwise and not spec.get("node_checks"):
             continue
         try:
@@ -40,9 +46,9 @@ def run_checks(spec: dict[str, Any], checks: list[PreflightCheck]) -> list[Resul
                 figure = Figure(False, None, f"returned {type(figure).__name__}, not a PreflightFigure")
         except Exception as e:  # noqa: BLE001 - any error is this check's failure on this node
             figure = Figure(False, None, f"{type(e).__name__}: {e}"[:300])
-        results.append(Result(node, check.name, figure, check.unit, check.compare,
-                              peer.nodes if peer is not None and check.pairwise else ()))
-    return results
+        ran[i] = Result(node, check.name, figure, check.unit, check.compare,
+                        peer.nodes if peer is not None and check.pairwise else ())
+    return [ran[i] for i in sorted(ran)]
 
 
 def main() -> int:
