@@ -216,7 +216,7 @@ def run(argv: list[str], env: dict[str, str], pre: argparse.Namespace | None = N
             if job_lock is not None:
                 job_lock.release()
             return place
-        plan = build_plan(hooks, config, spares.take_place(place.everyone(everyone), n_spares, place.node))
+        plan = build_plan(hooks, config, spare_in_place(everyone, place, n_spares))
 
     def supervise() -> int:
         nonlocal plan
@@ -241,7 +241,7 @@ def run(argv: list[str], env: dict[str, str], pre: argparse.Namespace | None = N
             place = wait_as_spare(plan, number, everyone.node_addr, bool(options.get("debug")))
             if not isinstance(place, Place):
                 return place
-            plan = build_plan(hooks, config, spares.take_place(place.everyone(everyone), n_spares, place.node))
+            plan = build_plan(hooks, config, spare_in_place(everyone, place, n_spares))
         for problem in hooks.job_finished(plan.context, result):
             print(f"detlaunch: warning: a job_finished observer failed: {problem}", file=sys.stderr)
         for line in [*format_warnings(result), *result.attempts, *format_report(result)]:
@@ -265,6 +265,19 @@ def run(argv: list[str], env: dict[str, str], pre: argparse.Namespace | None = N
     finally:
         if job_lock is not None:
             job_lock.release()
+
+
+def spare_in_place(everyone: ClusterInfo, place: Place, n_spares: int) -> ClusterInfo:
+    """This spare's cluster once it takes `place`: the other places where the chief that sent it knows them, this
+    node at its own address. (The membership's entry for this node's first place may be another node's now: a
+    node lost and back as a spare, whose old place a spare took, claimed that spare's address, and the chief
+    took it for the lost node coming back again, and again.)"""
+    from detlaunch.planning import spares
+
+    known = list(place.everyone(everyone).node_addrs)
+    known[everyone.node_rank] = everyone.node_addrs[everyone.node_rank]
+    moved = dataclasses.replace(place.everyone(everyone), node_addrs=tuple(known))
+    return spares.take_place(moved, n_spares, place.node)
 
 
 def replan(hooks: Hooks, config: Config, run_dir: str, moved: ClusterInfo) -> LaunchPlan:
