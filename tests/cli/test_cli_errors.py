@@ -237,7 +237,7 @@ def test_help_exits_0_and_lists_the_options(launcher: Launcher, args: list[str])
     assert (r.returncode, r.stderr) == (0, ""), r.output
     assert r.stdout.startswith("usage: detlaunch --layer NAME [OPTIONS] [LAUNCHER_ARGS... --] COMMAND [ARGS...]\n")
     for option in ("--layer LAYER", "--config FILE", "--dry-run", "--format {text,json}", "--debug",
-                   "--nproc-per-node N", "--nnodes N", "--node-rank R", "--master-addr ADDR",
+                   "--nproc-per-node N", "--nnodes N|MIN:MAX", "--node-rank R", "--master-addr ADDR",
                    "--master-port PORT", "--hosts H:S,...", "--hostfile FILE", "--grace-period S",
                    "--log-dir DIR", "--ranks R,R"):
         assert f"\n  {option} " in r.stdout, option

@@ -659,7 +659,9 @@ def test_as_a_user_without_privileges_stacks_and_the_hang_report_work(as_user: A
     env = {**as_user.env, "HANG": "loop", "STEP_SLEEP": "0.2"}
     user, python, home, throwaway_user = as_user.prefix, as_user.python, as_user.home, as_user.account
     job = job_id()
-    run = launcher.start(*torchrun(launcher, job, "--hang-timeout", "20"), HANG, env=env, prefix=user,
+    # Cold ranks: the test finds rank 1 by its command line (host_pid), which a warm rank shares with its template.
+    args = torchrun(launcher, job, "--hang-timeout", "20", "--no-warm-ranks")
+    run = launcher.start(*args, HANG, env=env, prefix=user,
                          command=python, cwd=home)
     run.wait_for_output("[rank=1] rank 1 step 3", timeout=150)
     pid = host_pid(launcher, 1)

@@ -217,7 +217,7 @@ def test_ctrl_c_to_the_worker_during_the_backoff_ends_both_nodes(launcher: Launc
 
 
 def test_a_hang_is_retried_and_the_job_resumes(launcher: Launcher, tmp_path: Path) -> None:
-    rc, out, err = single_node(launcher, tmp_path, "--max-restarts", "1", "--hang-timeout", "12",
+    rc, out, err = single_node(launcher, tmp_path, "--max-restarts", "1", "--hang-timeout", "30",
                                *train_args(tmp_path, DDP, "--crash-step", "3", "--crash-rank", "1",
                                            "--crash-how", "hang"))
     assert rc == 0, out + err

@@ -117,7 +117,7 @@ def test_a_correct_layer_passes_the_whole_suite(real_processes: None, tmp_path: 
     done, outcomes = run_suite(tmp_path, "")
     assert done.returncode == 0, done.stdout + done.stderr
     skipped = {n: m for n, (o, m) in outcomes.items() if o != "passed"}
-    assert len(outcomes) == 24 and list(skipped) == ["test_real_two_node_job_without_a_launcher"], outcomes
+    assert len(outcomes) == 26 and list(skipped) == ["test_real_two_node_job_without_a_launcher"], outcomes
     assert "declared by the layer: rank_commands = False (in the documented default)" in skipped[
         "test_real_two_node_job_without_a_launcher"]
 

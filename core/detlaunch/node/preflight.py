@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -220,6 +219,8 @@ class CheckChild:
         self.loop, self.node, self.finished = loop, int(spec["node"]), finished
         self.output = b""
         self.done = False
+        import subprocess  # only with --preflight: the supervisor's start stays light (test_startup_imports)
+
         self.proc = subprocess.Popen([sys.executable, "-m", "detlaunch.node.preflight_child"], env=env,
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                      start_new_session=True)

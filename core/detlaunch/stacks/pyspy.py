@@ -123,9 +123,22 @@ def parse_dump(pid: int, text: str, stopped: bool = False) -> ProcessStack:
     return ProcessStack(pid, tuple(_thread(t) for t in data), stopped)
 
 
+TEMPLATE_FILE = os.path.join("detlaunch", "rank", "template.py")
+
+
+def without_template(frames: tuple[Frame, ...]) -> tuple[Frame, ...]:
+    """A thread's frames (innermost first) without the rank template's outermost ones: a warm rank (forked from
+    the node's template, rank/template.py) runs its script under them, a cold rank under none, and the two must
+    show, and group, as the same stack (a warm node's ranks were once told apart from a cold node's)."""
+    end = len(frames)
+    while end and frames[end - 1].file.endswith(TEMPLATE_FILE):
+        end -= 1
+    return frames[:end] if end else frames
+
+
 def _thread(t: Mapping[str, Any]) -> ThreadStack:
     try:
-        frames = tuple(Frame(str(f["name"]), str(f["filename"]), int(f["line"])) for f in t["frames"])
+        frames = without_template(tuple(Frame(str(f["name"]), str(f["filename"]), int(f["line"])) for f in t["frames"]))
         return ThreadStack(name=str(t.get("thread_name") or hex(int(t["thread_id"]))), thread_id=int(t["thread_id"]),
                            active=bool(t.get("active")), frames=frames, owns_gil=bool(t.get("owns_gil")),
                            os_thread_id=t.get("os_thread_id"))
@@ -160,7 +173,7 @@ def parse_faulthandler(pid: int, text: str) -> ProcessStack | None:
         m = _FAULTHANDLER_FRAME.match(line)
         if m and frames is not None:
             frames.append(Frame(m.group(3), m.group(1), int(m.group(2))))
-            threads[-1] = dataclasses.replace(threads[-1], frames=tuple(frames))
+            threads[-1] = dataclasses.replace(threads[-1], frames=without_template(tuple(frames)))
         elif not line.startswith("  "):
             frames = None
     return ProcessStack(pid, tuple(threads)) if threads else None
