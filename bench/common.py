@@ -161,6 +161,16 @@ def stop_service(proc: subprocess.Popen[bytes]) -> None:
     _services.discard(proc.pid)
 
 
+def kill_groups(procs: Sequence[subprocess.Popen[bytes]]) -> None:
+    """SIGKILL each process's group (each was started in a session of its own) and reap it: a bench's nodes."""
+    for proc in procs:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
+
+
 @contextlib.contextmanager
 def nothing_left() -> Iterator[None]:
     """Run the bench so that it leaves no process behind, however it ends.

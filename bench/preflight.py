@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import statistics
 import subprocess
 import sys
@@ -28,7 +27,7 @@ import time
 import uuid
 from pathlib import Path
 
-from .common import free_port
+from .common import free_port, kill_groups
 
 LOOP = """
 import os, sys, time
@@ -74,12 +73,7 @@ def preflight_once(nodes: int, tmp: Path) -> tuple[float, float]:
         (event,) = [e for e in events if e["kind"] == "preflight"]
         return float(event["details"]["seconds"]), wall
     finally:
-        for proc in procs:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            proc.wait()
+        kill_groups(procs)
         for log in logs:
             log.close()
 

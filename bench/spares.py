@@ -18,6 +18,7 @@ Every process is stopped by its process group at the end.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import selectors
 import signal
@@ -26,12 +27,12 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import psutil
 
-from .common import free_port
+from .common import free_port, kill_groups
 
 RANK = """\
 import os, sys, time
@@ -88,43 +89,55 @@ class Output:
         return any(text in line for line in self.lines[node])
 
 
-def once(tmp: Path, how: str, heartbeat: float) -> tuple[float, float]:
-    """(loss -> the spare's rank running, loss -> every rank of attempt 2 running), seconds."""
+def lost_node(tmp: Path, how: str, heartbeat: float, *, nnodes: int, lost: int, watched: int) -> tuple[float, float]:
+    """`nnodes` nodes and one spare (node `nnodes`); once every rank runs and the spare has joined, node `lost` is
+    lost (`how`). Returns (loss -> rank `watched` of attempt 2 running, loss -> every rank of attempt 2 running),
+    seconds. bench/succession.py loses the chief with it."""
     job = Path(tempfile.mkdtemp(dir=tmp))
     script = job / "rank.py"
     script.write_text(RANK)
-    common = [sys.executable, "-m", "detlaunch", "--layer", "direct", "--nnodes", "3", "--spares", "1",
+    common = [sys.executable, "-m", "detlaunch", "--layer", "direct", "--nnodes", str(nnodes), "--spares", "1",
               "--nproc-per-node", "1", "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
               "--max-node-restarts", "1", "--restart-backoff", "0", "--heartbeat", str(heartbeat)]
     nodes = [subprocess.Popen([*common, "--node-rank", str(n), "--node-addr", f"127.0.0.{n + 1}", str(script)],
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
-             for n in range(4)]
-    logs = [job / f"node-{n}.log" for n in range(4)]
+             for n in range(nnodes + 1)]
+    logs = [job / f"node-{n}.log" for n in range(nnodes + 1)]
     out = Output(nodes, logs)
+    survivors = set(range(nnodes + 1)) - {lost}
     try:
-        out.until(lambda: len(out.started(0)) == 3 and out.said(3, "joined the job"))
-        lost = nodes[2]
+        out.until(lambda: len(out.started(0)) == nnodes and out.said(nnodes, "joined the job"))
         lost_at = time.clock_gettime(time.CLOCK_MONOTONIC)
         if how == "closed link":
-            lost.send_signal(signal.SIGKILL)
+            nodes[lost].send_signal(signal.SIGKILL)
         else:
-            psutil.Process(lost.pid).children()[0].suspend()
-        out.until(lambda: len(out.started(1)) == 3)
+            psutil.Process(nodes[lost].pid).children()[0].suspend()
+        out.until(lambda: len(out.started(1)) == nnodes)
         starts = out.started(1)
-        out.until(lambda: {0, 1, 3} <= out.ended, 60)
-        for n in (0, 1, 3):
+        out.until(lambda: survivors <= out.ended, 60)
+        for n in sorted(survivors):
             if nodes[n].wait(60) != 0:
                 raise RuntimeError(f"node {n} failed:\n{logs[n].read_text()[-2000:]}")
-        return starts[2] - lost_at, max(starts.values()) - lost_at
+        return starts[watched] - lost_at, max(starts.values()) - lost_at
     finally:
-        for proc in nodes:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            proc.wait()
-            if proc.stdout is not None:
-                proc.stdout.close()
+        kill_groups(nodes)
+
+
+def report(hows: Sequence[str], reps: int, heartbeat: float, measure: Callable[[Path, str, float], tuple[float, float]],
+           watched: str) -> None:
+    """Run `measure` `reps` times for each way of losing a node; print each run and the medians."""
+    with tempfile.TemporaryDirectory() as tmp:
+        for how in hows:
+            first, every = [], []
+            for rep in range(reps):
+                load = os.getloadavg()[0]
+                a, b = measure(Path(tmp), how, heartbeat)
+                first.append(a)
+                every.append(b)
+                print(f"{how} ({rep + 1}/{reps}, load {load:.1f}): {watched} {a:.3f} s, every rank {b:.3f} s",
+                      flush=True)
+            print(f"{how}: median {statistics.median(first):.3f} s to {watched}, "
+                  f"{statistics.median(every):.3f} s to every rank (heartbeat {heartbeat:g} s)", flush=True)
 
 
 def main() -> None:
@@ -132,18 +145,8 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--heartbeat", type=float, default=1.0)
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
-        for how in ("closed link", "silent"):
-            spare, every = [], []
-            for rep in range(args.reps):
-                load = os.getloadavg()[0]
-                a, b = once(Path(tmp), how, args.heartbeat)
-                spare.append(a)
-                every.append(b)
-                print(f"{how} ({rep + 1}/{args.reps}, load {load:.1f}): spare's rank {a:.3f} s, every rank {b:.3f} s",
-                      flush=True)
-            print(f"{how}: median {statistics.median(spare):.3f} s to the spare's rank, "
-                  f"{statistics.median(every):.3f} s to every rank (heartbeat {args.heartbeat:g} s)", flush=True)
+    report(("closed link", "silent"), args.reps, args.heartbeat,
+           functools.partial(lost_node, nnodes=3, lost=2, watched=2), "the spare's rank")
 
 
 if __name__ == "__main__":
