@@ -25,6 +25,7 @@ Results are printed as a table and written as JSON (--out).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import secrets
@@ -292,19 +293,22 @@ def measure(nodes: int, per_process: int, heartbeat: float, idle: float, tmp: Pa
                 "rss_per_node_kb": round((rss_after - rss_before) / nodes / 1024, 1),
                 "chief_rss_mb": round(rss_after / 2**20, 1), "chief_exit": chief.returncode, "report": report}
     finally:
-        for s in sims:
-            if s.poll() is None and s.stdin is not None:
-                try:
-                    s.stdin.write("quit\n")
-                    s.stdin.flush()
-                except OSError:
-                    pass
-        for proc in [chief, *sims]:
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+        end_simulation(chief, sims, 10)
+
+
+def end_simulation(chief: subprocess.Popen[bytes], sims: list[subprocess.Popen[str]], wait: float) -> None:
+    """Tell every simulator to quit, then wait for it and the chief; SIGKILL the group of one still there."""
+    for sim in sims:
+        if sim.poll() is None and sim.stdin is not None:
+            with contextlib.suppress(OSError):
+                sim.stdin.write("quit\n")
+                sim.stdin.flush()
+    for proc in [chief, *sims]:
+        try:
+            proc.wait(wait)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
 
 
 def measure_spares(nodes: int, spares: int, per_process: int, heartbeat: float, tmp: Path) -> dict[str, Any]:
@@ -354,21 +358,9 @@ def measure_spares(nodes: int, spares: int, per_process: int, heartbeat: float, 
         failed = True
         raise
     finally:
-        for sim in sims:
-            if sim.poll() is None and sim.stdin is not None:
-                try:
-                    sim.stdin.write("quit\n")
-                    sim.stdin.flush()
-                except OSError:
-                    pass
         if chief.poll() is None:
             chief.send_signal(signal.SIGTERM)
-        for proc in [chief, *sims]:
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+        end_simulation(chief, sims, 30)
         if failed and chief.stderr is not None:  # what the chief said, for the failure's diagnosis
             print("\n".join(chief.stderr.read().decode(errors="replace").splitlines()[-40:]), file=sys.stderr)
 
