@@ -16,8 +16,8 @@ import argparse
 import dataclasses
 import importlib.metadata
 import traceback
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any, cast
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
 
 import pluggy
 import stevedore
@@ -271,30 +271,36 @@ class Hooks:
         stage: Stage | None = self._hook.detlaunch_worker_stage(ctx=ctx)
         return stage
 
+    def _per_plugin(self, hook: Any, config: Config) -> Iterator[tuple[str, list[Any] | Exception]]:
+        """Call `hook` (it takes the config alone) plugin by plugin: each one's name and its list, or what it raised
+        (one plugin's error must not hide the others' checks)."""
+        for impl in reversed(hook.get_hookimpls()):
+            name = impl.plugin_name.rpartition(":")[2]
+            try:
+                yield name, list(impl.function(**{arg: config for arg in impl.argnames}) or [])  # its only parameter
+            except Exception as e:
+                yield name, e
+
     def doctor_checks(self, config: Config) -> list[Check]:
         """Every plugin's checks; one that raises is a failed check naming it (the others still run)."""
         checks: list[Check] = []
-        for impl in reversed(self._hook.detlaunch_doctor_checks.get_hookimpls()):
-            name = impl.plugin_name.rpartition(":")[2]
-            try:
-                result = impl.function(**{arg: config for arg in impl.argnames})  # its only parameter
-                checks.extend(cast("list[Check]", result or []))
-            except Exception as e:
-                checks.append(Check(f"{name}: its checks", False, f"raised {_error_line(e)}",
+        for name, result in self._per_plugin(self._hook.detlaunch_doctor_checks, config):
+            if isinstance(result, Exception):
+                checks.append(Check(f"{name}: its checks", False, f"raised {_error_line(result)}",
                                     f"report this to the {name} plugin's authors"))
+            else:
+                checks.extend(result)
         return checks
 
     def preflight_checks(self, config: Config) -> tuple[list[PreflightCheck], list[str]]:
         """Every plugin's preflight checks, and one error line for each plugin whose hook raised."""
         checks: list[PreflightCheck] = []
         errors: list[str] = []
-        for impl in reversed(self._hook.detlaunch_preflight_checks.get_hookimpls()):
-            name = impl.plugin_name.rpartition(":")[2]
-            try:
-                result = impl.function(**{arg: config for arg in impl.argnames})  # its only parameter
-                checks.extend(cast("list[PreflightCheck]", result or []))
-            except Exception as e:
-                errors.append(f"{name}: its preflight checks raised {_error_line(e)}")
+        for name, result in self._per_plugin(self._hook.detlaunch_preflight_checks, config):
+            if isinstance(result, Exception):
+                errors.append(f"{name}: its preflight checks raised {_error_line(result)}")
+            else:
+                checks.extend(result)
         return checks, errors
 
     def job_started(self, ctx: StageContext, stage: Stage) -> None:
