@@ -213,8 +213,9 @@ class Succession:
         n = h.plan.cluster.num_nodes
         if not isinstance(link, ChiefLink) or not h.plan.restarts.enabled or n < 3:
             return False
-        silence = HEARTBEAT_MISSES * link.heartbeat  # those silent as long are lost too (a chief that was stopped
-        lost = sorted(n for n, c in link.nodes.items() if c.closed or c.silent_for() > silence)  # finds all at once)
+        # Those silent as long are lost too: a chief that was stopped finds them all at once when it wakes.
+        silence = HEARTBEAT_MISSES * link.heartbeat
+        lost = sorted(n for n, c in link.nodes.items() if c.closed or c.silent_for() > silence)
         if not has_majority(len(lost), n):
             return False
         self.stepped_down = True
