@@ -55,6 +55,12 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     for name in ("LINES", "COLUMNS"):
         os.environ.pop(name, None)
 
+# Jobs run with one OpenMP thread a rank, as docs/RESTARTS.md tells a user on a CPU machine: torch's default, one
+# OpenMP thread per CPU in each of a job's ranks, only oversubscribes 2 cores, and horovod's and deepspeed's ranks
+# then start warm as torchrun's and direct's do. Where the unset case is what is tested, a test says so
+# (tests/node/test_warm_ranks.py; tests/layers/test_public_scripts.py runs the scripts as a user would).
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 
 def _stop_like_ctrl_c(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt(f"pytest got {signal.Signals(signum).name}")
@@ -132,18 +138,3 @@ def throwaway_user() -> Iterator[pwd.struct_passwd]:
         yield pwd.getpwnam(name)
     finally:
         subprocess.run(["userdel", name], check=True)
-
-
-def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    """Why each rerun test failed the first time (pytest-rerunfailures only names it): a flake that
-    passes on its second run must still be diagnosable from one CI log."""
-    reruns = terminalreporter.stats.get("rerun", [])
-    if not reruns:
-        return
-    terminalreporter.section("first failures of the tests that were run again")
-    for report in reruns:
-        text = report.longreprtext
-        if len(text) > 6000:  # the assertion and the job's output are at the end
-            text = "...\n" + text[-6000:]
-        terminalreporter.write_line(f"--- {report.nodeid}")
-        terminalreporter.write_line(text)

@@ -20,8 +20,8 @@ HVD_MNIST = str(SCRIPTS / "hvd_mnist.py")
 
 
 def run_job(launcher: Launcher, layer: str, nodes: int, script: str, *extra: str,
-            torch_exit_abort: bool = False) -> list[str]:
-    """Start one detlaunch per node (2 ranks each); return every node's stdout, all exited 0 (or, with
+            torch_exit_abort: bool = False) -> list[Completed]:
+    """Start one detlaunch per node (2 ranks each); return every node's end, all exited 0 (or, with
     `torch_exit_abort`, ended by torch's abort at exit: see aborted_by_torch_at_exit)."""
     port = str(free_port())
     if layer in ("torchrun", "direct"):
@@ -36,7 +36,7 @@ def run_job(launcher: Launcher, layer: str, nodes: int, script: str, *extra: str
     done = [job.wait(240) for job in jobs]
     for d in done:
         assert d.returncode == 0 or (torch_exit_abort and aborted_by_torch_at_exit(d)), d.output
-    return [d.stdout for d in done]
+    return done
 
 
 TORCH_EXIT_ABORT = "terminate called without an active exception"
@@ -58,7 +58,7 @@ def test_a_ddp_tutorial_style_script(launcher: Launcher, layer: str, nodes: int 
     """Every rank trains and ends with the same weights; the job exits 0, or torch aborted a rank at exit
     after that (its gloo teardown: not the script's, not detlaunch's; the rank's line below is its work)."""
     extra = ("--no-local-rank",) if layer == "deepspeed" else ()  # the script reads LOCAL_RANK, as tutorials do
-    out = "".join(run_job(launcher, layer, nodes, DDP, *extra, torch_exit_abort=True))
+    out = "".join(d.stdout for d in run_job(launcher, layer, nodes, DDP, *extra, torch_exit_abort=True))
     world = 2 * nodes
     for rank in range(world):
         line = next(x for x in out.splitlines() if x.startswith(f"[rank={rank}] rank {rank}/{world} "))
@@ -68,15 +68,20 @@ def test_a_ddp_tutorial_style_script(launcher: Launcher, layer: str, nodes: int 
 
 
 def test_a_horovod_synthetic_benchmark_style_script(launcher: Launcher, nodes: int = 2) -> None:
-    out = "".join(run_job(launcher, "horovod", nodes, HVD))
+    out = "".join(d.stdout for d in run_job(launcher, "horovod", nodes, HVD))
     world = 2 * nodes
     for rank in range(world):
         assert f"[rank={rank}] rank {rank}/{world}: " in out and out.count("same weights: True") == world, out
 
 
 def test_a_horovod_mnist_style_script(launcher: Launcher) -> None:
-    """DataLoader + DistributedSampler, hvd.DistributedOptimizer, test metrics averaged with hvd.allreduce."""
-    [out] = run_job(launcher, "horovod", 1, HVD_MNIST)
+    """DataLoader + DistributedSampler, hvd.DistributedOptimizer, test metrics averaged with hvd.allreduce;
+    OMP_NUM_THREADS unset, as in a new user's shell (the suite sets it): cold ranks, said in one line."""
+    launcher.env.pop("OMP_NUM_THREADS", None)
+    [done] = run_job(launcher, "horovod", 1, HVD_MNIST)
+    out = done.stdout
+    said = [line for line in done.stderr.splitlines() if "warm ranks:" in line]
+    assert len(said) == 1 and "OMP_NUM_THREADS is unset" in said[0], done.stderr
     lines = {rank: next((x for x in out.splitlines() if x.startswith(f"[rank={rank}] rank {rank}/2: ")), "")
              for rank in range(2)}
     assert all(lines.values()), out

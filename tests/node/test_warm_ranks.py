@@ -232,8 +232,7 @@ PROBE = FIELDS + textwrap.dedent('''\
 RESUMED = "0.981222,0.649037,0.482428,0.538023,-0.004031"  # test_restarts.WEIGHTS: 4 steps that never failed
 
 
-def restart_job(launcher: Launcher, tmp_path: Path, layer: str, script: str, name: str,
-                *flags: str) -> dict[str, dict[str, object]]:
+def restart_job(launcher: Launcher, tmp_path: Path, layer: str, script: str, name: str) -> dict[str, dict[str, object]]:
     """One node x 2 ranks, one failure, one restart that resumes and ends 0: each rank's fields of attempt 2."""
     own = {"horovod": "import os\nos.environ.setdefault('RANK', os.environ['HOROVOD_RANK'])\n",  # FIELDS reads RANK
            "deepspeed": "import sys\nsys.argv = [a for a in sys.argv if not a.startswith('--local_rank=')]\n"}
@@ -241,27 +240,44 @@ def restart_job(launcher: Launcher, tmp_path: Path, layer: str, script: str, nam
     (tmp_path / name).mkdir()
     env = {"OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu"}  # horovodrun and deepspeed leave it unset (RESTARTS.md)
     r = launcher.run("--layer", layer, "--nproc-per-node", "2", "--master-port", str(free_port()), "--max-restarts",
-                     "1", "--restart-backoff", "0", "--preload", "wave", *flags, "probe.py", name, cwd=tmp_path,
+                     "1", "--restart-backoff", "0", "--preload", "wave", "probe.py", name, cwd=tmp_path,
                      env=env, timeout=200)
     assert r.returncode == 0, r.output
-    how = "cold" if flags else "warm"
     for rank in (0, 1):
         lines = rank_lines(r.stdout, rank)
-        assert lines.count(f"rank {rank} {how}") == 2, r.output  # both attempts
+        assert lines.count(f"rank {rank} warm") == 2, r.output  # both attempts
         assert f"rank {rank} attempt 2 starts at step 2" in lines and lines[-1].endswith(RESUMED), r.output
     assert re.search(r"attempt 1: rank-failed .* rank 1 on node 0 .* killed by SIGKILL$", r.stderr, re.M), r.stderr
     assert [line for line in r.stderr.splitlines() if "warm ranks:" in line] == [], r.stderr
     return {rank: json.loads((tmp_path / name / f"{rank}.json").read_text()) for rank in ("0", "1")}
 
 
-@pytest.mark.timeout(420)
+# The cold side of the comparison: the same fields in a restart, with no training (it imports no torch:
+# a cold rank's import is what warm ranks save, and the fields are read before any training starts).
+COLD_PROBE = FIELDS + textwrap.dedent('''\
+    if os.environ["TORCHELASTIC_RESTART_COUNT"] == "0" and os.environ["RANK"] == "1":
+        os.kill(os.getpid(), signal.SIGKILL)
+''')
+
+
+@pytest.mark.timeout(300)
 def test_torchrun_restarts_warm_and_its_warm_rank_sees_what_a_cold_rank_sees(
         launcher: Launcher, tmp_path: Path) -> None:
     """torchrun's agent starts the wrappers, which ask the node's template: both attempts warm, the failed one
-    stopped by torchrun (its SIGTERM to the wrapper's group, passed on), the job resumed; field by field as cold."""
+    stopped by torchrun (its SIGTERM to the wrapper's group, passed on), the job resumed; field by field as
+    the cold ranks of a restart."""
     warm_ranks = restart_job(launcher, tmp_path, "torchrun", "resume_ddp.py", "warm")
-    cold_ranks = restart_job(launcher, tmp_path, "torchrun", "resume_ddp.py", "cold", "--no-warm-ranks")
+    (tmp_path / "probe.py").write_text(COLD_PROBE)  # the same path: the fields hold it
+    (tmp_path / "cold").mkdir()
+    r = launcher.run("--layer", "torchrun", "--nproc-per-node", "2", "--master-port", str(free_port()),
+                     "--max-restarts", "1", "--restart-backoff", "0", "--preload", "wave", "--no-warm-ranks",
+                     "probe.py", "cold", cwd=tmp_path, env={"OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu"},
+                     timeout=120)
+    assert r.returncode == 0, r.output
+    assert sorted(line.split("] ", 1)[1] for line in r.stdout.splitlines()).count("rank 1 cold") == 2, r.output
+    cold_ranks = {rank: json.loads((tmp_path / "cold" / f"{rank}.json").read_text()) for rank in ("0", "1")}
     for rank in ("0", "1"):
+        assert (warm_ranks[rank]["warm"], cold_ranks[rank]["warm"]) == (True, False)
         wf, cf = dict(warm_ranks[rank]["fields"]), dict(cold_ranks[rank]["fields"])  # type: ignore[call-overload]
         for job in (wf, cf):
             job["argv"], job["orig_argv"], job["cmdline"] = job["argv"][:1], job["orig_argv"][:-1], job["cmdline"][:-1]
