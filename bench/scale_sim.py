@@ -103,7 +103,7 @@ class SimNode(NoQuestionsNoOrders):  # the chief asks a simulated node nothing, 
     def promoted(self, place: int) -> None:
         """A spare sent to a lost node's place: it joins again as that node (as node/spare.py's detlaunch does)."""
         self.place = place
-        self.link = self.sim.new_link(self, place)
+        self.link = self.sim.new_link(self, place, promoted_from=self.node)
 
     def chief_lost(self, why: str) -> None:
         self.sim.say({"error": f"node {self.node}: lost the chief: {why}"})
@@ -128,14 +128,16 @@ class Simulation:
         self.loop.add_reader(sys.stdin, Priority.RANK_REPORT, self.on_command)
         self.done = False
 
-    def new_link(self, sim_node: SimNode, node: int) -> Any:
-        """A real worker link for `sim_node`, joining as node `node`, from the simulated node's own address."""
+    def new_link(self, sim_node: SimNode, node: int, promoted_from: int | None = None) -> Any:
+        """A real worker link for `sim_node`, joining as node `node`, from the simulated node's own address
+        (`promoted_from`: a spare sent to that place says so, as node/spare.py's detlaunch does)."""
         from detlaunch.link.settings import LinkSettings
         from detlaunch.link.worker import WorkerLink
 
         settings = LinkSettings(job_id=self.job_id, node=node, num_nodes=0,  # read by the chief only
                                 chief_addr="127.0.0.1", port=self.port, heartbeat=self.heartbeat,
-                                shared_dir=tempfile.gettempdir(), environ=self.env, node_addr=host(sim_node.node))
+                                shared_dir=tempfile.gettempdir(), environ=self.env, node_addr=host(sim_node.node),
+                                promoted_from=promoted_from)
         return WorkerLink(self.loop, settings, sim_node, sim_node, sim_node)
 
     def on_go(self) -> None:

@@ -48,6 +48,7 @@ FAILURE = Failure("rank 3 on node 1 (h1) was killed", 137, rank=STATUS, tail=("b
                   kind=FailureKind.RANK)
 EXAMPLES: list[Message] = [
     Heartbeat(), Challenge(job="job-1", nonce="n1"), Auth(node=2, nonce="n2", addr="10.0.0.2", mac="ab"),
+    Auth(node=2, nonce="n2", addr="10.0.0.2", mac="ab", spare=5),
     Welcome(mac="cd", attempt=3, hold=True), RankExit(status=STATUS), Failed(failure=FAILURE),
     Bye(ranks=(STATUS, dataclasses.replace(STATUS, rank=4))), Ask(key=7, what="status", args={"x": 1}),
     Reply(key=7, data=[1, "two"]), Stop(failure=FAILURE), Request(key=8, what="stacks", args={"budget": 1.5}),

@@ -158,7 +158,7 @@ class ChiefLink:
         self.pending.discard(conn)
         node = m.node if isinstance(m, Auth) else None
         spare = node is not None and self.spares.admits(node)
-        returned = node is not None and places.place_taken(self, node, getattr(m, "addr", "") or conn.peer)
+        returned = node is not None and places.place_taken(self, node, m.spare if isinstance(m, Auth) else None)
         ok = (isinstance(m, Auth) and (m.node in self.expected or spare or returned) and bool(self.secret)
               and auth.mac_matches(m.mac, auth.worker_mac(self.secret, self.job_id, m.node, conn.nonce)))
         if ok and returned:  # its place is another's or empty: it joins again as a spare (link/places.py)

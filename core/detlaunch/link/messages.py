@@ -5,8 +5,9 @@ One JSON object per line (wire.py), its kind in "t". Who sends each kind, and it
     kind        sent by  fields                       meaning
     hb          both     -                            still here (every --heartbeat; the wire skips it unread)
     challenge   chief    job, nonce                   the chief's first words: prove you are a node of `job`
-    auth        worker   node, nonce, addr, mac       I am node `node` (mac over the chief's nonce); prove
-                                                      yourself over my `nonce`; `addr` is my own address
+    auth        worker   node, nonce, addr, mac, spare  I am node `node` (mac over the chief's nonce); prove
+                                                      yourself over my `nonce`; `addr` is my own address;
+                                                      `spare` (not null): I am that spare, sent to its place
     welcome     chief    mac, attempt, hold, spare    mac over the worker's nonce; you join `attempt`, and
                                                       wait for "go" first when `hold`; `spare` (not null):
                                                       your place is taken, join again as this spare
@@ -140,6 +141,9 @@ class Auth(Kind):
     nonce: str = _field(_text)
     addr: str = _field(lambda v: str(v or ""))  # "": the chief takes the connection's source address
     mac: str = _field(_text)
+    # A promoted spare joining the place it was sent to: its spare number, by which the chief tells it from the
+    # lost node's own new detlaunch claiming the same place (link/places.py), whatever their addresses.
+    spare: int | None = _field(lambda v: None if v is None else _integer(v), optional=True)
 
 
 @_kind("welcome", CHIEF)

@@ -117,6 +117,7 @@ class WorkerLink:
                  orders: AttemptOrders):
         self.loop, self.events, self.questions, self.orders = loop, events, questions, orders
         self.node = settings.node
+        self.promoted_from = settings.promoted_from  # this node is a spare sent to this place: said in its auth
         self.members: tuple[int, ...] | None = None  # the last "go"'s places (a job that may shrink)
         self.job_id = settings.job_id
         self.heartbeat = settings.heartbeat
@@ -161,7 +162,7 @@ class WorkerLink:
                                 f"directory must be shared by all nodes (--job-dir), or set {SECRET_ENV}")
             return
         conn.send(Auth(node=self.node, nonce=conn.nonce, addr=self.dialer.source or "",
-                       mac=auth.worker_mac(self.secret, self.job_id, self.node, m.nonce)))
+                       mac=auth.worker_mac(self.secret, self.job_id, self.node, m.nonce), spare=self.promoted_from))
 
     def _welcomed(self, conn: PeerConnection, m: Welcome) -> None:
         if self.secret is None or not auth.mac_matches(m.mac, auth.chief_mac(self.secret, self.job_id, self.node,
