@@ -23,6 +23,7 @@ from typing import Any, Protocol
 import detlaunch.exit_codes as exit_codes
 from detlaunch.errors import LaunchError
 from detlaunch.link import auth, places
+from detlaunch.link.membership import Membership, change
 from detlaunch.link.messages import (
     WORKER,
     Answer,
@@ -33,6 +34,8 @@ from detlaunch.link.messages import (
     End,
     Failed,
     Go,
+    Members,
+    MembersChange,
     Message,
     RankExit,
     Reply,
@@ -115,6 +118,8 @@ class ChiefLink:
         self.attempt = 1
         self.holding = False
         self.end_in_sight: float | None = None  # when ready_to_finish was first asked, this attempt
+        self.shared: Membership | None = None  # the last membership shared (share), and the connections told it
+        self.told: set[PeerConnection] = set()
         self._listen()
         self.timer: Timer | None = loop.call_later(self.heartbeat, self.tick)
 
@@ -274,12 +279,17 @@ class ChiefLink:
         for conn in self.nodes.values():
             conn.send_encoded(encoded)
 
-    def share(self, message: Message) -> None:
-        """To every node and every waiting spare (the membership, node/succession.py)."""
-        encoded = encode(message)
-        for conn in [*self.nodes.values(), *self.spares.waiting.values()]:
-            if not conn.closed:
-                conn.send_encoded(encoded)
+    def share(self, m: Membership) -> None:
+        """The membership to every node and every waiting spare (node/succession.py): whole to a connection that
+        has none yet, else what changed since the last one (each had it: every share goes to every connection).
+        Each encoded once."""
+        conns = [c for c in [*self.nodes.values(), *self.spares.waiting.values()] if not c.closed]
+        delta = change(self.shared, m) if self.shared is not None else None
+        whole = encode(Members(m=m)) if delta is None or any(c not in self.told for c in conns) else b""
+        changed = encode(MembersChange(c=delta)) if delta is not None else whole
+        for conn in conns:
+            conn.send_encoded(changed if conn in self.told else whole)
+        self.shared, self.told = m, set(conns)
 
     def live_nodes(self) -> set[int]:
         """The worker nodes that joined and are still connected."""

@@ -25,8 +25,10 @@ One JSON object per line (wire.py), its kind in "t". Who sends each kind, and it
     end         chief    failure                      the job is over: the final verdict (null: it succeeded)
     promote     chief    place                        (to a spare) take node `place`'s place: leave, and join
                                                       again as that node (node/spare.py)
-    members     chief    m                            the job's membership and restart state, as it changes
-                                                      (membership.py): what a successor needs of the chief
+    members     chief    m                            the job's membership and restart state, whole, to a
+                                                      node that has none yet (membership.py): what a
+                                                      successor needs of the chief
+    members_change chief c                            what changed in it since the last one sent
 
 Reading is in one place, `decode`: a line that is not JSON, or a known kind with a field missing
 or of the wrong type, is `Malformed`; a kind this link does not know (or that is not a JSON object),
@@ -42,7 +44,7 @@ import json
 from collections.abc import Callable
 from typing import Any, ClassVar, TypeVar, cast
 
-from detlaunch.link.membership import Membership
+from detlaunch.link.membership import Membership, MembershipChange
 from detlaunch.outcome import Failure, RankStatus
 
 CHIEF, WORKER, BOTH = "chief", "worker", "both"  # who sends a kind
@@ -245,8 +247,14 @@ class Members(Kind):
     m: Membership = _field(Membership.from_json, write=lambda m: m.to_json())
 
 
+@_kind("members_change", CHIEF)
+@dataclasses.dataclass(frozen=True)
+class MembersChange(Kind):
+    c: MembershipChange = _field(MembershipChange.from_json, write=lambda c: c.to_json())
+
+
 Message = (Heartbeat | Challenge | Auth | Welcome | RankExit | Failed | Bye | Ask | Reply | Stop | Request | Answer
-           | Restart | Go | End | Promote | Members)
+           | Restart | Go | End | Promote | Members | MembersChange)
 
 
 # -- reading and writing ---------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 from detlaunch.link import auth
 from detlaunch.link.dial import Dialer
-from detlaunch.link.membership import Membership
+from detlaunch.link.membership import Membership, applied
 from detlaunch.link.messages import (
     CHIEF,
     Answer,
@@ -26,6 +26,7 @@ from detlaunch.link.messages import (
     Failed,
     Go,
     Members,
+    MembersChange,
     Message,
     Promote,
     RankExit,
@@ -220,6 +221,9 @@ class WorkerLink:
                 self.orders.chief_go(attempt)
             case Members(m=shared):
                 self.membership = shared
+            case MembersChange(c=change):  # what changed since the last one (the chief sent it whole first)
+                if self.membership is not None:
+                    self.membership = applied(self.membership, change)
             case Promote(place=place):
                 self._to(LinkState.ENDED)  # this connection's part is over: the spare joins again as `place`
                 conn.close()

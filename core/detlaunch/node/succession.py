@@ -29,7 +29,6 @@ from typing import Protocol
 import detlaunch.exit_codes as exit_codes
 from detlaunch.link.chief import ChiefLink
 from detlaunch.link.membership import Membership, cluster_after, has_majority
-from detlaunch.link.messages import Members
 from detlaunch.link.wire import HEARTBEAT_MISSES
 from detlaunch.link.worker import WorkerLink
 from detlaunch.node.attempt_driver import AttemptDriver
@@ -157,7 +156,7 @@ class Succession:
             return  # the first start: shared once every node is here (no successor could start the job before)
         if isinstance(link, ChiefLink) and link.listener.fileno() >= 0:
             self.shared_at = self.host.loop.clock()
-            link.share(Members(m=self.membership()))
+            link.share(self.membership())
 
     def membership(self) -> Membership:
         h = self.host
