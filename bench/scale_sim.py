@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 import psutil
-from detlaunch.link.messages import Members
+from detlaunch.link.messages import Members, MembersChange
 from detlaunch.link.worker import NoQuestionsNoOrders, WorkerLink
 from detlaunch.testing import free_port
 
@@ -65,7 +65,7 @@ class SimLink(WorkerLink):
 
     def on_message(self, conn: Any, m: Any) -> None:
         super().on_message(conn, m)
-        if isinstance(m, Members):
+        if isinstance(m, Members | MembersChange):
             self.events.has_membership()
 
 
@@ -449,7 +449,7 @@ def measure_spares(nodes: int, spares: int, per_process: int, heartbeat: float, 
         line = chief.stdout.readline()  # the next attempt's rank
         return {"nodes": nodes, "spares": spares, "lost_node": lost["node"],
                 "lost_to_every_node_told_ms": round(1000 * (max(t["go"] for t in told) - lost["lost_at"]), 1),
-                "nodes_told": sum(t["told"] for t in told), "places_in_go": max(t["members"] for t in told),
+                "nodes_told": sum(t["told"] for t in told), "places_named_in_go": max(t["members"] for t in told),
                 "next_attempt_rank_started": b"ready" in line, "load": os.getloadavg()[0]}
     except Exception:
         failed = True

@@ -87,6 +87,10 @@ def test_a_shrunk_job_names_the_places_of_the_next_attempt_and_each_node_plans_i
     spare_as_1 = worker_link(loop, dataclasses.replace(settings(1, port, str(tmp_path)), promoted_from=3), Events())
     run_until(loop, lambda: spare_as_1.joined and not chief.missing_nodes())
     assert chief.spares.coming == {} and chief.addr_of(1) == "127.0.0.2"
+    chief.holding = True  # (as the restart that took the place back left it) the grown job's go names every place:
+    chief.go()  # node 2's last go named fewer
+    run_until(loop, lambda: e2.names().count("chief_go") == 2)
+    assert w2.members == (0, 1, 2) and not chief.holding
     for link in (w1b, w1c, spare_as_1, spare_link, w2, chief):
         link.close()
     loop.close()

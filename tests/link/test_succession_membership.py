@@ -199,6 +199,7 @@ def join(link: ChiefLink, port: int, tmp: str, node: int) -> Any:
 def test_the_successor_goes_on_only_with_a_majority_of_the_last_attempts_nodes(tmp_path: Any) -> None:
     link, host, succession, port = successor_of(str(tmp_path), 4, 30.0)
     assert ("begin_backoff", 2, None) in host.driver.seen and link.attempt == 2 and link.holding
+    assert ("await_back", {2, 3}, 5.0) in host.driver.seen  # nodes 2 and 3 come back: no spare there for 5 heartbeats
     assert host.attempts.history[-1].restart_class is RestartClass.NODE_LOST  # counted as a lost node
     workers = [join(link, port, str(tmp_path), 2)]
     succession.changed()
@@ -211,6 +212,33 @@ def test_the_successor_goes_on_only_with_a_majority_of_the_last_attempts_nodes(t
     for w in workers:
         w.close()
     succession.close()
+    link.close()
+
+
+def test_a_successor_sends_spares_only_where_no_node_comes_back_until_a_silent_nodes_window_is_over(
+        tmp_path: Any) -> None:
+    """Its old place (the lost chief's) gets a spare at once; the places of the nodes on their way back get one
+    only once the window is over (a node stopped on its way: its place is a lost node's then)."""
+    from detlaunch.node.attempt_driver import AttemptDriver
+
+    port = free_port()
+    link = ChiefLink(EventLoop(), dataclasses.replace(settings(0, port, str(tmp_path)), num_nodes=4, spares=2),
+                     events := Events(), events)
+    host = Host(link, 4)
+    host.plan.release_timeout, host.plan.settings = 0.0, {}  # type: ignore[attr-defined]
+    host.env, host.processes = {}, SimpleNamespace(remaining=lambda: [])  # type: ignore[attr-defined]
+    driver = AttemptDriver(host)  # type: ignore[arg-type]
+    spares = [worker_link(link.loop, dataclasses.replace(settings(n, port, str(tmp_path)), node_addr=f"127.0.0.{n}"),
+                          Events()) for n in (4, 5)]
+    run_until(link.loop, lambda: len(link.spares.waiting) == 2)
+    host.attempts.due = 2
+    driver.await_back({2, 3}, 0.2)
+    driver.fill_from_spares()
+    assert link.spares.coming == {1: 4}  # node 1's place (the successor's old one, the lost chief's now) only
+    run_until(link.loop, lambda: len(link.spares.coming) == 2)  # past the window: node 2 never came back
+    assert link.spares.coming == {1: 4, 2: 5} and not driver.awaited
+    for w in spares:
+        w.close()
     link.close()
 
 

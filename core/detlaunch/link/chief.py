@@ -119,6 +119,7 @@ class ChiefLink:
         self.holding = False
         self.end_in_sight: float | None = None  # when ready_to_finish was first asked, this attempt
         self.shared: Membership | None = None  # the last membership shared (share), and the connections told it
+        self.went_whole = True  # the last go was on every place (or there was none): see go()
         self.told: set[PeerConnection] = set()
         self._listen()
         self.timer: Timer | None = loop.call_later(self.heartbeat, self.tick)
@@ -312,8 +313,8 @@ class ChiefLink:
         if self.end_in_sight is None:
             self.end_in_sight = time.monotonic()
         cutoff = self.end_in_sight
-        joining = self.missing_nodes() and any(p.opened <= cutoff for p in self.pending)
-        return set(self.nodes) <= self.finished and not joining
+        joining = any(p.opened <= cutoff for p in self.pending) and self.missing_nodes()  # (no node pending: no sort)
+        return self.nodes.keys() <= self.finished and not joining
 
     def lost_nodes(self) -> list[int]:
         """Nodes whose connection is gone: their new detlaunch must join again before another attempt starts."""
@@ -354,10 +355,15 @@ class ChiefLink:
         return lost
 
     def go(self) -> None:
-        """Every node is back after a lost one: the attempt the nodes wait for starts now."""
+        """Every node is back after a lost one: the attempt the nodes wait for starts now. Its places are named
+        only when some node may not know them: the job runs on fewer than all, or did at the last go (a node
+        that had no go takes every place; one that had, its last go's). Else 1024 places to each of 1024 nodes."""
         if self.holding:
             self.holding = False
-            self._to_every_node(Go(attempt=self.attempt, members=places.members(self)))
+            members = places.members(self)
+            every = len(members) == len(self.places) + 1
+            self._to_every_node(Go(attempt=self.attempt, members=None if every and self.went_whole else members))
+            self.went_whole = every
 
     def dismiss(self, node: int, why: str) -> bool:
         """Send a live worker node away (a straggler replaced by a spare): it gets the job's end with `why` as

@@ -254,6 +254,8 @@ class Succession:
         h.say(f"this node is the chief now (node rank 0, was node {t.successor}): waiting for more than half of "
               f"the last attempt's {n} nodes to join within {h.plan.start_timeout:g} s")
         h.driver.begin_backoff(t.next_attempt, None)
+        # The nodes live under the lost chief come back: their places wait for them, not for a spare, a while.
+        h.driver.await_back({n for n in m.live if n not in (0, t.successor)}, HEARTBEAT_MISSES * h.plan.heartbeat)
         self.waiting = True
         self.majority_timer = h.loop.call_later(h.plan.start_timeout, self._no_majority)
         self.backoff_timer = h.loop.call_later(delay, self._backoff_done)
