@@ -62,8 +62,8 @@ def take_back(link: ChiefLink, places: list[int]) -> None:
 def anyone_to_admit(link: ChiefLink) -> bool:
     """A node of the job or a spare has not joined; or a place was taken or dropped, and the lost node's new
     detlaunch may come back (as a spare)."""
-    return bool(link.expected - set(link.nodes) or link.spares.missing or link.spares.promoted
-                or link.places - link.expected)
+    return bool(len(link.nodes) < len(link.expected) or link.expected - link.nodes.keys() or link.spares.missing
+                or link.spares.promoted or link.places - link.expected)  # (the count first: O(1) a join, not O(n))
 
 
 def place_taken(link: ChiefLink, node: int, spare: int | None) -> bool:

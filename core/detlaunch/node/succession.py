@@ -268,8 +268,11 @@ class Succession:
         return 1 + len(link.live_nodes() - {t.successor})
 
     def _check_majority(self) -> None:
-        h = self.host
-        joined, n = self._joined(), h.plan.cluster.num_nodes
+        h, link = self.host, self.host.link
+        n = h.plan.cluster.num_nodes
+        if isinstance(link, ChiefLink) and not has_majority(1 + len(link.nodes), n):
+            return  # not even with every node that joined (counted first: O(1) a join, not O(n))
+        joined = self._joined()
         if not has_majority(joined, n):
             return
         self.waiting = False
