@@ -91,7 +91,7 @@ class Membership:
 class MembershipChange:
     """A membership told as its change from the last one shared (`change`, `applied`): the places whose address
     moved, the node ranks that became live or stopped being live, and the rest whole (a few entries: the
-    spares, the restart state). A whole membership of 1024 nodes is ~30 KB, to every node and spare at each
+    spares, the restart state). A whole membership of 1024 nodes is ~20 KB, to every node and spare at each
     change; a lost or joined node is a change of a few dozen bytes. history: the entries after the first
     `history_from` of the last one (the history only grows, but a successor's may be replaced whole)."""
 
