@@ -313,8 +313,10 @@ class AttemptDriver:
 
     def rejoined(self) -> None:
         """In the backoff: every lost node is back; the attempt starts if its backoff is over."""
-        cancel_timer(self.rejoin_timer)
-        self.rejoin_timer = None
+        for timer in (self.rejoin_timer, self.awaited_timer):
+            cancel_timer(timer)
+        self.rejoin_timer = self.awaited_timer = None
+        self.awaited = set()  # none is on its way any more: a node lost later is replaced at once
         due = self.host.attempts.due
         self.host.say(f"every node is back: attempt {due or self.host.attempts.number + 1} starts"
                       + ("" if due is not None else " when the backoff is over"))
