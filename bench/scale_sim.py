@@ -489,7 +489,7 @@ def measure_chief(nodes: int, spares: int, per_process: int, heartbeat: float, t
         result = {"nodes": nodes, "spares": spares, "stopped_peer": stopped,
                   "kill_to_detected_ms": round(1000 * (detected - killed_at), 1),
                   "detected_to_every_node_served_s": round(max(r["rejoined"] for r in rejoined) - detected, 3),
-                  "nodes_served": sum(r["nodes"] for r in rejoined) + 1,
+                  "nodes_and_spares_served": sum(r["nodes"] for r in rejoined),
                   "nodes_made_spares": sum(r["made_spares"] for r in rejoined)}
         told = [read_json(sim.stdout, "go", 120) for sim in followers]
         assert successor.stdout is not None
