@@ -263,11 +263,13 @@ def cpu_seconds(procs: list[psutil.Process]) -> float:
 
 def chief_processes(chief: subprocess.Popen[bytes]) -> tuple[list[psutil.Process], psutil.Process]:
     """detlaunch, the child that makes the job's PID namespace, and the supervisor (that namespace's pid 1,
-    the deepest of them), not the rank and its wrapper. (Only the outer process's children, as this read
-    before, took the idle middle process for the supervisor: 0 % CPU and 0 KB a node.)"""
+    the deepest of them): forks of `python -m detlaunch`, not the rank, its wrapper or the warm ranks'
+    template (the supervisor's children too: the deepest of all, a warm rank was taken for the supervisor).
+    (Only the outer process's children, as this read before, took the idle middle process for the
+    supervisor: 0 % CPU and 0 KB a node.)"""
     ours = [psutil.Process(chief.pid)]
     while True:
-        below = [c for c in ours[-1].children() if not any(a.endswith("run_wrapper.py") for a in c.cmdline())]
+        below = [c for c in ours[-1].children() if "detlaunch" in c.cmdline()]  # forked: `python -m detlaunch`
         if not below:
             return ours, ours[-1]
         ours.append(below[0])

@@ -120,6 +120,7 @@ class ChiefLink:
         self.end_in_sight: float | None = None  # when ready_to_finish was first asked, this attempt
         self.shared: Membership | None = None  # the last membership shared (share), and the connections told it
         self.went_whole = True  # the last go was on every place (or there was none): see go()
+        self.asking: tuple[int | None, bytes] = (None, b"")  # the last question asked of the nodes, encoded
         self.told: set[PeerConnection] = set()
         self._listen()
         self.timer: Timer | None = loop.call_later(self.heartbeat, self.tick)
@@ -297,7 +298,10 @@ class ChiefLink:
         return {n for n, conn in self.nodes.items() if not conn.closed}
 
     def request(self, node: int, key: int, what: str, args: dict[str, Any]) -> None:
-        self.nodes[node].send(Request(key=key, what=what, args=args))
+        """Node `node`'s part of gathering `key` (control.py asks every node in turn: encoded once for all)."""
+        if self.asking[0] != key:
+            self.asking = (key, encode(Request(key=key, what=what, args=args)))
+        self.nodes[node].send_encoded(self.asking[1])
 
     def answer(self, node: int, key: int, data: dict[str, Any]) -> None:
         conn = self.nodes.get(node)
