@@ -415,7 +415,7 @@ def start_job(nodes: int, spares: int, per_process: int, heartbeat: float, tmp: 
         assert b"ready" in line, line
     for sim in sims:
         read_json(sim.stdout, "membership", 120)
-    return reals, sims, {"job": job}
+    return reals, sims, {"job": job, "ranges": ranges}
 
 
 def last_words(proc: subprocess.Popen[bytes], who: str) -> None:
@@ -478,10 +478,14 @@ def measure_chief(nodes: int, spares: int, per_process: int, heartbeat: float, t
     sims: list[subprocess.Popen[str]] = []
     failed = False
     try:
-        reals, sims, _ = start_job(nodes, spares, per_process, heartbeat, tmp, real=2, follow=True,
-                                   alone=2 if stopped else None)
+        reals, sims, info = start_job(nodes, spares, per_process, heartbeat, tmp, real=2, follow=True,
+                                      alone=2 if stopped else None)
         chief, successor = reals
         followers = sims[1:] if stopped else sims
+        # The go is one message to every node: read from the processes that simulate nodes of the job (one of
+        # spares only has nothing to say when the spare sent to the lost chief's place is another's).
+        workers = [s for s, (first, _) in zip(sims, info["ranges"], strict=True) if first <= nodes and s in followers]
+        print(f"  every node joined, membership shared ({time.strftime('%T')})", file=sys.stderr, flush=True)
         if stopped:
             os.killpg(sims[0].pid, signal.SIGSTOP)
         killed_at = time.time()
@@ -493,7 +497,7 @@ def measure_chief(nodes: int, spares: int, per_process: int, heartbeat: float, t
                   "detected_to_every_node_served_s": round(max(r["rejoined"] for r in rejoined) - detected, 3),
                   "nodes_and_spares_served": sum(r["nodes"] for r in rejoined),
                   "nodes_made_spares": sum(r["made_spares"] for r in rejoined)}
-        told = [read_json(sim.stdout, "go", 120) for sim in followers]
+        told = [read_json(sim.stdout, "go", 120) for sim in workers]
         assert successor.stdout is not None
         line = successor.stdout.readline()  # the next attempt's rank 0, on the successor
         result.update({"detected_to_every_node_told_go_s": round(max(t["go"] for t in told) - detected, 3),
