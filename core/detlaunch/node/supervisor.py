@@ -390,15 +390,15 @@ class NodeSupervisor:
             pass
         self.attempts.begin(attempt)
         self.events.emit(EventKind.ATTEMPT_STARTED, attempt=attempt - 1)
-        if isinstance(self.link, ChiefLink):  # first: the nodes that waited for lost ones start too, while the
-            self.link.go()  # chief plans its own part again (1024 nodes: tens of ms), which theirs do not need
-            self.succession.changed()
         moved = replanned(self.plan, self.base, self.link, self.replan, self.trace)
         if moved is not None:  # a spare took a lost node's place at another address, or the job shrank or grew
             self.plan, self.env = moved, moved.process_env()
             self.files.rewrite(moved.stage)
         self._new_attempt_parts()
         self.enter(Phase.STARTING)
+        if isinstance(self.link, ChiefLink):
+            self.link.go()  # the nodes that waited for lost ones start too
+            self.succession.changed()
         try:
             self.ranks.listen(self.plan.socket_path)
             self.startup.start_stage()
