@@ -17,7 +17,10 @@ So what is measured is the real chief:
 - RSS: the chief's supervisor with every node joined, less before any joined, per node;
 - plan: `--dry-run` of a 1024-host --hosts list, hostfile and SLURM hostlist (a step's variables), start to exit;
 - `--spares-case`: 1024 nodes and 32 spares (--spares), one worker's detlaunch dies: from its loss to every node of
-  the next attempt told its places (the chief's "go"), a spare in the lost node's place (measure_spares).
+  the next attempt told its places (the chief's "go"), a spare in the lost node's place (measure_spares);
+- `--chief-case [--stopped-peer]`: 1024 nodes and 32 spares, nodes 0 and 1 real, the chief's detlaunch killed:
+  from its loss found to every node served by node 1, its successor, and told the next attempt's go; with a
+  stopped peer (node 2, SIGSTOPped first), that no other node waits for (measure_chief).
 
 Results are printed as a table and written as JSON (--out).
 """
@@ -41,7 +44,8 @@ from pathlib import Path
 from typing import Any
 
 import psutil
-from detlaunch.link.worker import NoQuestionsNoOrders
+from detlaunch.link.messages import Members, MembersChange
+from detlaunch.link.worker import NoQuestionsNoOrders, WorkerLink
 from detlaunch.testing import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -53,6 +57,16 @@ def host(i: int) -> str:
 
 
 # -- a simulating process: many WorkerLinks on one EventLoop ----------------------------------------
+
+
+class SimLink(WorkerLink):
+    """The real worker link, telling its simulated node when the chief's membership came (a node's supervisor
+    reads it only when the chief is lost: it needs no news of it)."""
+
+    def on_message(self, conn: Any, m: Any) -> None:
+        super().on_message(conn, m)
+        if isinstance(m, Members | MembersChange):
+            self.events.has_membership()
 
 
 class SimNode(NoQuestionsNoOrders):  # the chief asks a simulated node nothing, restarts nothing
@@ -68,6 +82,9 @@ class SimNode(NoQuestionsNoOrders):  # the chief asks a simulated node nothing, 
         self.place: int | None = None  # the place a spare was sent to
         self.go_at: float | None = None  # when the chief's "go" of the next attempt came, with its places
         self.members: tuple[int, ...] | None = None
+        self.chief_lost_at: float | None = None  # the chief case: when this node found the chief lost
+        self.rejoined_at: float | None = None  # and when its successor welcomed it
+        self.made_spare_as: int | None = None  # its place went to a spare meanwhile: it joins again as this spare
 
     @property
     def in_job(self) -> bool:
@@ -81,6 +98,20 @@ class SimNode(NoQuestionsNoOrders):  # the chief asks a simulated node nothing, 
         if self.joined_at is None:
             self.joined_at = time.time()
             self.sim.on_joined()
+        elif self.chief_lost_at is not None and self.rejoined_at is None:
+            self.rejoined_at = time.time()
+            self.sim.on_rejoined()
+
+    def has_membership(self) -> None:
+        """The chief shared its membership: say when every node of this process has one naming every node and spare."""
+        self.sim.on_membership()
+
+    def made_spare(self, number: int) -> None:
+        """Its place went to a spare while it was away (as cli/main.py's detlaunch does: it waits as that spare)."""
+        self.made_spare_as, self.spare, self.place = number, True, None
+        self.rejoined_at = time.time()
+        self.sim.on_rejoined()
+        self.link = self.sim.new_link(self, number, chief=self.sim.successor_addr)
 
     def link_failed_to_start(self, what: str) -> None:
         self.sim.say({"error": f"node {self.node}: {what}"})
@@ -103,23 +134,39 @@ class SimNode(NoQuestionsNoOrders):  # the chief asks a simulated node nothing, 
     def promoted(self, place: int) -> None:
         """A spare sent to a lost node's place: it joins again as that node (as node/spare.py's detlaunch does)."""
         self.place = place
-        self.link = self.sim.new_link(self, place)
+        number = self.made_spare_as if self.made_spare_as is not None else self.node
+        self.link = self.sim.new_link(self, place, promoted_from=number, chief=self.sim.successor_addr)
 
     def chief_lost(self, why: str) -> None:
-        self.sim.say({"error": f"node {self.node}: lost the chief: {why}"})
+        """The chief case: follow its successor (the lowest live node rank of its last membership), as a node's
+        next supervisor (node/succession.py) or a waiting spare (node/spare.py) does: dial it, as the same node."""
+        m = self.link.membership
+        successor = m.successor() if self.sim.follow and m is not None else None
+        if successor is None or self.chief_lost_at is not None:
+            self.sim.say({"error": f"node {self.node}: lost the chief: {why}"})
+            return
+        self.chief_lost_at = time.time()
+        self.sim.successor_addr = m.nodes[successor]
+        self.link.close()
+        as_node = self.place if self.place is not None else self.node
+        self.link = self.sim.new_link(self, as_node, chief=m.nodes[successor])
 
 
 
 class Simulation:
     def __init__(self, first: int, count: int, job_id: str, port: int, heartbeat: float, secret: str,
-                 places: int = 0):
+                 places: int = 0, spares: int = 0, follow: bool = False):
         """places: the spares case (the job's places, chief included; nodes numbered from there are spares,
-        and a restart follows a loss); 0: no spares, no restart."""
+        and a restart follows a loss); 0: no spares, no restart. spares: how many (every node's membership
+        names them all before anything is lost). follow: the chief case (a lost chief's successor is followed)."""
         from detlaunch.system.eventloop import EventLoop, Priority
 
         self.loop = EventLoop()
         self.job_id, self.port, self.heartbeat, self.env = job_id, port, heartbeat, {"DETLAUNCH_JOB_SECRET": secret}
         self.restarts = places > 0
+        self.places, self.spares, self.follow = places, spares, follow
+        self.successor_addr = "127.0.0.1"
+        self.said_members = self.said_rejoined = False
         self.nodes = [SimNode(self, n, spare=self.restarts and n >= places) for n in range(first, first + count)]
         self.joined = self.stopped = 0
         self.said_go = False
@@ -128,15 +175,32 @@ class Simulation:
         self.loop.add_reader(sys.stdin, Priority.RANK_REPORT, self.on_command)
         self.done = False
 
-    def new_link(self, sim_node: SimNode, node: int) -> Any:
-        """A real worker link for `sim_node`, joining as node `node`, from the simulated node's own address."""
+    def new_link(self, sim_node: SimNode, node: int, promoted_from: int | None = None, chief: str = "127.0.0.1") -> Any:
+        """A real worker link for `sim_node`, joining the chief at `chief` as node `node`, from the simulated
+        node's own address (`promoted_from`: a spare sent to that place says so, as node/spare.py's detlaunch does)."""
         from detlaunch.link.settings import LinkSettings
-        from detlaunch.link.worker import WorkerLink
 
         settings = LinkSettings(job_id=self.job_id, node=node, num_nodes=0,  # read by the chief only
-                                chief_addr="127.0.0.1", port=self.port, heartbeat=self.heartbeat,
-                                shared_dir=tempfile.gettempdir(), environ=self.env, node_addr=host(sim_node.node))
-        return WorkerLink(self.loop, settings, sim_node, sim_node, sim_node)
+                                chief_addr=chief, port=self.port, heartbeat=self.heartbeat,
+                                shared_dir=tempfile.gettempdir(), environ=self.env, node_addr=host(sim_node.node),
+                                promoted_from=promoted_from)
+        return SimLink(self.loop, settings, sim_node, sim_node, sim_node)
+
+    def on_membership(self) -> None:
+        def complete(n: SimNode) -> bool:
+            m = n.link.membership if n.link is not None else None
+            return m is not None and len(m.live) == len(m.nodes) == self.places and len(m.spares) == self.spares
+        if not self.said_members and all(complete(n) for n in self.nodes):
+            self.said_members = True
+            self.say({"membership": time.time()})
+
+    def on_rejoined(self) -> None:
+        """The chief case: every node of this process welcomed by the successor (or made a spare on the way)."""
+        if not self.said_rejoined and all(n.rejoined_at for n in self.nodes):
+            self.said_rejoined = True
+            self.say({"rejoined": max(n.rejoined_at or 0 for n in self.nodes), "nodes": len(self.nodes),
+                      "lost_at": min(n.chief_lost_at or 0 for n in self.nodes),
+                      "made_spares": sum(1 for n in self.nodes if n.made_spare_as is not None)})
 
     def on_go(self) -> None:
         """Every node of this process in the next attempt has the chief's go: say when the last one came."""
@@ -199,11 +263,13 @@ def cpu_seconds(procs: list[psutil.Process]) -> float:
 
 def chief_processes(chief: subprocess.Popen[bytes]) -> tuple[list[psutil.Process], psutil.Process]:
     """detlaunch, the child that makes the job's PID namespace, and the supervisor (that namespace's pid 1,
-    the deepest of them), not the rank and its wrapper. (Only the outer process's children, as this read
-    before, took the idle middle process for the supervisor: 0 % CPU and 0 KB a node.)"""
+    the deepest of them): forks of `python -m detlaunch`, not the rank, its wrapper or the warm ranks'
+    template (the supervisor's children too: the deepest of all, a warm rank was taken for the supervisor).
+    (Only the outer process's children, as this read before, took the idle middle process for the
+    supervisor: 0 % CPU and 0 KB a node.)"""
     ours = [psutil.Process(chief.pid)]
     while True:
-        below = [c for c in ours[-1].children() if not any(a.endswith("run_wrapper.py") for a in c.cmdline())]
+        below = [c for c in ours[-1].children() if "detlaunch" in c.cmdline()]  # forked: `python -m detlaunch`
         if not below:
             return ours, ours[-1]
         ours.append(below[0])
@@ -311,40 +377,73 @@ def end_simulation(chief: subprocess.Popen[bytes], sims: list[subprocess.Popen[s
             proc.wait()
 
 
+def start_job(nodes: int, spares: int, per_process: int, heartbeat: float, tmp: Path, *, real: int = 1,
+              follow: bool = False, alone: int | None = None) -> tuple[list[subprocess.Popen[bytes]],
+                                                                    list[subprocess.Popen[str]], dict[str, Any]]:
+    """A job of `nodes` worker nodes and `spares` spares (--spares; one restart for a lost node, no backoff): the
+    first `real` nodes real `detlaunch --layer direct` (node 0, the chief; node 1, its successor in the chief
+    case), the others simulated, `per_process` a simulating process (`alone`: this node in one of its own).
+    Returns once every node and spare has joined, every real node's rank runs, and every simulated node holds
+    the chief's membership naming every node live and every spare (nothing more is on its way: no sleep)."""
+    secret, job = secrets.token_hex(16), f"sim-{nodes}-{secrets.token_hex(3)}"
+    port = free_port()
+    hosts = ",".join(f"{host(i)}:1" for i in range(nodes + 1 + spares))
+    rank = tmp / "sleeper.py"
+    rank.write_text("import time\nprint('ready', flush=True)\ntime.sleep(600)\n")
+    env = {**os.environ, "DETLAUNCH_JOB_SECRET": secret, "TMPDIR": str(tmp), "XDG_CACHE_HOME": str(tmp)}
+    reals = [subprocess.Popen([sys.executable, "-m", "detlaunch", "--layer", "direct", "--hosts", hosts,
+                               "--spares", str(spares), "--max-node-restarts", "1", "--restart-backoff", "0",
+                               "--node-rank", str(i), "--job-id", job, "--master-port", str(port),
+                               "--heartbeat", f"{heartbeat:g}", "--start-timeout", "600", str(rank)],
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+             for i in range(real)]
+    sims: list[subprocess.Popen[str]] = []
+    wait_until_listening(port + 1, reals[0])
+    first = real if alone is None else real + 1  # `alone`: the first simulated node
+    ranges = [(alone, 1)] if alone is not None else []
+    ranges += [(n, min(per_process, nodes + 1 + spares - n)) for n in range(first, nodes + 1 + spares, per_process)]
+    for first, count in ranges:
+        sims.append(subprocess.Popen(
+            [sys.executable, "-m", "bench.scale_sim", "--simulate", str(first), str(count), job, str(port + 1),
+             f"{heartbeat:g}", str(nodes + 1), str(spares), str(int(follow))], cwd=ROOT, env=env,
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, start_new_session=True))
+    for sim in sims:
+        read_json(sim.stdout, "joined", 300)
+    for proc in reals:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert b"ready" in line, line
+    for sim in sims:
+        read_json(sim.stdout, "membership", 120)
+    return reals, sims, {"job": job, "ranges": ranges}
+
+
+def last_words(proc: subprocess.Popen[bytes], who: str) -> None:
+    """What a real node said, for a failure's diagnosis."""
+    if proc.stderr is not None:
+        lines = proc.stderr.read().decode(errors="replace").splitlines()[-30:]
+        print("\n".join(f"  {who}: {line}" for line in lines), file=sys.stderr)
+
+
+def stop_reals(reals: list[subprocess.Popen[bytes]]) -> None:
+    for proc in reals:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+
+
 def measure_spares(nodes: int, spares: int, per_process: int, heartbeat: float, tmp: Path) -> dict[str, Any]:
     """The spares case: `nodes` worker nodes and `spares` spares, all joined; one worker's detlaunch dies (its
     connection closes). Timed from that to the last node of the next attempt told its places (the chief's
     "go", with the membership): the chief sees the loss, stops its rank, every node says goodbye, the chief
     restarts, sends a spare to the place, the spare joins again as that node, the chief plans its part for
     the new cluster and tells every node."""
-    secret, job = secrets.token_hex(16), f"sim-spares-{nodes}-{secrets.token_hex(3)}"
-    port = free_port()
-    hosts = ",".join(f"{host(i)}:1" for i in range(nodes + 1 + spares))
-    rank = tmp / "sleeper.py"
-    rank.write_text("import time\nprint('ready', flush=True)\ntime.sleep(600)\n")
-    env = {**os.environ, "DETLAUNCH_JOB_SECRET": secret, "TMPDIR": str(tmp), "XDG_CACHE_HOME": str(tmp)}
-    chief = subprocess.Popen([sys.executable, "-m", "detlaunch", "--layer", "direct", "--hosts", hosts,
-                              "--spares", str(spares), "--max-node-restarts", "1", "--restart-backoff", "0",
-                              "--node-rank", "0", "--job-id", job, "--master-port", str(port),
-                              "--heartbeat", f"{heartbeat:g}", "--start-timeout", "600", str(rank)],
-                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    reals: list[subprocess.Popen[bytes]] = []
     sims: list[subprocess.Popen[str]] = []
     failed = False
     try:
-        wait_until_listening(port + 1, chief)
-        for first in range(1, nodes + 1 + spares, per_process):
-            count = min(per_process, nodes + 1 + spares - first)
-            sims.append(subprocess.Popen(
-                [sys.executable, "-m", "bench.scale_sim", "--simulate", str(first), str(count), job, str(port + 1),
-                 f"{heartbeat:g}", str(nodes + 1)], cwd=ROOT, env=env, stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE, text=True, start_new_session=True))
-        for sim in sims:
-            read_json(sim.stdout, "joined", 300)
-        assert chief.stdout is not None
-        line = chief.stdout.readline()
-        assert b"ready" in line, line
-        time.sleep(2 * heartbeat)  # the last joins' handshakes are over
-        assert sims[0].stdin is not None
+        reals, sims, _ = start_job(nodes, spares, per_process, heartbeat, tmp)
+        chief = reals[0]
+        assert sims[0].stdin is not None and chief.stdout is not None
         sims[0].stdin.write("lose\n")
         sims[0].stdin.flush()
         lost = read_json(sims[0].stdout, "lost_at", 60)
@@ -352,17 +451,72 @@ def measure_spares(nodes: int, spares: int, per_process: int, heartbeat: float, 
         line = chief.stdout.readline()  # the next attempt's rank
         return {"nodes": nodes, "spares": spares, "lost_node": lost["node"],
                 "lost_to_every_node_told_ms": round(1000 * (max(t["go"] for t in told) - lost["lost_at"]), 1),
-                "nodes_told": sum(t["told"] for t in told), "places_in_go": max(t["members"] for t in told),
+                "nodes_told": sum(t["told"] for t in told), "places_named_in_go": max(t["members"] for t in told),
                 "next_attempt_rank_started": b"ready" in line, "load": os.getloadavg()[0]}
     except Exception:
         failed = True
         raise
     finally:
-        if chief.poll() is None:
-            chief.send_signal(signal.SIGTERM)
-        end_simulation(chief, sims, 30)
-        if failed and chief.stderr is not None:  # what the chief said, for the failure's diagnosis
-            print("\n".join(chief.stderr.read().decode(errors="replace").splitlines()[-40:]), file=sys.stderr)
+        stop_reals(reals)
+        if reals:
+            end_simulation(reals[0], sims, 30)
+        if failed and reals:
+            last_words(reals[0], "chief")
+
+
+def measure_chief(nodes: int, spares: int, per_process: int, heartbeat: float, tmp: Path,
+                  stopped: bool) -> dict[str, Any]:
+    """The chief case (issue 26): the chief (node 0) and node 1 are real detlaunch, the other nodes and the
+    spares simulated; every one joined, the chief's membership shared. The chief's detlaunch is SIGKILLed
+    (its links close: every node finds it lost at once). Node 1 takes over as node 0; every simulated node
+    dials it as its next supervisor would (node/succession.py), every spare as a waiting spare does
+    (node/spare.py). Timed from the first node that found the chief lost (detection) to the last node
+    welcomed by the successor (serving every node again), and to the last node told the next attempt's
+    "go" (a spare in the lost chief's place). `stopped`: node 2, alone in its simulating process, is
+    SIGSTOPped first (a stopped peer: it never comes back; no other node's welcome may wait for it)."""
+    reals: list[subprocess.Popen[bytes]] = []
+    sims: list[subprocess.Popen[str]] = []
+    failed = False
+    try:
+        reals, sims, info = start_job(nodes, spares, per_process, heartbeat, tmp, real=2, follow=True,
+                                      alone=2 if stopped else None)
+        chief, successor = reals
+        followers = sims[1:] if stopped else sims
+        # The go is one message to every node: read from the processes that simulate nodes of the job (one of
+        # spares only has nothing to say when the spare sent to the lost chief's place is another's).
+        workers = [s for s, (first, _) in zip(sims, info["ranges"], strict=True) if first <= nodes and s in followers]
+        print(f"  every node joined, membership shared ({time.strftime('%T')})", file=sys.stderr, flush=True)
+        if stopped:
+            os.killpg(sims[0].pid, signal.SIGSTOP)
+        killed_at = time.time()
+        os.killpg(chief.pid, signal.SIGKILL)
+        rejoined = [read_json(sim.stdout, "rejoined", 120) for sim in followers]
+        detected = min(r["lost_at"] for r in rejoined)
+        result = {"nodes": nodes, "spares": spares, "stopped_peer": stopped,
+                  "kill_to_detected_ms": round(1000 * (detected - killed_at), 1),
+                  "detected_to_every_node_served_s": round(max(r["rejoined"] for r in rejoined) - detected, 3),
+                  "nodes_and_spares_served": sum(r["nodes"] for r in rejoined),
+                  "nodes_made_spares": sum(r["made_spares"] for r in rejoined)}
+        told = [read_json(sim.stdout, "go", 120) for sim in workers]
+        assert successor.stdout is not None
+        line = successor.stdout.readline()  # the next attempt's rank 0, on the successor
+        result.update({"detected_to_every_node_told_go_s": round(max(t["go"] for t in told) - detected, 3),
+                       "next_attempt_rank_started": b"ready" in line, "load": os.getloadavg()[0]})
+        return result
+    except Exception:
+        failed = True
+        raise
+    finally:
+        if stopped and sims:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(sims[0].pid, signal.SIGCONT)
+        stop_reals(reals)
+        if reals:
+            end_simulation(reals[-1], sims, 30)
+            end_simulation(reals[0], [], 10)
+        if failed:
+            for proc, who in zip(reals, ("chief", "successor"), strict=False):
+                last_words(proc, who)
 
 
 def slurm_step_env(names: list[str], node_id: int) -> dict[str, str]:
@@ -426,24 +580,35 @@ def main(argv: list[str]) -> int:
     p.add_argument("--spares-case", action="store_true",
                    help="only the spares case: 1024 nodes and 32 spares, one node lost, to every node told the "
                    "next attempt's places (--nodes, --spares change it)")
+    p.add_argument("--chief-case", action="store_true",
+                   help="only the chief case: 1024 nodes and 32 spares, the chief's detlaunch killed, to every node "
+                   "served by its successor and told the next attempt's go (--nodes, --spares change it)")
+    p.add_argument("--stopped-peer", action="store_true",
+                   help="the chief case with node 2 stopped (SIGSTOP) first: no other node may wait for it")
     p.add_argument("--spares", type=int, default=32)
-    p.add_argument("--reps", type=int, default=3, help="repetitions of the spares case")
-    p.add_argument("--simulate", nargs="+", help=argparse.SUPPRESS)  # FIRST COUNT JOB PORT HEARTBEAT [PLACES]
+    p.add_argument("--reps", type=int, default=3, help="repetitions of the spares or chief case")
+    p.add_argument("--simulate", nargs="+", help=argparse.SUPPRESS)  # FIRST COUNT JOB PORT HB [PLACES SPARES FOLLOW]
     args = p.parse_args(argv)
     if args.simulate:
-        first, count, job, port, heartbeat, *places = args.simulate
-        Simulation(int(first), int(count), job, int(port), float(heartbeat),
-                   os.environ["DETLAUNCH_JOB_SECRET"], int(places[0]) if places else 0).run()
+        first, count, job, port, heartbeat, *more = args.simulate
+        places, spares, follow = [int(v) for v in more] + [0] * (3 - len(more))
+        Simulation(int(first), int(count), job, int(port), float(heartbeat), os.environ["DETLAUNCH_JOB_SECRET"],
+                   places, spares, bool(follow)).run()
         return 0
-    if args.spares_case:
+    if args.spares_case or args.chief_case:
         nodes = args.nodes[-1] if args.nodes != [256, 1024] else 1024
-        with tempfile.TemporaryDirectory() as tmp:
-            runs = [measure_spares(nodes, args.spares, args.per_process, args.heartbeat, Path(tmp))
-                    for _ in range(args.reps)]
-        for run in runs:
-            print(json.dumps(run), flush=True)
-        print(json.dumps({"median_lost_to_every_node_told_ms":
-                          statistics.median(r["lost_to_every_node_told_ms"] for r in runs)}), flush=True)
+        runs = []
+        for _ in range(args.reps):
+            with tempfile.TemporaryDirectory() as tmp:
+                if args.spares_case:
+                    runs.append(measure_spares(nodes, args.spares, args.per_process, args.heartbeat, Path(tmp)))
+                else:
+                    runs.append(measure_chief(nodes, args.spares, args.per_process, args.heartbeat, Path(tmp),
+                                              args.stopped_peer))
+            print(json.dumps(runs[-1]), flush=True)
+        keys = ["lost_to_every_node_told_ms"] if args.spares_case else [
+            "detected_to_every_node_served_s", "detected_to_every_node_told_go_s"]
+        print(json.dumps({f"median_{k}": statistics.median(r[k] for r in runs) for k in keys}), flush=True)
         return 0
     results: dict[str, Any] = {"runs": [], "load": os.getloadavg()}
     with tempfile.TemporaryDirectory() as tmp:

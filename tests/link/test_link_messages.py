@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 from detlaunch.link import messages
-from detlaunch.link.membership import Membership
+from detlaunch.link.membership import Membership, change
 from detlaunch.link.messages import (
     BOTH,
     CHIEF,
@@ -27,6 +27,7 @@ from detlaunch.link.messages import (
     Heartbeat,
     Malformed,
     Members,
+    MembersChange,
     Message,
     Promote,
     RankExit,
@@ -48,12 +49,14 @@ FAILURE = Failure("rank 3 on node 1 (h1) was killed", 137, rank=STATUS, tail=("b
                   kind=FailureKind.RANK)
 EXAMPLES: list[Message] = [
     Heartbeat(), Challenge(job="job-1", nonce="n1"), Auth(node=2, nonce="n2", addr="10.0.0.2", mac="ab"),
+    Auth(node=2, nonce="n2", addr="10.0.0.2", mac="ab", spare=5),
     Welcome(mac="cd", attempt=3, hold=True), RankExit(status=STATUS), Failed(failure=FAILURE),
     Bye(ranks=(STATUS, dataclasses.replace(STATUS, rank=4))), Ask(key=7, what="status", args={"x": 1}),
     Reply(key=7, data=[1, "two"]), Stop(failure=FAILURE), Request(key=8, what="stacks", args={"budget": 1.5}),
     Answer(key=8, data={"nodes": []}), Restart(attempt=2, delay=None), Restart(attempt=2, delay=0.5), Go(attempt=2),
     End(failure=None), End(failure=FAILURE), Promote(place=2),
     Members(m=Membership(nodes=("10.0.0.1", ""), live=(0,), spares=((2, "10.0.0.3"),), attempt=2, running=False)),
+    MembersChange(c=change(Membership(nodes=("a", "b"), live=(0, 1)), Membership(nodes=("a", "c"), live=(0,)))),
 ]
 
 
@@ -65,7 +68,7 @@ def test_every_kind_reads_back_as_it_was_written(message: Message) -> None:
 
 def test_the_table_in_the_docstring_names_every_kind_once_with_its_sender_and_fields() -> None:
     rows = re.findall(r"^    (\w+) +(chief|worker|both) +(-|\w+(?:, \w+)*) ", messages.__doc__ or "", re.M)
-    assert sorted(kind for kind, _, _ in rows) == sorted(KINDS) and len(rows) == len(KINDS) == 17
+    assert sorted(kind for kind, _, _ in rows) == sorted(KINDS) and len(rows) == len(KINDS) == 18
     for kind, sender, fields in rows:
         cls = KINDS[kind]
         assert cls.sender == sender

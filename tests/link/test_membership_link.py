@@ -79,14 +79,18 @@ def test_a_shrunk_job_names_the_places_of_the_next_attempt_and_each_node_plans_i
     places.take_back(chief, [1])
     assert places.members(chief) == (0, 1, 2) and chief.missing_nodes() == [1]
     assert chief.promote_spare(1, set()) == (3, "127.0.0.2") and chief.spares.coming == {1: 3}
-    # Another detlaunch claiming node 1 meanwhile, from elsewhere, is made a spare; the spare joins as node 1.
+    # Another detlaunch claiming node 1 meanwhile, not saying it is spare 3, is made a spare; spare 3 joins as node 1.
     e1c = Events()
     w1c = worker_link(loop, dataclasses.replace(settings(1, port, str(tmp_path)), node_addr="127.0.0.7"), e1c)
     run_until(loop, lambda: "made_spare" in e1c.names())
     assert e1c.seen[-1] == ("made_spare", 4)
-    spare_as_1 = worker_link(loop, settings(1, port, str(tmp_path)), Events())
+    spare_as_1 = worker_link(loop, dataclasses.replace(settings(1, port, str(tmp_path)), promoted_from=3), Events())
     run_until(loop, lambda: spare_as_1.joined and not chief.missing_nodes())
     assert chief.spares.coming == {} and chief.addr_of(1) == "127.0.0.2"
+    chief.holding = True  # (as the restart that took the place back left it) the grown job's go names every place:
+    chief.go()  # node 2's last go named fewer
+    run_until(loop, lambda: e2.names().count("chief_go") == 2)
+    assert w2.members == (0, 1, 2) and not chief.holding
     for link in (w1b, w1c, spare_as_1, spare_link, w2, chief):
         link.close()
     loop.close()

@@ -114,6 +114,7 @@ def test_a_lost_node_rejoins_for_the_next_attempt_and_a_connected_one_is_never_d
     chief.go()
     run_until(loop, lambda: "chief_go" in e1b.names() and "chief_go" in e2.names())
     assert e1b.seen[-1] == ("chief_go", 2) and e2.seen[-1] == ("chief_go", 2)
+    assert w1b.members is None and w2.members is None  # every place, as at the start: not named (1024 at scale)
     for link in (w1b, w2, chief):
         link.close()
     loop.close()
@@ -257,5 +258,41 @@ def test_questions_reach_their_owner_both_ways_and_a_lost_peer_is_said_to_it(tmp
     run_until(loop, lambda: "chief_lost" in e2.names())
     assert e2.names()[-2:] == ["chief_gone", "chief_lost"]
     for link in (w1, w2):
+        link.close()
+    loop.close()
+
+
+def test_a_spare_sent_to_a_place_is_told_from_the_lost_node_back_by_its_claim_not_its_address(tmp_path: Any) -> None:
+    """Node 1 is lost and spare 3 is sent to its place; the lost node's new detlaunch and the spare dial from one
+    address (a host, a NAT, a recycled pod IP). The one that does not say it is spare 3 (the lost node back) is
+    made a new spare (4); the one that does takes node 1's place."""
+    import dataclasses
+
+    tmp = str(tmp_path)
+    loop, port = EventLoop(), free_port()
+    chief_events, spare_events = Events(), Events()
+    chief = chief_link(loop, dataclasses.replace(settings(0, port, tmp), spares=1), chief_events)
+    w1, w2 = worker_link(loop, settings(1, port, tmp), Events()), worker_link(loop, settings(2, port, tmp), Events())
+    spare = worker_link(loop, dataclasses.replace(settings(3, port, tmp), node_addr="127.0.0.2"), spare_events)
+    run_until(loop, lambda: w1.joined and w2.joined and "spare_joined" in chief_events.names())
+    assert w1.connection is not None
+    w1.connection.sock.close()
+    run_until(loop, lambda: "node_lost" in chief_events.names())
+    w1.close()
+    w2.finish(None, [])
+    run_until(loop, chief.ready_to_finish)
+    chief.restart(2, 0.0)
+    assert chief.promote_spare(1, set()) == (3, "127.0.0.2")
+    run_until(loop, lambda: "promoted" in spare_events.names())
+    spare.close()
+
+    back_events = Events()
+    back = worker_link(loop, settings(1, port, tmp), back_events)  # node 1's new detlaunch, at 127.0.0.2 too
+    run_until(loop, lambda: "made_spare" in back_events.names())
+    assert ("made_spare", 4) in back_events.seen and chief.missing_nodes() == [1]
+    promoted = worker_link(loop, dataclasses.replace(settings(1, port, tmp), promoted_from=3), Events())
+    run_until(loop, lambda: promoted.joined and chief.missing_nodes() == [])
+    assert chief.addr_of(1) == "127.0.0.2" and chief.spares.coming == {}
+    for link in (back, promoted, w2, chief):
         link.close()
     loop.close()

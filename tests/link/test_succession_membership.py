@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 from detlaunch.link.chief import ChiefLink
-from detlaunch.link.membership import Membership, cluster_after, has_majority, with_addresses
-from detlaunch.link.messages import Members, decode, encode
+from detlaunch.link.membership import Membership, applied, change, cluster_after, has_majority, with_addresses
+from detlaunch.link.messages import Members, MembersChange, decode, encode
 from detlaunch.node.phase import Phase
 from detlaunch.node.succession import Succession, Takeover, carry_exclusions, chief_loss_end, may_go_on
 from detlaunch.outcome import AttemptEnd, RestartClass
@@ -38,6 +38,28 @@ M = Membership(nodes=("10.0.0.1", "10.0.0.2", "10.0.0.3", "10.0.0.4"), live=(0, 
 def test_the_membership_reads_back_whole_with_the_restart_state() -> None:
     assert decode(encode(Members(m=M)), "chief") == Members(m=M)
     assert Membership.from_json(M.to_json()).history[0].restart_class is RestartClass.RANK_FAILED
+
+
+@pytest.mark.parametrize("new", [
+    M,  # nothing changed
+    dataclasses.replace(M, live=(0, 1, 3), attempt=4, running=False, history=(*HISTORY, HISTORY[1])),  # a lost node
+    dataclasses.replace(M, nodes=("10.0.0.1", "10.0.0.5", "10.0.0.3", "10.0.0.4"), spares=(), used_spares=(4, 5)),
+    dataclasses.replace(M, live=(0, 2, 3), history=HISTORY[:1], excluded=()),  # a successor's history, replaced
+])
+def test_a_membership_told_as_its_change_reads_back_as_it_is(new: Membership) -> None:
+    delta = change(M, new)
+    assert delta is not None and applied(M, delta) == new
+    assert decode(encode(MembersChange(c=delta)), "chief") == MembersChange(c=delta)
+    assert change(M, dataclasses.replace(new, nodes=new.nodes[:3], live=(0, 1))) is None  # another size: whole
+
+
+def test_a_lost_node_among_1024_is_a_change_of_a_few_dozen_bytes() -> None:
+    big = Membership(nodes=tuple(f"10.1.{i // 250}.{i % 250}" for i in range(1025)), live=tuple(range(1025)),
+                     spares=tuple((1025 + i, f"10.2.0.{i}") for i in range(32)), attempt=1)
+    lost = dataclasses.replace(big, live=tuple(n for n in range(1025) if n != 700), running=False)
+    delta = change(big, lost)
+    assert delta is not None and applied(big, delta) == lost
+    assert len(encode(MembersChange(c=delta))) < 1200 < 15_000 < len(encode(Members(m=lost)))
 
 
 def test_the_successor_is_the_lowest_live_node_but_the_chief() -> None:
@@ -92,8 +114,15 @@ def test_every_survivor_reads_the_restart_budget_alike() -> None:
 def test_a_worker_keeps_the_chiefs_membership_and_joins_its_successor_with_the_jobs_secret(tmp_path: Any) -> None:
     loop, port, chief, _, w1, w2, _ = three_nodes(str(tmp_path))
     shared = Membership(nodes=("127.0.0.1", "127.0.0.2", "127.0.0.3"), live=(0, 1, 2), attempt=1)
-    chief.share(Members(m=shared))
+    chief.share(shared)
     run_until(loop, lambda: w1.membership == shared and w2.membership == shared)
+    told: list[Any] = []
+    assert w2.connection is not None
+    w2.connection.on_message = lambda conn, m: (told.append(m), w2.on_message(conn, m))  # type: ignore[func-returns-value]
+    shared = dataclasses.replace(shared, attempt=2, running=False, history=HISTORY[:1])
+    chief.share(shared)  # what changed only: each node has the last
+    run_until(loop, lambda: w1.membership == shared and w2.membership == shared)
+    assert [type(m) for m in told] == [MembersChange]
     chief.close()  # the chief is gone; node 1 (its successor) serves the link on its own address
     run_until(loop, lambda: w1.connection is None and w2.connection is None)
     assert w1.secret == "s3cret"  # learned in the handshake: the successor needs no file and no variable
@@ -170,6 +199,7 @@ def join(link: ChiefLink, port: int, tmp: str, node: int) -> Any:
 def test_the_successor_goes_on_only_with_a_majority_of_the_last_attempts_nodes(tmp_path: Any) -> None:
     link, host, succession, port = successor_of(str(tmp_path), 4, 30.0)
     assert ("begin_backoff", 2, None) in host.driver.seen and link.attempt == 2 and link.holding
+    assert ("await_back", {2, 3}, 5.0) in host.driver.seen  # nodes 2 and 3 come back: no spare there for 5 heartbeats
     assert host.attempts.history[-1].restart_class is RestartClass.NODE_LOST  # counted as a lost node
     workers = [join(link, port, str(tmp_path), 2)]
     succession.changed()
@@ -182,6 +212,33 @@ def test_the_successor_goes_on_only_with_a_majority_of_the_last_attempts_nodes(t
     for w in workers:
         w.close()
     succession.close()
+    link.close()
+
+
+def test_a_successor_sends_spares_only_where_no_node_comes_back_until_a_silent_nodes_window_is_over(
+        tmp_path: Any) -> None:
+    """Its old place (the lost chief's) gets a spare at once; the places of the nodes on their way back get one
+    only once the window is over (a node stopped on its way: its place is a lost node's then)."""
+    from detlaunch.node.attempt_driver import AttemptDriver
+
+    port = free_port()
+    link = ChiefLink(EventLoop(), dataclasses.replace(settings(0, port, str(tmp_path)), num_nodes=4, spares=2),
+                     events := Events(), events)
+    host = Host(link, 4)
+    host.plan.release_timeout, host.plan.settings = 0.0, {}  # type: ignore[attr-defined]
+    host.env, host.processes = {}, SimpleNamespace(remaining=lambda: [])  # type: ignore[attr-defined]
+    driver = AttemptDriver(host)  # type: ignore[arg-type]
+    spares = [worker_link(link.loop, dataclasses.replace(settings(n, port, str(tmp_path)), node_addr=f"127.0.0.{n}"),
+                          Events()) for n in (4, 5)]
+    run_until(link.loop, lambda: len(link.spares.waiting) == 2)
+    host.attempts.due = 2
+    driver.await_back({2, 3}, 0.2)
+    driver.fill_from_spares()
+    assert link.spares.coming == {1: 4}  # node 1's place (the successor's old one, the lost chief's now) only
+    run_until(link.loop, lambda: len(link.spares.coming) == 2)  # past the window: node 2 never came back
+    assert link.spares.coming == {1: 4, 2: 5} and not driver.awaited
+    for w in spares:
+        w.close()
     link.close()
 
 

@@ -210,23 +210,25 @@ def run(argv: list[str], env: dict[str, str], pre: argparse.Namespace | None = N
     job_lock = None
     if cluster.num_nodes > 1 or options.get("job_dir"):  # held by this process until it exits
         job_lock = lock_job_dir(plan.shared_dir, everyone.node_rank, cluster.job_id, bool(options.get("job_dir")))
+    promoted_from: int | None = None  # the spare number it waited as, once sent to a place (said when it joins)
     if spare is not None:
         place = wait_as_spare(plan, spare, everyone.node_addr, bool(options.get("debug")))
         if not isinstance(place, Place):
             if job_lock is not None:
                 job_lock.release()
             return place
-        plan = build_plan(hooks, config, spare_in_place(everyone, place, n_spares))
+        plan, promoted_from = build_plan(hooks, config, spare_in_place(everyone, place, n_spares)), spare
 
     def supervise() -> int:
-        nonlocal plan
+        nonlocal plan, promoted_from
         carried = None
         while True:  # the job goes on here: as a lost chief's successor or a node that follows it
             # (node/succession.py), or as a spare, this node's place having gone to another (a lost host back)
             supervisor = NodeSupervisor(plan, debug=bool(options.get("debug")), on_event=hooks.event, carried=carried,
-                                        replan=functools.partial(replan, hooks, config, plan.run_dir))
+                                        replan=functools.partial(replan, hooks, config, plan.run_dir),
+                                        promoted_from=promoted_from)
             result = supervisor.run()
-            carried = supervisor.succession.next
+            carried, promoted_from = supervisor.succession.next, None
             if carried is not None:
                 try:
                     plan = build_plan(hooks, config, carried.cluster)
@@ -241,7 +243,7 @@ def run(argv: list[str], env: dict[str, str], pre: argparse.Namespace | None = N
             place = wait_as_spare(plan, number, everyone.node_addr, bool(options.get("debug")))
             if not isinstance(place, Place):
                 return place
-            plan = build_plan(hooks, config, spare_in_place(everyone, place, n_spares))
+            plan, promoted_from = build_plan(hooks, config, spare_in_place(everyone, place, n_spares)), number
         for problem in hooks.job_finished(plan.context, result):
             print(f"detlaunch: warning: a job_finished observer failed: {problem}", file=sys.stderr)
         for line in [*format_warnings(result), *result.attempts, *format_report(result)]:

@@ -23,6 +23,7 @@ from typing import Any, Protocol
 import detlaunch.exit_codes as exit_codes
 from detlaunch.errors import LaunchError
 from detlaunch.link import auth, places
+from detlaunch.link.membership import Membership, change
 from detlaunch.link.messages import (
     WORKER,
     Answer,
@@ -33,6 +34,8 @@ from detlaunch.link.messages import (
     End,
     Failed,
     Go,
+    Members,
+    MembersChange,
     Message,
     RankExit,
     Reply,
@@ -115,6 +118,10 @@ class ChiefLink:
         self.attempt = 1
         self.holding = False
         self.end_in_sight: float | None = None  # when ready_to_finish was first asked, this attempt
+        self.shared: Membership | None = None  # the last membership shared (share), and the connections told it
+        self.went_whole = True  # the last go was on every place (or there was none): see go()
+        self.asking: tuple[int | None, bytes] = (None, b"")  # the last question asked of the nodes, encoded
+        self.told: set[PeerConnection] = set()
         self._listen()
         self.timer: Timer | None = loop.call_later(self.heartbeat, self.tick)
 
@@ -158,7 +165,7 @@ class ChiefLink:
         self.pending.discard(conn)
         node = m.node if isinstance(m, Auth) else None
         spare = node is not None and self.spares.admits(node)
-        returned = node is not None and places.place_taken(self, node, getattr(m, "addr", "") or conn.peer)
+        returned = node is not None and places.place_taken(self, node, m.spare if isinstance(m, Auth) else None)
         ok = (isinstance(m, Auth) and (m.node in self.expected or spare or returned) and bool(self.secret)
               and auth.mac_matches(m.mac, auth.worker_mac(self.secret, self.job_id, m.node, conn.nonce)))
         if ok and returned:  # its place is another's or empty: it joins again as a spare (link/places.py)
@@ -190,7 +197,7 @@ class ChiefLink:
             conn.send(self.stop_message)
         self.events.trace(f"node {node} joined the job")
         self.events.node_joined(node, self.addrs[node])
-        if not self.missing_nodes():
+        if len(self.nodes) >= len(self.expected) and not self.missing_nodes():  # (the count first: O(1) a join)
             self.events.joined()
 
     def _stop_listening_if_complete(self) -> None:
@@ -274,19 +281,27 @@ class ChiefLink:
         for conn in self.nodes.values():
             conn.send_encoded(encoded)
 
-    def share(self, message: Message) -> None:
-        """To every node and every waiting spare (the membership, node/succession.py)."""
-        encoded = encode(message)
-        for conn in [*self.nodes.values(), *self.spares.waiting.values()]:
-            if not conn.closed:
-                conn.send_encoded(encoded)
+    def share(self, m: Membership) -> None:
+        """The membership to every node and every waiting spare (node/succession.py): whole to a connection that
+        has none yet, else what changed since the last one (each had it: every share goes to every connection).
+        Each encoded once."""
+        conns = [c for c in [*self.nodes.values(), *self.spares.waiting.values()] if not c.closed]
+        delta = change(self.shared, m) if self.shared is not None else None
+        whole = encode(Members(m=m)) if delta is None or any(c not in self.told for c in conns) else b""
+        changed = encode(MembersChange(c=delta)) if delta is not None else whole
+        for conn in conns:
+            conn.send_encoded(changed if conn in self.told else whole)
+        self.shared, self.told = m, set(conns)
 
     def live_nodes(self) -> set[int]:
         """The worker nodes that joined and are still connected."""
         return {n for n, conn in self.nodes.items() if not conn.closed}
 
     def request(self, node: int, key: int, what: str, args: dict[str, Any]) -> None:
-        self.nodes[node].send(Request(key=key, what=what, args=args))
+        """Node `node`'s part of gathering `key` (control.py asks every node in turn: encoded once for all)."""
+        if self.asking[0] != key:
+            self.asking = (key, encode(Request(key=key, what=what, args=args)))
+        self.nodes[node].send_encoded(self.asking[1])
 
     def answer(self, node: int, key: int, data: dict[str, Any]) -> None:
         conn = self.nodes.get(node)
@@ -302,8 +317,8 @@ class ChiefLink:
         if self.end_in_sight is None:
             self.end_in_sight = time.monotonic()
         cutoff = self.end_in_sight
-        joining = self.missing_nodes() and any(p.opened <= cutoff for p in self.pending)
-        return set(self.nodes) <= self.finished and not joining
+        joining = any(p.opened <= cutoff for p in self.pending) and self.missing_nodes()  # (no node pending: no sort)
+        return self.nodes.keys() <= self.finished and not joining
 
     def lost_nodes(self) -> list[int]:
         """Nodes whose connection is gone: their new detlaunch must join again before another attempt starts."""
@@ -344,10 +359,15 @@ class ChiefLink:
         return lost
 
     def go(self) -> None:
-        """Every node is back after a lost one: the attempt the nodes wait for starts now."""
+        """Every node is back after a lost one: the attempt the nodes wait for starts now. Its places are named
+        only when some node may not know them: the job runs on fewer than all, or did at the last go (a node
+        that had no go takes every place; one that had, its last go's). Else 1024 places to each of 1024 nodes."""
         if self.holding:
             self.holding = False
-            self._to_every_node(Go(attempt=self.attempt, members=places.members(self)))
+            members = places.members(self)
+            every = len(members) == len(self.places) + 1
+            self._to_every_node(Go(attempt=self.attempt, members=None if every and self.went_whole else members))
+            self.went_whole = every
 
     def dismiss(self, node: int, why: str) -> bool:
         """Send a live worker node away (a straggler replaced by a spare): it gets the job's end with `why` as

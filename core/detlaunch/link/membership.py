@@ -5,7 +5,8 @@ from its join. So that the job outlives its chief (node/succession.py), the chie
 every waiting spare a `Membership` whenever it changes (rate-limited to one a heartbeat): each node
 rank's address, which nodes are live, the waiting spares and those already used, and the restart
 state (the attempt, every attempt's end: both restart counts and the crash-loop breaker read them from
-the history alone, so carrying the history carries them exactly; the excluded hosts).
+the history alone, so carrying the history carries them exactly; the excluded hosts). Whole to a node
+that has none yet; to one that has the last, only what changed since (`MembershipChange`).
 
 From it, every surviving node computes the same thing without asking anyone (pure functions here):
 the successor (the lowest live node rank but the chief's), the cluster as it is after the succession
@@ -84,6 +85,72 @@ class Membership:
         nodes[0], nodes[successor] = nodes[successor], nodes[0]
         live = sorted({0 if n == successor else n for n in self.live if n != 0})
         return dataclasses.replace(self, nodes=tuple(nodes), live=tuple(live))
+
+
+@dataclasses.dataclass(frozen=True)
+class MembershipChange:
+    """A membership told as its change from the last one shared (`change`, `applied`): the places whose address
+    moved, the node ranks that became live or stopped being live, and the rest whole (a few entries: the
+    spares, the restart state). A whole membership of 1024 nodes is ~20 KB, to every node and spare at each
+    change; a lost or joined node is a change of a few dozen bytes. history: the entries after the first
+    `history_from` of the last one (the history only grows, but a successor's may be replaced whole)."""
+
+    moved: tuple[tuple[int, str], ...]
+    joined: tuple[int, ...]
+    left: tuple[int, ...]
+    spares: tuple[tuple[int, str], ...]
+    used_spares: tuple[int, ...]
+    attempt: int
+    running: bool
+    history_from: int
+    history: tuple[AttemptEnd, ...]
+    excluded: tuple[str, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"moved": [list(m) for m in self.moved], "joined": list(self.joined), "left": list(self.left),
+                "spares": [list(s) for s in self.spares], "used_spares": list(self.used_spares),
+                "attempt": self.attempt, "running": self.running, "history_from": self.history_from,
+                "history": [_end_json(e) for e in self.history], "excluded": list(self.excluded)}
+
+    @classmethod
+    def from_json(cls, raw: Any) -> MembershipChange:
+        """TypeError/ValueError/KeyError on a malformed one (messages.decode makes it Malformed)."""
+        if not isinstance(raw, dict):
+            raise TypeError("a membership change is an object")
+        return cls(moved=tuple((int(n), str(a)) for n, a in raw["moved"]),
+                   joined=tuple(int(n) for n in raw["joined"]), left=tuple(int(n) for n in raw["left"]),
+                   spares=tuple((int(n), str(a)) for n, a in raw["spares"]),
+                   used_spares=tuple(int(n) for n in raw["used_spares"]), attempt=int(raw["attempt"]),
+                   running=bool(raw["running"]), history_from=int(raw["history_from"]),
+                   history=tuple(_end_from_json(e) for e in raw["history"]),
+                   excluded=tuple(str(h) for h in raw["excluded"]))
+
+
+def change(old: Membership, new: Membership) -> MembershipChange | None:
+    """`new` as a change from `old` (None: a job of another size, told whole)."""
+    if len(old.nodes) != len(new.nodes):
+        return None
+    kept = 0
+    while kept < min(len(old.history), len(new.history)) and old.history[kept] == new.history[kept]:
+        kept += 1
+    was, live = set(old.live), set(new.live)
+    return MembershipChange(moved=tuple((n, a) for n, (o, a) in enumerate(zip(old.nodes, new.nodes, strict=True))
+                                        if o != a),
+                            joined=tuple(sorted(live - was)), left=tuple(sorted(was - live)), spares=new.spares,
+                            used_spares=new.used_spares, attempt=new.attempt, running=new.running,
+                            history_from=kept, history=new.history[kept:], excluded=new.excluded)
+
+
+def applied(m: Membership, c: MembershipChange) -> Membership:
+    """The membership `c` changes `m` into (a node rank out of range is left out, as from_json does)."""
+    nodes = list(m.nodes)
+    for n, addr in c.moved:
+        if 0 <= n < len(nodes):
+            nodes[n] = addr
+    live = (set(m.live) | {n for n in c.joined if 0 <= n < len(nodes)}) - set(c.left)
+    return Membership(nodes=tuple(nodes), live=tuple(sorted(live)), spares=c.spares, used_spares=c.used_spares,
+                      attempt=c.attempt, running=c.running, history=m.history[:c.history_from] + c.history,
+                      excluded=c.excluded)
 
 
 def has_majority(joined: int, last_nodes: int) -> bool:

@@ -5,8 +5,9 @@ One JSON object per line (wire.py), its kind in "t". Who sends each kind, and it
     kind        sent by  fields                       meaning
     hb          both     -                            still here (every --heartbeat; the wire skips it unread)
     challenge   chief    job, nonce                   the chief's first words: prove you are a node of `job`
-    auth        worker   node, nonce, addr, mac       I am node `node` (mac over the chief's nonce); prove
-                                                      yourself over my `nonce`; `addr` is my own address
+    auth        worker   node, nonce, addr, mac, spare  I am node `node` (mac over the chief's nonce); prove
+                                                      yourself over my `nonce`; `addr` is my own address;
+                                                      `spare` (not null): I am that spare, sent to its place
     welcome     chief    mac, attempt, hold, spare    mac over the worker's nonce; you join `attempt`, and
                                                       wait for "go" first when `hold`; `spare` (not null):
                                                       your place is taken, join again as this spare
@@ -24,8 +25,10 @@ One JSON object per line (wire.py), its kind in "t". Who sends each kind, and it
     end         chief    failure                      the job is over: the final verdict (null: it succeeded)
     promote     chief    place                        (to a spare) take node `place`'s place: leave, and join
                                                       again as that node (node/spare.py)
-    members     chief    m                            the job's membership and restart state, as it changes
-                                                      (membership.py): what a successor needs of the chief
+    members     chief    m                            the job's membership and restart state, whole, to a
+                                                      node that has none yet (membership.py): what a
+                                                      successor needs of the chief
+    members_change chief c                            what changed in it since the last one sent
 
 Reading is in one place, `decode`: a line that is not JSON, or a known kind with a field missing
 or of the wrong type, is `Malformed`; a kind this link does not know (or that is not a JSON object),
@@ -41,7 +44,7 @@ import json
 from collections.abc import Callable
 from typing import Any, ClassVar, TypeVar, cast
 
-from detlaunch.link.membership import Membership
+from detlaunch.link.membership import Membership, MembershipChange
 from detlaunch.outcome import Failure, RankStatus
 
 CHIEF, WORKER, BOTH = "chief", "worker", "both"  # who sends a kind
@@ -140,6 +143,9 @@ class Auth(Kind):
     nonce: str = _field(_text)
     addr: str = _field(lambda v: str(v or ""))  # "": the chief takes the connection's source address
     mac: str = _field(_text)
+    # A promoted spare joining the place it was sent to: its spare number, by which the chief tells it from the
+    # lost node's own new detlaunch claiming the same place (link/places.py), whatever their addresses.
+    spare: int | None = _field(lambda v: None if v is None else _integer(v), optional=True)
 
 
 @_kind("welcome", CHIEF)
@@ -241,8 +247,14 @@ class Members(Kind):
     m: Membership = _field(Membership.from_json, write=lambda m: m.to_json())
 
 
+@_kind("members_change", CHIEF)
+@dataclasses.dataclass(frozen=True)
+class MembersChange(Kind):
+    c: MembershipChange = _field(MembershipChange.from_json, write=lambda c: c.to_json())
+
+
 Message = (Heartbeat | Challenge | Auth | Welcome | RankExit | Failed | Bye | Ask | Reply | Stop | Request | Answer
-           | Restart | Go | End | Promote | Members)
+           | Restart | Go | End | Promote | Members | MembersChange)
 
 
 # -- reading and writing ---------------------------------------------------------------------------------

@@ -62,19 +62,21 @@ def take_back(link: ChiefLink, places: list[int]) -> None:
 def anyone_to_admit(link: ChiefLink) -> bool:
     """A node of the job or a spare has not joined; or a place was taken or dropped, and the lost node's new
     detlaunch may come back (as a spare)."""
-    return bool(link.expected - set(link.nodes) or link.spares.missing or link.spares.promoted
-                or link.places - link.expected)
+    return bool(len(link.nodes) < len(link.expected) or link.expected - link.nodes.keys() or link.spares.missing
+                or link.spares.promoted or link.places - link.expected)  # (the count first: O(1) a join, not O(n))
 
 
-def place_taken(link: ChiefLink, node: int, addr: str) -> bool:
-    """Node `node`'s place is another's now (a spare was sent there: a detlaunch at `addr` claiming it is not
-    that spare) or empty (the job shrank): a new detlaunch of that node joins as a spare, not as the node. A
-    node still connected in its own place is never displaced."""
+def place_taken(link: ChiefLink, node: int, spare: int | None) -> bool:
+    """Node `node`'s place is another's now (a spare was sent there, and the detlaunch claiming it says it is not
+    that spare: `spare`, the spare number its auth names, or None) or empty (the job shrank): a new detlaunch
+    of that node joins as a spare, not as the node. Told by what each says it is, not by its address (a spare
+    and the lost node's new detlaunch may share one: a host, a NAT, a pod's recycled IP). A node still
+    connected in its own place is never displaced."""
     spares = link.spares
     if node not in link.places:
         return False
     if node in spares.coming:
-        return spares.addrs.get(spares.coming[node]) != addr
+        return spare != spares.coming[node]
     return (node in link.nodes and node in spares.promoted.values()) or node not in link.expected
 
 

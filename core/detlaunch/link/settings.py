@@ -21,3 +21,4 @@ class LinkSettings:
     bind_any: bool = False  # the chief listens on the wildcard (a job across machines: planning/addresses.py)
     spares: int = 0  # spare nodes (numbered num_nodes..num_nodes+spares-1) the chief admits besides
     secret: str = ""  # a successor chief: the job's secret it already holds (node/succession.py)
+    promoted_from: int | None = None  # a spare sent to this node's place: its spare number, said when it joins

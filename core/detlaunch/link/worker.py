@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 from detlaunch.link import auth
 from detlaunch.link.dial import Dialer
-from detlaunch.link.membership import Membership
+from detlaunch.link.membership import Membership, applied
 from detlaunch.link.messages import (
     CHIEF,
     Answer,
@@ -26,6 +26,7 @@ from detlaunch.link.messages import (
     Failed,
     Go,
     Members,
+    MembersChange,
     Message,
     Promote,
     RankExit,
@@ -117,6 +118,7 @@ class WorkerLink:
                  orders: AttemptOrders):
         self.loop, self.events, self.questions, self.orders = loop, events, questions, orders
         self.node = settings.node
+        self.promoted_from = settings.promoted_from  # this node is a spare sent to this place: said in its auth
         self.members: tuple[int, ...] | None = None  # the last "go"'s places (a job that may shrink)
         self.job_id = settings.job_id
         self.heartbeat = settings.heartbeat
@@ -161,7 +163,7 @@ class WorkerLink:
                                 f"directory must be shared by all nodes (--job-dir), or set {SECRET_ENV}")
             return
         conn.send(Auth(node=self.node, nonce=conn.nonce, addr=self.dialer.source or "",
-                       mac=auth.worker_mac(self.secret, self.job_id, self.node, m.nonce)))
+                       mac=auth.worker_mac(self.secret, self.job_id, self.node, m.nonce), spare=self.promoted_from))
 
     def _welcomed(self, conn: PeerConnection, m: Welcome) -> None:
         if self.secret is None or not auth.mac_matches(m.mac, auth.chief_mac(self.secret, self.job_id, self.node,
@@ -219,6 +221,9 @@ class WorkerLink:
                 self.orders.chief_go(attempt)
             case Members(m=shared):
                 self.membership = shared
+            case MembersChange(c=change):  # what changed since the last one (the chief sent it whole first)
+                if self.membership is not None:
+                    self.membership = applied(self.membership, change)
             case Promote(place=place):
                 self._to(LinkState.ENDED)  # this connection's part is over: the spare joins again as `place`
                 conn.close()

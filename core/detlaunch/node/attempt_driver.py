@@ -84,6 +84,8 @@ class AttemptDriver:
         self.host = host
         self.backoff_timer: Timer | None = None
         self.rejoin_timer: Timer | None = None  # chief: the bound on lost nodes coming back (--start-timeout)
+        self.awaited: set[int] = set()  # a successor: places whose nodes are on their way back (await_back)
+        self.awaited_timer: Timer | None = None
         # The last attempt's processes and GPU memory, before the next starts (only with restarts on).
         self.release = ReleaseWait(host.loop, timeout=host.plan.release_timeout if host.attempts.policy.enabled
                                    else 0.0, env=host.env, say=host.say, trace=host.trace,
@@ -187,7 +189,7 @@ class AttemptDriver:
         have changed since the last attempt)."""
         h = self.host
         assert isinstance(h.link, ChiefLink)
-        missing = [n for n in h.link.missing_nodes() if n not in h.link.spares.coming]
+        missing = [n for n in h.link.missing_nodes() if n not in h.link.spares.coming and n not in self.awaited]
         if not missing or not h.link.spares.waiting:
             return
         excluded = self._excluded()
@@ -209,7 +211,7 @@ class AttemptDriver:
         h = self.host
         link = h.link
         assert isinstance(link, ChiefLink)
-        drop = membership.shrink(link.missing_nodes(), link.spares.coming, link.live_nodes(),
+        drop = membership.shrink(link.missing_nodes(), link.spares.coming.keys() | self.awaited, link.live_nodes(),
                                  h.plan.settings.get("min_nodes"))
         if not drop:
             return False
@@ -247,6 +249,20 @@ class AttemptDriver:
                   f"{membership.describe(ids, h.base.slots, h.base.num_nodes)}, a spare in each")
             h.events.emit(EventKind.JOB_RESIZED, nodes=len(ids), ranks=sum(h.base.slots[p] for p in ids),
                           places=list(ids))
+
+    def await_back(self, nodes: set[int], window: float) -> None:
+        """A successor chief: these places' nodes were live under the lost chief and are on their way back to
+        this one; no spare is sent there (nor the place dropped) for `window` seconds, a silent node's window:
+        a spare sent at once would displace a node that comes back a moment later. Past it, a place whose
+        node has not joined is a lost node's."""
+        self.awaited = set(nodes)
+        cancel_timer(self.awaited_timer)
+        self.awaited_timer = self.host.loop.call_later(window, self._await_over)
+
+    def _await_over(self) -> None:
+        self.awaited_timer = None
+        self.awaited = set()
+        self.refill()
 
     def refill(self) -> None:
         """Chief, waiting for lost nodes: a spare joined or was lost meanwhile; fill the places again."""
@@ -297,8 +313,10 @@ class AttemptDriver:
 
     def rejoined(self) -> None:
         """In the backoff: every lost node is back; the attempt starts if its backoff is over."""
-        cancel_timer(self.rejoin_timer)
-        self.rejoin_timer = None
+        for timer in (self.rejoin_timer, self.awaited_timer):
+            cancel_timer(timer)
+        self.rejoin_timer = self.awaited_timer = None
+        self.awaited = set()  # none is on its way any more: a node lost later is replaced at once
         due = self.host.attempts.due
         self.host.say(f"every node is back: attempt {due or self.host.attempts.number + 1} starts"
                       + ("" if due is not None else " when the backoff is over"))

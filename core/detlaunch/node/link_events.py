@@ -77,14 +77,15 @@ def link_settings(plan: LaunchPlan) -> LinkSettings:
 
 
 class LinkEvents:
-    def __init__(self, host: LinkEventsHost) -> None:
+    def __init__(self, host: LinkEventsHost, promoted_from: int | None = None) -> None:
         self.host = host
+        self.promoted_from = promoted_from  # a spare sent to this node's place: its number (link/places.py)
         self.spare_number: int | None = None  # the chief made this node a spare (made_spare)
 
     def connect(self) -> ChiefLink | WorkerLink:
         """This node's side of the job link: the chief's listens (one open file per node), a worker's dials."""
         h = self.host
-        settings = link_settings(h.plan)
+        settings = dataclasses.replace(link_settings(h.plan), promoted_from=self.promoted_from)
         if h.succession.carried is not None:  # a successor serves the link with the job's secret
             settings = dataclasses.replace(settings, secret=h.succession.carried.secret)
         if h.plan.cluster.is_chief:

@@ -29,7 +29,6 @@ from typing import Protocol
 import detlaunch.exit_codes as exit_codes
 from detlaunch.link.chief import ChiefLink
 from detlaunch.link.membership import Membership, cluster_after, has_majority
-from detlaunch.link.messages import Members
 from detlaunch.link.wire import HEARTBEAT_MISSES
 from detlaunch.link.worker import WorkerLink
 from detlaunch.node.attempt_driver import AttemptDriver
@@ -157,7 +156,7 @@ class Succession:
             return  # the first start: shared once every node is here (no successor could start the job before)
         if isinstance(link, ChiefLink) and link.listener.fileno() >= 0:
             self.shared_at = self.host.loop.clock()
-            link.share(Members(m=self.membership()))
+            link.share(self.membership())
 
     def membership(self) -> Membership:
         h = self.host
@@ -255,6 +254,8 @@ class Succession:
         h.say(f"this node is the chief now (node rank 0, was node {t.successor}): waiting for more than half of "
               f"the last attempt's {n} nodes to join within {h.plan.start_timeout:g} s")
         h.driver.begin_backoff(t.next_attempt, None)
+        # The nodes live under the lost chief come back: their places wait for them, not for a spare, a while.
+        h.driver.await_back({n for n in m.live if n not in (0, t.successor)}, HEARTBEAT_MISSES * h.plan.heartbeat)
         self.waiting = True
         self.majority_timer = h.loop.call_later(h.plan.start_timeout, self._no_majority)
         self.backoff_timer = h.loop.call_later(delay, self._backoff_done)
@@ -267,8 +268,11 @@ class Succession:
         return 1 + len(link.live_nodes() - {t.successor})
 
     def _check_majority(self) -> None:
-        h = self.host
-        joined, n = self._joined(), h.plan.cluster.num_nodes
+        h, link = self.host, self.host.link
+        n = h.plan.cluster.num_nodes
+        if isinstance(link, ChiefLink) and not has_majority(1 + len(link.nodes), n):
+            return  # not even with every node that joined (counted first: O(1) a join, not O(n))
+        joined = self._joined()
         if not has_majority(joined, n):
             return
         self.waiting = False

@@ -86,10 +86,10 @@ class NodeSupervisor:
     link_events: LinkEvents  # made after the parts that call it back
     def __init__(self, plan: LaunchPlan, *, err: TextIO | None = None, debug: bool = False,
                  on_event: EventHook | None = None, replan: Callable[[ClusterInfo], LaunchPlan] | None = None,
-                 carried: Takeover | None = None):
-        """replan: this node's plan for a cluster whose nodes moved (a spare took a lost node's place at
-        another address): the chief's launcher reaches every node (horovod's -H, deepspeed's hostfile).
-        carried: the chief was lost under this detlaunch's last supervisor (node/succession.py)."""
+                 carried: Takeover | None = None, promoted_from: int | None = None):
+        """replan: this node's plan for a cluster whose nodes moved (a spare took a lost node's place at another
+        address). carried: the chief was lost under this detlaunch's last supervisor (node/succession.py).
+        promoted_from: this detlaunch waited as that spare, then was sent to this place (link/places.py)."""
         self.plan = plan
         self.base = plan.cluster  # one entry per place, its node rank the place's number (planning/membership.py)
         self.replan = replan
@@ -134,7 +134,7 @@ class NodeSupervisor:
         self.console = folding_console(plan, self.loop)  # the job's console, folding repeated lines (--dedupe)
         self.startup = Startup(self)
         self.shutdown = Shutdown(self)
-        self.link_events = LinkEvents(self)  # what the other nodes' news means here
+        self.link_events = LinkEvents(self, promoted_from)  # what the other nodes' news means here
         self.preflight = Preflight(self, start=lambda: self.startup.start_when_ready(),  # --preflight
                                    replace=self.link_events.replace_straggler,
                                    end=lambda: self.shutdown.stop(signal.SIGTERM))
