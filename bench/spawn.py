@@ -48,6 +48,7 @@ from .common import (
     Section,
     Stat,
     Table,
+    base_env,
     become_subreaper,
     free_port,
     interleaved,
@@ -63,6 +64,7 @@ RANK = str(SCRIPTS / "rank.py")
 NODES_PY = str(SCRIPTS / "nodes.py")
 GOAL = 0.3  # seconds more than one by one, at 16 nodes
 OURS = ["one by one", "--spawn ssh"]
+FLOOR = "ssh alone"  # the same ssh sessions running nothing: what the spawn cannot go below on this machine
 LAUNCHERS = {"deepspeed --hostfile": VENV / "bin" / "deepspeed", "horovodrun -H": VENV / "bin" / "horovodrun"}
 
 
@@ -134,17 +136,23 @@ def argv_for(case: str, n: int, ssh_config: Path) -> list[str]:
         for i in range(n):
             argv += [*(["---"] if i else []), *node, "--node-rank", str(i), RANK, "trivial"]
         return argv
+    if case == FLOOR:  # as --spawn ssh runs them (cli/fanout.py), each remote shell running `exec true`
+        argv = [PY, NODES_PY]
+        for i in range(n):
+            argv += [*(["---"] if i else []), "ssh", "-T", "-o", "BatchMode=yes", "-F", str(ssh_config), "--",
+                     f"127.0.0.{i + 2}", "exec true"]
+        return argv
     exported = ",".join(v for v in ("PYTHONPATH", MARKER, "TMPDIR") if v in os.environ or v == MARKER)
     return [*node, "--spawn", "ssh", "--ssh-opts", f"-F {ssh_config}", "--export", exported, RANK, "trivial"]
 
 
 def cases_here(launchers: bool) -> list[str]:
-    """detlaunch's two cases, and each launcher that is installed (with pdsh for deepspeed)."""
+    """detlaunch's two cases, the ssh floor, and each launcher that is installed (with pdsh for deepspeed)."""
     if not launchers:
-        return OURS
+        return [*OURS, FLOOR]
     found = [c for c, path in LAUNCHERS.items() if path.exists() and (c != "deepspeed --hostfile" or
                                                                          shutil.which("pdsh"))]
-    return [*OURS, *found]
+    return [*OURS, FLOOR, *found]
 
 
 def wall_times(nodes: list[int], reps: int, env: dict[str, str], tmp: Path,
@@ -193,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
     cases = cases_here(launchers=not args.no_launchers)
     become_subreaper()  # the bench's wait loop: every process of a job reaped, SIGCHLD through a pipe
     with nothing_left(), tempfile.TemporaryDirectory() as tmp_name:
-        env = {**os.environ, "TMPDIR": tmp_name}
+        env = base_env(Path(tmp_name))  # as `python -m bench` runs it: .pyc files written, the venv first on PATH
         t = wall_times(args.nodes, args.reps, env, Path(tmp_name), cases)
     for n in args.nodes:
         hand, spawned = Stat(t[(n, "one by one")]), Stat(t[(n, "--spawn ssh")])
