@@ -72,6 +72,16 @@ def test_horovods_x_reaches_every_node(capsys: pytest.CaptureFixture[str], here:
                                  "from --export"], err
 
 
+def test_spawn_comes_from_the_environment_or_the_config_file_too(capsys: pytest.CaptureFixture[str],
+                                                                 here: Path) -> None:
+    (here / "detlaunch.toml").write_text('[detlaunch]\nspawn = "ssh"\n')
+    argv = ["--layer", "direct", "--hosts", "10.0.0.2,10.0.0.3", "--dry-run", TRICKY]
+    for extra, env in ((["--config", "detlaunch.toml"], {}), ([], {"DETLAUNCH_SPAWN": "ssh"})):
+        code, out, err = run(capsys, *extra, *argv, **env)
+        assert code == 0 and err == [], err
+        assert [line.split(": ")[0] for line in out] == ["node 0 (10.0.0.2)", "node 1 (10.0.0.3)"], out
+
+
 @pytest.mark.parametrize(("argv", "env", "line"), [
     (["--spawn", "nope", "--hosts", "a,b"], {}, "--spawn nope: no such spawner (installed: "),
     (["--spawn", "ssh"], {}, "--spawn ssh needs the nodes: give --hosts H:S,H:S or --hostfile FILE"),
