@@ -2,11 +2,12 @@
 one-command fan-out (issue 29).
 
 4 and 16 nodes on 127.0.0.2, 127.0.0.3, ... (one trivial rank each, bench/scripts/rank.py, which imports no
-torch), four cases interleaved:
+torch), five cases interleaved:
 
 - one by one: every node's `python -m detlaunch --layer direct --node-rank I` started here at once, as a
   scheduler would (bench/scripts/nodes.py);
 - --spawn ssh: one `python -m detlaunch --layer direct --spawn ssh` reaching every node over ssh, in parallel;
+- ssh alone: the same ssh sessions started side by side, each running `exec true`: the floor of the spawn here;
 - deepspeed --hostfile: bare deepspeed's own fan-out (pdsh over ssh, one `deepspeed.launcher.launch` a node,
   which imports deepspeed and torch), `--no_ssh_check --master_addr 127.0.0.2` (its ssh check and `hostname -I`
   would not reach the bench's sshd), DS_ACCELERATOR=cpu through its env file;
@@ -18,6 +19,16 @@ ssh config with --ssh-opts; deepspeed's pdsh and horovodrun find an `ssh` on PAT
 time of the spawn is the difference of the medians, whole job (start to every process gone; for the bare
 launchers, the ranks' ssh sessions end before they exit). Needs root (the sshd), like the flood measurement.
 A launcher that is not installed is n/a.
+
+The floor. On one machine every "node" shares its 2 cores, so the spawn's extra wall time is about its extra CPU
+time / 2, and nearly all of it is ssh's, once per node: the client's key exchange (OpenSSH 9.2's default
+sntrup761x25519: ~0.11 s of CPU a connection; curve25519-sha256 alone: ~0.02 s), the per-connection sshd
+(~0.03 s), and the remote user's shell, which reads ~/.bashrc under sshd (Debian's bash): root's here runs
+`pyenv init` twice, ~0.2 s of CPU a session. 16 sessions: ~5.5 s of CPU, ~3 s of wall time on 2 cores, the
+"ssh alone" column. The spawning command's own start (Python, plugins, the hosts) is ~0.17 s. On a real
+cluster each node pays its sshd and its shell on its own cores, at once, and the spawning machine pays the
+clients' key exchanges on its cores. detlaunch passes no ssh option that would weaken what the user's own ssh
+config asks for (a user may pick a cheaper key exchange with --ssh-opts or ~/.ssh/config).
 
     python -m bench --only spawn --reps 3
     python -m bench.spawn --nodes 4 16 --reps 3      # alone, printing the figures
@@ -48,6 +59,7 @@ from .common import (
     Section,
     Stat,
     Table,
+    base_env,
     become_subreaper,
     free_port,
     interleaved,
@@ -63,6 +75,7 @@ RANK = str(SCRIPTS / "rank.py")
 NODES_PY = str(SCRIPTS / "nodes.py")
 GOAL = 0.3  # seconds more than one by one, at 16 nodes
 OURS = ["one by one", "--spawn ssh"]
+FLOOR = "ssh alone"  # the same ssh sessions running nothing: what the spawn cannot go below on this machine
 LAUNCHERS = {"deepspeed --hostfile": VENV / "bin" / "deepspeed", "horovodrun -H": VENV / "bin" / "horovodrun"}
 
 
@@ -134,17 +147,23 @@ def argv_for(case: str, n: int, ssh_config: Path) -> list[str]:
         for i in range(n):
             argv += [*(["---"] if i else []), *node, "--node-rank", str(i), RANK, "trivial"]
         return argv
+    if case == FLOOR:  # as --spawn ssh runs them (cli/fanout.py), each remote shell running `exec true`
+        argv = [PY, NODES_PY]
+        for i in range(n):
+            argv += [*(["---"] if i else []), "ssh", "-T", "-o", "BatchMode=yes", "-F", str(ssh_config), "--",
+                     f"127.0.0.{i + 2}", "exec true"]
+        return argv
     exported = ",".join(v for v in ("PYTHONPATH", MARKER, "TMPDIR") if v in os.environ or v == MARKER)
     return [*node, "--spawn", "ssh", "--ssh-opts", f"-F {ssh_config}", "--export", exported, RANK, "trivial"]
 
 
 def cases_here(launchers: bool) -> list[str]:
-    """detlaunch's two cases, and each launcher that is installed (with pdsh for deepspeed)."""
+    """detlaunch's two cases, the ssh floor, and each launcher that is installed (with pdsh for deepspeed)."""
     if not launchers:
-        return OURS
+        return [*OURS, FLOOR]
     found = [c for c, path in LAUNCHERS.items() if path.exists() and (c != "deepspeed --hostfile" or
                                                                          shutil.which("pdsh"))]
-    return [*OURS, *found]
+    return [*OURS, FLOOR, *found]
 
 
 def wall_times(nodes: list[int], reps: int, env: dict[str, str], tmp: Path,
@@ -173,6 +192,8 @@ def measure(env: dict[str, str], reps: int, quick: bool, tmp: Path) -> Section:
                      *[Stat(t[(n, c)]).fmt() for c in others]])
     notes = ["whole job, start to every process gone, one trivial rank a node (no torch); the ssh cases include "
              "ssh's handshakes to a loopback sshd (one a node, in parallel)",
+             "ssh alone: the same ssh sessions running nothing, the spawn's floor on one 2-core machine (the clients' "
+             "key exchanges, the sshd, the remote shell's ~/.bashrc: see bench/spawn.py)",
              "bare deepspeed's launch on each node imports deepspeed and torch; horovodrun checks ssh to every "
              "host first (see bench/spawn.py)"]
     table = Table("One command for every node: --spawn ssh vs one by one, and vs the launchers' own fan-out",
@@ -193,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
     cases = cases_here(launchers=not args.no_launchers)
     become_subreaper()  # the bench's wait loop: every process of a job reaped, SIGCHLD through a pipe
     with nothing_left(), tempfile.TemporaryDirectory() as tmp_name:
-        env = {**os.environ, "TMPDIR": tmp_name}
+        env = base_env(Path(tmp_name))  # as `python -m bench` runs it: .pyc files written, the venv first on PATH
         t = wall_times(args.nodes, args.reps, env, Path(tmp_name), cases)
     for n in args.nodes:
         hand, spawned = Stat(t[(n, "one by one")]), Stat(t[(n, "--spawn ssh")])

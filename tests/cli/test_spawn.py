@@ -57,6 +57,31 @@ def test_each_node_gets_the_same_words_its_rank_the_directory_and_the_variables(
                                         *argv]
 
 
+def test_horovods_x_reaches_every_node(capsys: pytest.CaptureFixture[str], here: Path) -> None:
+    """mpirun's -x under --layer horovod: a bare NAME is exported to every node (as --export), NAME=VALUE goes
+    as the argument it is (each node's horovod layer sets it for its processes)."""
+    argv = ["--layer", "horovod", "--spawn", "ssh", "-H", "10.0.0.2:1,10.0.0.3:1", "--export", "DL_MINE",
+            "-x", "DL_X", "-x", "DL_V=a b", "--dry-run", TRICKY]
+    code, out, err = run(capsys, *argv, DL_MINE="1", DL_X="x y")
+    assert code == 0 and err == [], err
+    for line in out:
+        words = shlex.split(shlex.split(line.split(": ", 1)[1])[-1])
+        assert words[4:7] == ["env", "DL_MINE=1", "DL_X=x y"] and words[-5:] == argv[-5:], words
+    code, _, err = run(capsys, *argv)
+    assert code == 2 and err == ["detlaunch: error: --export DL_MINE: DL_MINE is not set here; set it, or drop it "
+                                 "from --export"], err
+
+
+def test_spawn_comes_from_the_environment_or_the_config_file_too(capsys: pytest.CaptureFixture[str],
+                                                                 here: Path) -> None:
+    (here / "detlaunch.toml").write_text('[detlaunch]\nspawn = "ssh"\n')
+    argv = ["--layer", "direct", "--hosts", "10.0.0.2,10.0.0.3", "--dry-run", TRICKY]
+    for extra, env in ((["--config", "detlaunch.toml"], {}), ([], {"DETLAUNCH_SPAWN": "ssh"})):
+        code, out, err = run(capsys, *extra, *argv, **env)
+        assert code == 0 and err == [], err
+        assert [line.split(": ")[0] for line in out] == ["node 0 (10.0.0.2)", "node 1 (10.0.0.3)"], out
+
+
 @pytest.mark.parametrize(("argv", "env", "line"), [
     (["--spawn", "nope", "--hosts", "a,b"], {}, "--spawn nope: no such spawner (installed: "),
     (["--spawn", "ssh"], {}, "--spawn ssh needs the nodes: give --hosts H:S,H:S or --hostfile FILE"),

@@ -1,11 +1,12 @@
 """--spawn's side: every node's launch run here, in parallel; their output relayed; one exit code.
 
 Each launch (``ssh HOST 'detlaunch ...'``, a local detlaunch for node 0, one ``srun``) runs in a session
-of its own, dying with this process (PR_SET_PDEATHSIG), its stdin a pipe from here. Closing that pipe is
-how every node is told to stop: its detlaunch (started with ``--spawned ...,stdin``) takes the end of
-its stdin as SIGHUP and stops its job, while its output still flows back. So Ctrl-C (or SIGTERM, SIGHUP)
-here closes every pipe; a second Ctrl-C kills the launches; and a SIGKILL of this process kills the ssh
-clients, whose sessions end, which closes the same pipes on every node.
+of its own, its stdin a pipe from here. Closing that pipe is how every node is told to stop: its
+detlaunch (started with ``--spawned ...,stdin``) takes the end of its stdin as SIGHUP and stops its job,
+while its output still flows back. So Ctrl-C (or SIGTERM, SIGHUP) here closes every pipe; a second
+Ctrl-C kills the launches; and a SIGKILL of this process closes the same pipes (the kernel closes its
+end): each ssh client passes the end of its stdin on, and the node stops as on Ctrl-C. A launch whose
+node does not watch its stdin (srun) dies with this process instead (PR_SET_PDEATHSIG).
 
 Output is relayed whole lines at a time (``\\n`` or ``\\r`` ends one), so nodes never cut into each
 other's lines; a node's own ``detlaunch:`` lines name it. A launch that ends before its node's
@@ -40,8 +41,11 @@ def _die_with_parent() -> None:
 class _Launch:
     def __init__(self, launch: NodeLaunch) -> None:
         self.launch = launch
+        # A launch whose node watches its stdin is told through it; it starts without a preexec_fn, which would
+        # fork this Python (not vfork) and run Python in the child: ~8 ms a launch, one after the other.
         self.proc = subprocess.Popen(launch.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, start_new_session=True, preexec_fn=_die_with_parent)
+                                     stderr=subprocess.PIPE, start_new_session=True,
+                                     preexec_fn=None if launch.watches_stdin else _die_with_parent)
         self.partial: dict[int, bytes] = {}
         self.held: list[bytes] | None = []  # None once the node is up
         self.code: int | None = None

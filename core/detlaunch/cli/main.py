@@ -162,35 +162,14 @@ def run(argv: list[str], env: dict[str, str], pre: argparse.Namespace | None = N
         config = doctor_job_config(config)
         options = config.options
 
-    from detlaunch.planning import spares
-    from detlaunch.planning.plan import build_plan, render_json, render_text
+    from detlaunch.planning.plan import build_plan
 
-    everyone = discover(hooks, config, job=not options.get("dry_run"))
-    n_spares = options.get("spares") or 0
-    spare = spares.spare_number(everyone, n_spares)  # this detlaunch waits as a spare (planning/spares.py)
-    # A spare plans as the last worker would, for the link's settings; once promoted, as the node it replaces.
-    cluster = spares.active_cluster(everyone, n_spares) if spare is None else \
-        spares.take_place(everyone, n_spares, spares.places(everyone, n_spares) - 1)
-    if cluster.num_nodes > 1 and not options.get("link_port") and options["master_port"] >= 65535:
-        raise ConfigError(f"--master-port {options['master_port']} leaves no port for the link between nodes "
-                          "(master port + 1): give --link-port PORT or a lower --master-port")
-    plan = build_plan(hooks, config, cluster)
-    if n_spares and not plan.restarts.enabled:
-        raise ConfigError(f"--spares {n_spares}: a spare takes a lost node's place at the next attempt, and this "
-                          "job has none: add --max-node-restarts N (or --max-restarts N)")
-    if options.get("min_nodes") and not plan.restarts.enabled:
-        raise ConfigError(f"--nnodes {options['min_nodes']}:{options['nnodes']}: a job shrinks at its next attempt, "
-                          "and this job has none: add --max-node-restarts N (or --max-restarts N)")
-    excluded = spares.read_excluded(options.get("exclude_hosts"))
-    if everyone.node_addr in excluded:
-        raise ConfigError(f"this node's host {everyone.node_addr} is in --exclude-hosts {options['exclude_hosts']}: "
-                          "it takes no part in the job (with --spares, a spare takes its place)")
-    if options.get("dry_run"):
-        if spare is not None:
-            print(f"spare node {spare} ({everyone.node_addr or 'this host'}): runs no rank until it takes a lost "
-                  f"node's place; as node {cluster.node_rank} it would run:")
-        print(render_json(plan) if options.get("format") == "json" else render_text(plan))
-        return 0
+    if options.get("dry_run"):  # what this node would run, or every node of a host list (cli/dry_run.py)
+        from detlaunch.cli.dry_run import dry_run
+
+        return dry_run(config, functools.partial(plan_node, hooks, job=False))
+    everyone, spare, plan = plan_node(hooks, config, job=True)
+    cluster, n_spares = plan.cluster, options.get("spares") or 0
 
     if cluster.num_nodes > 1 and cluster.is_chief:  # refused now, in one line, not half-way through the start
         from detlaunch.link.fdlimit import check_open_files, chief_needs
@@ -267,6 +246,36 @@ def run(argv: list[str], env: dict[str, str], pre: argparse.Namespace | None = N
     finally:
         if job_lock is not None:
             job_lock.release()
+
+
+def plan_node(hooks: Hooks, config: Config, job: bool) -> tuple[ClusterInfo, int | None, LaunchPlan]:
+    """This node's plan: the whole cluster as discovered, this node's spare number (None: not a spare), and the plan
+    it runs (a spare's: as the last place would). Options that cannot go together are one line here."""
+    from detlaunch.planning import spares
+    from detlaunch.planning.plan import build_plan
+
+    options = config.options
+    everyone = discover(hooks, config, job=job)
+    n_spares = options.get("spares") or 0
+    spare = spares.spare_number(everyone, n_spares)  # this detlaunch waits as a spare (planning/spares.py)
+    # A spare plans as the last worker would, for the link's settings; once promoted, as the node it replaces.
+    cluster = spares.active_cluster(everyone, n_spares) if spare is None else \
+        spares.take_place(everyone, n_spares, spares.places(everyone, n_spares) - 1)
+    if cluster.num_nodes > 1 and not options.get("link_port") and options["master_port"] >= 65535:
+        raise ConfigError(f"--master-port {options['master_port']} leaves no port for the link between nodes "
+                          "(master port + 1): give --link-port PORT or a lower --master-port")
+    plan = build_plan(hooks, config, cluster)
+    if n_spares and not plan.restarts.enabled:
+        raise ConfigError(f"--spares {n_spares}: a spare takes a lost node's place at the next attempt, and this "
+                          "job has none: add --max-node-restarts N (or --max-restarts N)")
+    if options.get("min_nodes") and not plan.restarts.enabled:
+        raise ConfigError(f"--nnodes {options['min_nodes']}:{options['nnodes']}: a job shrinks at its next attempt, "
+                          "and this job has none: add --max-node-restarts N (or --max-restarts N)")
+    excluded = spares.read_excluded(options.get("exclude_hosts"))
+    if everyone.node_addr in excluded:
+        raise ConfigError(f"this node's host {everyone.node_addr} is in --exclude-hosts {options['exclude_hosts']}: "
+                          "it takes no part in the job (with --spares, a spare takes its place)")
+    return everyone, spare, plan
 
 
 def spare_in_place(everyone: ClusterInfo, place: Place, n_spares: int) -> ClusterInfo:

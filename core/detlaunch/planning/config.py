@@ -265,7 +265,7 @@ SPAWN = OptionGroup("one command for every node (docs/SPAWN.md)", (
            "--hostfile, over your own ssh, in parallel) or srun (one step of the SLURM allocation you are in)"),
     Option("--ssh-opts", metavar="OPTS", help="--spawn ssh: more options for ssh, as one string ('-p 2222 -F cfg')"),
     Option("--export", metavar="VAR,VAR", help="--spawn: these variables of this environment reach every node "
-           "(as horovodrun's -x; ~/.deepspeed_env and ./.deepspeed_env are read too)"),
+           "(as mpirun's -x, which --layer horovod takes too; ~/.deepspeed_env and ./.deepspeed_env are read too)"),
     Option("--spawned", metavar="VERSION", help=argparse.SUPPRESS),  # set by the spawning detlaunch, for each node
 ))
 

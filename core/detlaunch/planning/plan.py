@@ -140,7 +140,7 @@ class LaunchPlan:
             "commands": [
                 {"name": cmd.name, "argv": list(cmd.argv), "daemon": cmd.daemon,
                  "stop_signal": int(cmd.stop_signal), "env": dict(cmd.env), "rank": cmd.rank,
-                 "standby": self.standby_of(cmd)}
+                 "standby": self.standby_of(cmd), "notes": list(cmd.notes)}
                 for cmd in self.stage.commands
             ],
             "rank_wrapper": list(self.wrapper_argv),
@@ -252,8 +252,12 @@ def supervision_settings(options: Mapping[str, Any],
 # -- rendering -------------------------------------------------------------------------------
 
 
-def _quote(argv: tuple[str, ...] | list[str]) -> str:
-    return " ".join(shlex.quote(a) for a in argv)
+LONG_WORD = 160  # a launcher's word longer than this (an encoded command) is shortened in the text; JSON has it
+
+
+def _quote(argv: tuple[str, ...] | list[str], shorten: bool = False) -> str:
+    return " ".join(shlex.quote(a) if not shorten or len(a) <= LONG_WORD else
+                    f"{shlex.quote(a[:48])}...({len(a)} characters)" for a in argv)
 
 
 def _split_rank_command(cmd: Command, plan: LaunchPlan) -> tuple[tuple[str, ...], bool]:
@@ -306,9 +310,10 @@ def render_text(plan: LaunchPlan) -> str:
         ahead = plan.standby_of(cmd)
         standby = f"next attempt's started ahead: {ahead}" if ahead else ""
         tags = [t for t in ("daemon" if cmd.daemon else "", f"stop with {signal_name(cmd.stop_signal)}", standby) if t]
-        lines.append(f"{branch}{_quote(own)}  [{', '.join(tags)}]")
+        lines.append(f"{branch}{_quote(own, shorten=True)}  [{', '.join(tags)}]")
         for key, value in sorted(cmd.env.items()):
             lines.append(f"{pad}    env {key}={_short(value)}")
+        lines.extend(f"{pad}    {note}" for note in cmd.notes)
         if runs_ranks:
             extra = plan.rank_command[len(plan.wrapper_argv) : len(plan.rank_command) - len(plan.user_command)]
             lines.append(f"{pad}└── {_quote(plan.wrapper_argv)}  [one per rank]")

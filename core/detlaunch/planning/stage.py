@@ -67,6 +67,8 @@ class Command:
     restarts on, the supervisor starts it ahead of time, past its imports, while an attempt
     runs, and the next attempt's launcher is that process: ``function()`` called with
     ``sys.argv = ["pkg.module", ARGS...]`` (see standby.py and docs/HOOKS.md).
+    notes: lines ``--dry-run`` shows under the command, in words: what its argv does not say (deepspeed's
+    host list, what its encoded rank command carries, where it runs).
     """
 
     argv: tuple[str, ...]
@@ -76,9 +78,11 @@ class Command:
     env: Mapping[str, str] = dataclasses.field(default_factory=dict)
     rank: int | None = None
     standby: str | None = None
+    notes: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "argv", tuple(self.argv))
+        object.__setattr__(self, "notes", tuple(self.notes))
         if not self.argv:
             raise ValueError("a Command needs a non-empty argv")
         if self.rank is not None and (self.daemon or self.rank < 0):

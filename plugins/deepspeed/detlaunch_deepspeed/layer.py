@@ -276,7 +276,8 @@ def shim_args(ctx: StageContext, master_addr: str) -> tuple[str, ...]:
 
 
 def _launch_command(ctx: StageContext, argv: Sequence[str], master_addr: str = "",
-                    env: Mapping[str, str] | None = None, over_pdsh: bool = False) -> Command:
+                    env: Mapping[str, str] | None = None, over_pdsh: bool = False,
+                    notes: Sequence[str] = ()) -> Command:
     # deepspeed's runner runs as `python -m detlaunch_deepspeed.runner` (runner.py), the `deepspeed` command's
     # run: with restarts on, the next attempt's waits past its imports (deepspeed and torch).
     # Over pdsh, the rank command and directory go as one word no remote shell changes (rank_shim.py).
@@ -285,7 +286,7 @@ def _launch_command(ctx: StageContext, argv: Sequence[str], master_addr: str = "
     if over_pdsh and shlex.quote(os.getcwd()) != os.getcwd():  # deepspeed's `cd DIR;` would break on it
         env[runner_cwd_env()] = "/"
     return Command((sys.executable, "-m", RUNNER_MODULE, *argv[1:], *shim_args(ctx, master_addr), *words),
-                   name=NAME, stop_signal=signal.SIGKILL, env=env, standby=f"{RUNNER_MODULE}:main")
+                   name=NAME, stop_signal=signal.SIGKILL, env=env, standby=f"{RUNNER_MODULE}:main", notes=tuple(notes))
 
 
 def runner_cwd_env() -> str:
@@ -408,13 +409,25 @@ def detlaunch_chief_stage(ctx: StageContext) -> Stage:
               *[arg for pattern in DENY for arg in ("--deny", pattern)], "--replace", env_file)
     # The rank command crosses pdsh as one encoded word (rank_shim.py); this file says in words what it carries.
     shown = {os.path.join(folder, "rank-command"): shlex.join(ctx.rank_command) + "\n"}
-    own = SshParts(dirs=(folder,), files={hostfile: create_hostfile(c.slots, addrs), **shown}, prelaunch=(writer,))
+    hosts = create_hostfile(c.slots, addrs)
+    own = SshParts(dirs=(folder,), files={hostfile: hosts, **shown}, prelaunch=(writer,))
     argv = create_run_command(master_address=c.chief_addr, master_port=port, hostfile_path=hostfile,
                               optional_args=ctx.launcher_args, shim=True, local_rank=not ctx.option("no_local_rank"))
     env = {"DS_ENV_FILE": env_file,
            "PDSH_SSH_ARGS_APPEND": pdsh_ssh_args_append(ctx.env.get("PDSH_SSH_ARGS_APPEND"), ssh_config, layout.port)}
-    launcher = _launch_command(ctx, argv, env=env, over_pdsh=True)
+    launcher = _launch_command(ctx, argv, env=env, over_pdsh=True, notes=pdsh_notes(ctx, hosts))
     return (sshd_parts(ctx, layout, node_devices_env(ctx.env)) + client + own).stage(launcher)
+
+
+def pdsh_notes(ctx: StageContext, hostfile: str) -> tuple[str, ...]:
+    """What the dry run says under the runner on several nodes: the hostfile, and what every host runs."""
+    moves = ctx.option("spares") or ctx.option("min_nodes")
+    when = " (a later attempt on other nodes, a spare in a lost node's place or fewer nodes, writes its own)" \
+        if moves else ""
+    return (f"hostfile{when}: " + "; ".join(hostfile.splitlines()),
+            "pdsh runs on every host of the hostfile, over that host's per-job sshd: deepspeed.launcher.launch, "
+            "which starts rank_shim.py once per rank there",
+            f"the --words= word, decoded: in {os.getcwd()}, {shlex.join(ctx.rank_command)}")
 
 
 @hookimpl

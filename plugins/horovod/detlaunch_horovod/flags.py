@@ -6,6 +6,7 @@ adds fails the test until it has a row here.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -58,6 +59,28 @@ def controller(name: str) -> Any:
 def verbose(value: str | None, options: Mapping[str, Any]) -> Mapping[str, Any]:
     return {"debug": True}
 
+
+EXPORTS = "horovod_exports"  # -x's variables, in order: (NAME, VALUE) or (NAME, None) for this environment's
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def export(value: str | None, options: Mapping[str, Any]) -> Mapping[str, Any]:
+    """mpirun's -x NAME (this environment's NAME) or -x NAME=VALUE: the variable reaches every rank. horovodrun
+    itself has no -x (its users give it to mpirun through --mpi-args); the layer sets it for every process of
+    the job (layer.py), and with --spawn a bare NAME is exported to every node too (--export)."""
+    name, sep, val = (value or "").partition("=")
+    if not _NAME.fullmatch(name):
+        raise ConfigError(f"-x {value}: give -x NAME or -x NAME=VALUE (NAME: letters, digits and _)")
+    out: dict[str, Any] = {EXPORTS: (*(options.get(EXPORTS) or ()), (name, val if sep else None))}
+    if not sep:
+        named = [n for n in str(options.get("export") or "").split(",") if n.strip()]
+        out["export"] = ",".join(dict.fromkeys([*named, name]))
+    return out
+
+
+# Rows of flags that horovodrun users pass though horovodrun lacks them (mpirun's): tests/planning/
+# test_launcher_flags.py does not look for them in horovodrun's parser.
+NOT_HOROVODRUNS = ("-x",)
 
 TABLE: tuple[LauncherFlag, ...] = (
     same_as_detlaunch("-h", "--help", value=False, doc="detlaunch's help (with --layer horovod, its options)"),
@@ -131,4 +154,7 @@ TABLE: tuple[LauncherFlag, ...] = (
     refuses("--jsrun", value=False, why="LSF's jsrun starts the ranks itself, where detlaunch's horovod layer "
             "starts them under its node supervisors (gloo or mpirun over a per-job sshd): use --controller gloo "
             "or --controller mpi"),
+    maps("-x", to=export, narrows=(EXPORTS, "export"),
+         doc="mpirun's -x NAME or -x NAME=VALUE (horovodrun has none): the variable reaches every rank, on every "
+         "node (with --spawn, a bare NAME is exported as --export NAME does)"),
 )

@@ -36,7 +36,7 @@ from detlaunch import (
 from detlaunch.launcher_flags import add_launcher_flags, check_launcher_args
 from detlaunch.ssh import SshLayout, add_ssh_options, ssh_client_parts, ssh_port_check, sshd_parts
 
-from .flags import TABLE
+from .flags import EXPORTS, TABLE
 from .grace import GRACE_ENV
 
 # horovodrun.py's names, written out: importing it imports horovod.
@@ -177,6 +177,7 @@ def detlaunch_add_options(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--auto", action="store_true",
                    help="one node with at most one slot: run the script directly, without horovodrun")
     add_ssh_options(parser, NAME)
+    parser.set_defaults(**{EXPORTS: ()})  # mpirun's -x (flags.py): no option of its own
     add_launcher_flags(parser, TABLE, NAME)
 
 
@@ -230,7 +231,19 @@ def import_time_env(ctx: StageContext) -> dict[str, str]:
 
 @hookimpl
 def detlaunch_environment(ctx: StageContext) -> dict[str, str]:
-    return {"USE_HOROVOD": "1"}
+    return {"USE_HOROVOD": "1", **exported_variables(ctx)}
+
+
+def exported_variables(ctx: StageContext) -> dict[str, str]:
+    """-x NAME and -x NAME=VALUE (flags.py): every process of the job gets them, horovodrun too, which hands its
+    environment to every rank it starts, on every node. A bare NAME must be set here (with --spawn, the
+    spawning command exported it to this node)."""
+    out: dict[str, str] = {}
+    for name, value in ctx.option(EXPORTS) or ():
+        if value is None and name not in ctx.env:
+            raise ConfigError(f"-x {name}: {name} is not set here; set it, or give -x {name}=VALUE")
+        out[name] = ctx.env[name] if value is None else value
+    return out
 
 
 def single_slot(ctx: StageContext) -> bool:

@@ -4,7 +4,8 @@ Each node gets ``ssh -T -o BatchMode=yes [--ssh-opts] HOST '<cd CWD && exec env 
 the remote command is one line quoted word by word (``SpawnRequest.shell_command``), so every argument,
 path and value arrives exactly as given. ssh's stdin is the spawning command's pipe: when that closes
 (Ctrl-C there, or the spawning command killed), the node's detlaunch sees its stdin end and stops its
-job. Node 0 runs here, without ssh, when its address is this machine's name or loopback's 127.0.0.1.
+job; so a launch need not die with the spawning command (NodeLaunch.watches_stdin), and starts faster.
+Node 0 runs here, without ssh, when its address is this machine's name or loopback's 127.0.0.1.
 """
 
 from __future__ import annotations
@@ -28,10 +29,10 @@ class SshSpawner:
             if node == 0 and host in here:
                 assigns = tuple(f"{k}={v}" for k, v in request.env.items())
                 argv = ("env", *assigns, *request.node_argv(0)) if assigns else request.node_argv(0)
-                out.append(NodeLaunch(argv, label, node))
+                out.append(NodeLaunch(argv, label, node, watches_stdin=True))
                 continue
             out.append(NodeLaunch(("ssh", "-T", "-o", "BatchMode=yes", *request.ssh_opts, "--", host,
-                                   request.shell_command(node)), label, node))
+                                   request.shell_command(node)), label, node, watches_stdin=True))
         return out
 
 
