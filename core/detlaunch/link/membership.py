@@ -5,7 +5,8 @@ from its join. So that the job outlives its chief (node/succession.py), the chie
 every waiting spare a `Membership` whenever it changes (rate-limited to one a heartbeat): each node
 rank's address, which nodes are live, the waiting spares and those already used, and the restart
 state (the attempt, every attempt's end: both restart counts and the crash-loop breaker read them from
-the history alone, so carrying the history carries them exactly; the excluded hosts).
+the history alone, so carrying the history carries them exactly; the excluded hosts, and each loss of the
+others).
 
 From it, every surviving node computes the same thing without asking anyone (pure functions here):
 the successor (the lowest live node rank but the chief's), the cluster as it is after the succession
@@ -45,7 +46,8 @@ class Membership:
     """nodes[i]: node rank i's address ("" unknown); live: the node ranks joined and connected (the chief, 0,
     included); spares: the waiting spares (number, address); used_spares: spare numbers sent to a place
     (never admitted as spares again); attempt: the attempt that runs, or comes next (running: one runs);
-    history: every attempt's end so far; excluded: the hosts kept out."""
+    history: every attempt's end so far; excluded: the hosts kept out; lost: the other hosts of the exclusion
+    file, once per loss (a host lost once may serve again, lost twice it is out)."""
 
     nodes: tuple[str, ...]
     live: tuple[int, ...]
@@ -55,11 +57,13 @@ class Membership:
     running: bool = True
     history: tuple[AttemptEnd, ...] = ()
     excluded: tuple[str, ...] = ()
+    lost: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         return {"nodes": list(self.nodes), "live": list(self.live), "spares": [list(s) for s in self.spares],
                 "used_spares": list(self.used_spares), "attempt": self.attempt, "running": self.running,
-                "history": [_end_json(e) for e in self.history], "excluded": list(self.excluded)}
+                "history": [_end_json(e) for e in self.history], "excluded": list(self.excluded),
+                "lost": list(self.lost)}
 
     @classmethod
     def from_json(cls, raw: Any) -> Membership:
@@ -72,7 +76,8 @@ class Membership:
                    used_spares=tuple(int(n) for n in raw.get("used_spares") or ()), attempt=int(raw["attempt"]),
                    running=bool(raw.get("running", True)),
                    history=tuple(_end_from_json(e) for e in raw.get("history") or ()),
-                   excluded=tuple(str(h) for h in raw.get("excluded") or ()))
+                   excluded=tuple(str(h) for h in raw.get("excluded") or ()),
+                   lost=tuple(str(h) for h in raw.get("lost") or ()))
 
     def successor(self, gone: frozenset[int] = frozenset({0})) -> int | None:
         """The node rank that takes the chief's role: the lowest live one not in `gone` (None: none is left)."""

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections import Counter
 from collections.abc import Callable
 from typing import Protocol
 
@@ -84,18 +85,23 @@ def may_go_on(m: Membership, old_chief: str, why: str, at: float, policy: Restar
     return decision.restart, decision.why
 
 
-def carry_exclusions(path: str | None, hosts: tuple[str, ...], say: Callable[[str], None]) -> None:
-    """The hosts the lost chief kept out stay out: those missing from this node's --exclude-hosts file (one of
-    its own, not shared) are added to it, as excluded."""
-    if not path or not hosts:
+def carry_exclusions(path: str | None, hosts: tuple[str, ...], say: Callable[[str], None],
+                     lost: tuple[str, ...] = ()) -> None:
+    """The lost chief's exclusion file, as it counted: the hosts it kept out stay out, and each loss it counted
+    of the others counts here too. This node's --exclude-hosts file (one of its own, not shared) gets the
+    lines it lacks: a host kept out, as excluded; a host lost once more there than here, as lost."""
+    if not path or not (hosts or lost):
         return
     try:
-        known = spares.read_excluded(path)
+        known, losses = spares.read_exclusions(path)
     except Exception as e:  # noqa: BLE001 - a file that cannot be read now must not end the job
         say(f"warning: {e}; the job goes on")
         return
-    for host in sorted(set(hosts) - known):
-        warning = spares.append_excluded(path, host, "kept out by the lost chief", how=spares.EXCLUDED)
+    missing = [(host, spares.EXCLUDED) for host in sorted(set(hosts) - known)]
+    counted = Counter(h for h in lost if h not in hosts and h not in known)
+    missing += [(host, spares.LOST) for host in sorted(counted) for _ in range(counted[host] - losses[host])]
+    for host, how in missing:
+        warning = spares.append_excluded(path, host, f"{how} as the lost chief counted it", how=how)
         if warning:
             say(f"warning: {warning}; the job goes on")
 
@@ -132,6 +138,7 @@ class Succession:
         self.share_timer: Timer | None = None
         self.shared_at = float("-inf")
         self.majority_timer: Timer | None = None  # successor: until a majority joins (--start-timeout)
+        self.grace_timer: Timer | None = None  # successor: a majority joined; for the last attempt's others
         self.backoff_timer: Timer | None = None
         self.backoff_over = False
         self.waiting = False  # successor: for a majority
@@ -143,7 +150,7 @@ class Succession:
         h = self.host
         if not isinstance(h.link, ChiefLink):
             return
-        if self.waiting:
+        if self.waiting or self.grace_timer is not None:
             self._check_majority()
         if self.share_timer is None:
             delay = max(0.0, self.shared_at + h.plan.heartbeat - h.loop.clock())
@@ -166,13 +173,16 @@ class Succession:
         c = h.plan.cluster
         nodes = tuple((c.chief_addr if n == 0 else link.addrs.get(n)) or "" for n in range(c.num_nodes))
         try:
-            excluded = tuple(sorted(spares.read_excluded(h.plan.exclude_hosts)))
+            out, losses = spares.read_exclusions(h.plan.exclude_hosts)
         except Exception:  # noqa: BLE001 - a file that cannot be read now: the successor reads it itself
-            excluded = ()
+            out, losses = set(), Counter()
+        excluded = tuple(sorted(out))
+        lost = tuple(sorted(host for host in losses.elements() if host not in out))
         return Membership(nodes=nodes, live=(0, *sorted(link.live_nodes())),
                           spares=tuple(sorted((n, link.spares.addrs.get(n, "")) for n in link.spares.waiting)),
                           used_spares=tuple(sorted(link.spares.promoted)), attempt=h.attempts.number,
-                          running=h.attempts.running, history=tuple(h.attempts.history), excluded=excluded)
+                          running=h.attempts.running, history=tuple(h.attempts.history), excluded=excluded,
+                          lost=lost)
 
     # -- a worker loses the chief --------------------------------------------------------------------
     def chief_lost(self, why: str) -> None:
@@ -213,8 +223,9 @@ class Succession:
         n = h.plan.cluster.num_nodes
         if not isinstance(link, ChiefLink) or not h.plan.restarts.enabled or n < 3:
             return False
-        # Those silent as long are lost too: a chief that was stopped finds them all at once when it wakes.
-        silence = HEARTBEAT_MISSES * link.heartbeat
+        # Those nearly as silent are lost too: nodes cut off together (a partition) went quiet within a heartbeat
+        # of each other, and the link finds them lost one by one; a chief that was stopped finds them all at once.
+        silence = (HEARTBEAT_MISSES - 2) * link.heartbeat
         lost = sorted(n for n, c in link.nodes.items() if c.closed or c.silent_for() > silence)
         if not has_majority(len(lost), n):
             return False
@@ -243,17 +254,18 @@ class Succession:
         h, m = self.host, t.membership
         h.attempts.history[:] = m.history
         h.attempts.number = m.attempt
-        delay = 0.0
+        delay, counted = 0.0, ""
         if m.running:  # the attempt that ran ended with the chief: a lost node's end, counted as one
-            delay = h.attempts.ended(chief_loss_end(m, t.old_chief, t.why, t.at, h.plan.restarts)).delay
+            decision = h.attempts.ended(chief_loss_end(m, t.old_chief, t.why, t.at, h.plan.restarts))
+            delay, counted = decision.delay, f"attempt {t.next_attempt} is {decision.why}; "
         link.attempt, link.holding = t.next_attempt, True  # every node joins held, and waits for "go"
         link.spares.promoted.update({n: -1 for n in m.used_spares})  # never admitted as spares again
         h.events.emit(EventKind.NODE_LOST, node=t.successor, host=t.old_chief, reason=f"the chief: {t.why}")
-        carry_exclusions(h.plan.exclude_hosts, m.excluded, h.say)
+        carry_exclusions(h.plan.exclude_hosts, m.excluded, h.say, m.lost)
         h.driver.exclude(t.successor, t.old_chief, f"the chief: {t.why}")
         n = h.plan.cluster.num_nodes
-        h.say(f"this node is the chief now (node rank 0, was node {t.successor}): waiting for more than half of "
-              f"the last attempt's {n} nodes to join within {h.plan.start_timeout:g} s")
+        h.say(f"this node is the chief now (node rank 0, was node {t.successor}): {counted}waiting for more than "
+              f"half of the last attempt's {n} nodes to join within {h.plan.start_timeout:g} s")
         h.driver.begin_backoff(t.next_attempt, None)
         self.waiting = True
         self.majority_timer = h.loop.call_later(h.plan.start_timeout, self._no_majority)
@@ -266,22 +278,58 @@ class Succession:
         assert isinstance(link, ChiefLink) and t is not None
         return 1 + len(link.live_nodes() - {t.successor})
 
+    def _absent(self) -> set[int]:
+        """The last attempt's live nodes (as the successor numbers them) not joined to it yet."""
+        link, t = self.host.link, self.carried
+        assert isinstance(link, ChiefLink) and t is not None
+        return set(t.membership.succeeded_by(t.successor).live) - {0} - link.live_nodes()
+
     def _check_majority(self) -> None:
+        """A majority joined: the job goes on once the others of the last attempt are here too, or were given
+        the time that tells a node lost twice over (`grace`: the survivors find the chief lost a heartbeat or so
+        apart, and each first stops its ranks); those still absent then are lost nodes (a partition's other
+        side), their places a spare's."""
         h = self.host
         joined, n = self._joined(), h.plan.cluster.num_nodes
-        if not has_majority(joined, n):
+        if self.waiting:
+            if not has_majority(joined, n):
+                return
+            self.waiting = False
+            cancel_timer(self.majority_timer)
+            self.majority_timer = None
+            h.say(f"{joined} of the last attempt's {n} nodes are here (a majority): the job goes on")
+            if self._absent():
+                self.grace_timer = h.loop.call_later(self.grace, self._grace_over)
+                return
+        elif self.grace_timer is None or self._absent():
             return
-        self.waiting = False
-        cancel_timer(self.majority_timer)
-        self.majority_timer = None
-        h.say(f"{joined} of the last attempt's {n} nodes are here (a majority): the job goes on")
+        cancel_timer(self.grace_timer)
+        self.grace_timer = None
+        if self.backoff_over:
+            self._next_attempt()
+
+    @property
+    def grace(self) -> float:
+        return 2 * HEARTBEAT_MISSES * self.host.plan.heartbeat
+
+    def _grace_over(self) -> None:
+        self.grace_timer = None
+        h, link = self.host, self.host.link
+        if h.phase is not Phase.BACKOFF or not isinstance(link, ChiefLink):
+            return
+        why = f"it did not join the new chief within {self.grace:g} s"
+        for node in sorted(self._absent()):
+            addr = link.addr_of(node)
+            h.say(f"lost node {node} ({addr}): {why}")
+            h.events.emit(EventKind.NODE_LOST, node=node, host=addr, reason=why)
+            h.driver.exclude(node, addr, why)
         if self.backoff_over:
             self._next_attempt()
 
     def _backoff_done(self) -> None:
         self.backoff_timer = None
         self.backoff_over = True
-        if not self.waiting:
+        if not self.waiting and self.grace_timer is None:
             self._next_attempt()
 
     def _next_attempt(self) -> None:
@@ -306,5 +354,5 @@ class Succession:
                            h.node, time.time()))
 
     def close(self) -> None:
-        for timer in (self.share_timer, self.majority_timer, self.backoff_timer):
+        for timer in (self.share_timer, self.majority_timer, self.grace_timer, self.backoff_timer):
             cancel_timer(timer)
