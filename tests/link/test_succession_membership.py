@@ -18,7 +18,7 @@ from detlaunch.node.phase import Phase
 from detlaunch.node.succession import Succession, Takeover, carry_exclusions, chief_loss_end, may_go_on
 from detlaunch.outcome import AttemptEnd, RestartClass
 from detlaunch.planning.cluster import ClusterInfo
-from detlaunch.planning.spares import read_excluded
+from detlaunch.planning.spares import read_excluded, read_exclusions
 from detlaunch.restarts.attempts import Attempts
 from detlaunch.restarts.policy import RestartPolicy
 from detlaunch.system.eventloop import EventLoop
@@ -32,7 +32,7 @@ HISTORY = (AttemptEnd(1, RestartClass.RANK_FAILED, 3, signature="exit 3: ValueEr
            AttemptEnd(2, RestartClass.NODE_LOST, 1, what="lost node 2", infrastructure=False))
 M = Membership(nodes=("10.0.0.1", "10.0.0.2", "10.0.0.3", "10.0.0.4"), live=(0, 1, 2, 3),
                spares=((4, "10.0.0.5"),), used_spares=(5,), attempt=3, running=True, history=HISTORY,
-               excluded=("10.9.9.9",))
+               excluded=("10.9.9.9",), lost=("10.0.0.7",))
 
 
 def test_the_membership_reads_back_whole_with_the_restart_state() -> None:
@@ -67,6 +67,17 @@ def test_every_survivor_computes_the_same_cluster_with_the_successor_as_node_0()
         assert c.chief_addr == "10.0.0.2" and c.slots == (2, 1, 3, 4, 5)  # node 1's slots go with it
     # A promoted spare plans with the addresses its chief shared (node/spare.py, cli/main.py).
     assert with_addresses(cluster(4), M.succeeded_by(1)).chief_addr == "10.0.0.2"
+
+
+def test_a_successor_nobody_reaches_is_passed_over_alike_by_every_survivor() -> None:
+    for rank in (2, 3):  # node 1 is cut off with the chief: node 2 is the next, then node 3
+        c = cluster(rank)
+        t = Takeover(cluster_after(c, M, 1), M, 1, "10.0.0.1", "no heartbeat", "s", 5.0, before=c)
+        nxt = t.unreachable()
+        assert nxt is not None and (nxt.successor, nxt.gone) == (2, frozenset({0, 1}))
+        assert nxt.cluster.node_rank == (0 if rank == 2 else 3) and nxt.cluster.chief_addr == "10.0.0.3"
+        last = nxt.unreachable()
+        assert last is not None and last.successor == 3 and last.unreachable() is None
 
 
 @pytest.mark.parametrize(("joined", "nodes", "majority"),
@@ -146,7 +157,8 @@ class Host:
         self.failed.append(event)
 
 
-def successor_of(tmp: str, nodes: int, start_timeout: float) -> tuple[ChiefLink, Host, Succession, int]:
+def successor_of(tmp: str, nodes: int, start_timeout: float, heartbeat: float = 1.0) \
+        -> tuple[ChiefLink, Host, Succession, int]:
     """Node 1 of a job of `nodes` (127.0.0.1-N) took over from the chief: its link and succession begun."""
     port = free_port("127.0.0.2")
     addrs = tuple(f"127.0.0.{n + 1}" for n in range(nodes))
@@ -154,6 +166,7 @@ def successor_of(tmp: str, nodes: int, start_timeout: float) -> tuple[ChiefLink,
                             node_addrs=("127.0.0.2", "127.0.0.1", *addrs[2:]))
     link = ChiefLink(EventLoop(), s, events := Events(), events)
     host = Host(link, nodes, start_timeout)
+    host.plan.heartbeat = heartbeat
     m = Membership(nodes=addrs, live=tuple(range(nodes)), attempt=1, running=True)
     carried = Takeover(cluster_after(cluster(1), m, 1), m, 1, "127.0.0.1", "no heartbeat", "s3cret", 5.0)
     succession = Succession(host, carried)  # type: ignore[arg-type]
@@ -179,6 +192,27 @@ def test_the_successor_goes_on_only_with_a_majority_of_the_last_attempts_nodes(t
     run_until(link.loop, lambda: ("next_attempt", 2) in host.driver.seen)  # 3 of 4, and the backoff is over
     assert "3 of the last attempt's 4 nodes are here (a majority): the job goes on" in host.said
     assert not host.failed
+    for w in workers:
+        w.close()
+    succession.close()
+    link.close()
+
+
+@pytest.mark.parametrize("late", [False, True])
+def test_after_a_majority_the_last_attempts_others_have_a_grace_then_are_lost(tmp_path: Any, late: bool) -> None:
+    link, host, succession, port = successor_of(str(tmp_path), 5, 30.0, heartbeat=0.05)  # grace: 0.5 s
+    workers = [join(link, port, str(tmp_path), n) for n in (2, 3)]
+    succession.changed()
+    assert "3 of the last attempt's 5 nodes are here (a majority): the job goes on" in host.said
+    assert ("next_attempt", 2) not in host.driver.seen  # node 4 was live in the last attempt: it may be coming
+    if late:  # within the grace: the attempt goes on with it, nothing lost
+        workers.append(join(link, port, str(tmp_path), 4))
+        succession.changed()
+    run_until(link.loop, lambda: ("next_attempt", 2) in host.driver.seen)
+    lost = [said for said in host.said if said.startswith("lost node")]
+    assert lost == ([] if late else ["lost node 4 (127.0.0.5): it did not join the new chief within 0.5 s"])
+    assert [e[:3] for e in host.driver.seen if e[0] == "exclude"] == [("exclude", 1, "127.0.0.1")] + \
+        ([] if late else [("exclude", 4, "127.0.0.5")])  # the lost chief; node 4's host, lost (a spare's place)
     for w in workers:
         w.close()
     succession.close()
@@ -226,3 +260,13 @@ def test_the_hosts_the_lost_chief_kept_out_stay_out_on_the_successor(tmp_path: A
     assert own.read_text().splitlines()[1].startswith("10.0.0.7  # excluded ")  # once, not twice
     carry_exclusions(str(own), ("10.0.0.7",), print)
     assert len(own.read_text().splitlines()) == 2
+
+
+def test_each_loss_the_lost_chief_counted_counts_on_the_successor(tmp_path: Any) -> None:
+    own = tmp_path / "excluded"
+    own.write_text("10.0.0.5  # lost 2026-12-01T00:00:00Z: gone\n")  # one already counted here
+    lost = ("10.0.0.1", "10.0.0.5", "10.0.0.5")  # the chief's file: 10.0.0.1 lost once, 10.0.0.5 twice (out)
+    for _ in range(2):  # carried twice (a second succession): no line twice
+        carry_exclusions(str(own), ("10.0.0.5",), print, lost)
+        excluded, losses = read_exclusions(str(own))
+        assert excluded == {"10.0.0.5"} and losses == {"10.0.0.1": 1, "10.0.0.5": 1}, own.read_text()

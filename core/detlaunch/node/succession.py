@@ -8,10 +8,14 @@
                     and hands `next` (a Takeover) to the next supervisor of the same detlaunch (cli/main.py)
         successor (the lowest live node rank but 0):  becomes node rank 0, listens on its own address at
                     the job's port with the job's secret (take_over); the restart state carried over
-        the others: dial it as a lost node's new detlaunch would, and wait for its "go"
+        the others: dial it as a lost node's new detlaunch would, and wait for its "go"; one that nobody
+                    reaches within the grace (cut off with the chief) is passed over alike by all: the next
+                    lowest live node rank takes over
     successor:  waits until more than half of the last attempt's nodes (itself included) have joined,
-                within --start-timeout; then the next attempt is due and the place it left (the lost
-                chief's) is filled as any lost node's (a spare; else that node must join again)
+                within --start-timeout; then for the others of the last attempt, at most twice the
+                silence that tells a node lost (those absent then are lost nodes: a partition's other
+                side); then the next attempt is due and the places left (the lost chief's, the absent
+                nodes') are filled as any lost node's (a spare; else that node must join again)
                 without a majority: every node on its side ends with one line and exit code 1
 
 The chief's role and global rank 0 stay on one node: the successor takes node rank 0 and its ranks,
@@ -58,6 +62,18 @@ class Takeover:
     why: str  # why it was lost
     secret: str  # the job's secret (the successor serves the link with it)
     at: float  # when it was lost (wall clock)
+    before: ClusterInfo | None = None  # this node's, as the lost chief numbered the nodes
+    gone: frozenset[int] = frozenset({0})  # the lost chief, and successors that could not be reached
+
+    def unreachable(self) -> Takeover | None:
+        """The successor could not be reached (cut off with the chief, or gone too): the next one, as every
+        survivor that cannot reach it computes alike; None when none is left."""
+        gone = self.gone | {self.successor}
+        successor = self.membership.successor(gone)
+        if successor is None or self.before is None:
+            return None
+        return dataclasses.replace(self, cluster=cluster_after(self.before, self.membership, successor),
+                                   successor=successor, gone=gone)
 
     @property
     def next_attempt(self) -> int:
@@ -139,6 +155,7 @@ class Succession:
         self.shared_at = float("-inf")
         self.majority_timer: Timer | None = None  # successor: until a majority joins (--start-timeout)
         self.grace_timer: Timer | None = None  # successor: a majority joined; for the last attempt's others
+        self.fallback_timer: Timer | None = None  # follower: for its successor's welcome
         self.backoff_timer: Timer | None = None
         self.backoff_over = False
         self.waiting = False  # successor: for a majority
@@ -201,7 +218,7 @@ class Succession:
         if not go_on:
             h.say(f"lost the chief, node 0 ({old}): no successor takes over: {why_not}")
             return
-        self.next = Takeover(cluster_after(c, m, successor), m, successor, old, why, link.secret, at)
+        self.next = Takeover(cluster_after(c, m, successor), m, successor, old, why, link.secret, at, before=c)
         who = "this node" if successor == h.node else f"node {successor} ({m.nodes[successor]})"
         h.say(f"lost the chief, node 0 ({old}): {why}: {who} takes over as the chief (node rank 0); attempt "
               f"{self.next.next_attempt} follows")
@@ -245,10 +262,33 @@ class Succession:
             return False
         h.events.emit(EventKind.CHIEF_CHANGED, node=0, host=t.cluster.chief_addr, successor=t.successor,
                       replaces=t.old_chief, reason=t.why, attempt=t.next_attempt - 1)
-        if not isinstance(h.link, ChiefLink):
+        if not isinstance(h.link, ChiefLink):  # a follower: its successor may be cut off with the lost chief
+            self.fallback_timer = h.loop.call_later(self.grace, self._successor_unreachable)
             return False
         self._take_over(t, h.link)
         return True
+
+    def _successor_unreachable(self) -> None:
+        """Follower: the successor has not welcomed this node within the grace. Every survivor that cannot reach
+        it takes the next lowest live node rank as its successor; the majority rule still decides which
+        side goes on."""
+        self.fallback_timer = None
+        h, t = self.host, self.carried
+        assert t is not None
+        if not isinstance(h.link, WorkerLink) or h.link.joined or not h.phase.active:
+            return
+        m, gone = t.membership, t.gone | {t.successor}
+        what = f"could not reach node {t.successor} ({m.nodes[t.successor]}), the successor, within {self.grace:g} s"
+        survivors = [n for n in m.live if n not in gone]
+        nxt, mine = t.unreachable(), t.before.node_rank if t.before is not None else h.node
+        if nxt is None or not has_majority(len(survivors), len(m.nodes)):
+            h.fail(StartFailed(f"lost the chief, node 0 ({t.old_chief}), and {what}: the {len(survivors)} node(s) "
+                               f"left are no majority of the job's {len(m.nodes)}", h.node, time.time()))
+            return
+        self.next = nxt
+        who = "this node" if nxt.successor == mine else f"node {nxt.successor} ({m.nodes[nxt.successor]})"
+        h.say(f"{what}: {who} takes over as the chief (node rank 0)")
+        h.fail(StartFailed(f"{what}: following node {nxt.successor}", h.node, time.time()))
 
     def _take_over(self, t: Takeover, link: ChiefLink) -> None:
         h, m = self.host, t.membership
@@ -354,5 +394,6 @@ class Succession:
                            h.node, time.time()))
 
     def close(self) -> None:
-        for timer in (self.share_timer, self.majority_timer, self.grace_timer, self.backoff_timer):
+        for timer in (self.share_timer, self.majority_timer, self.grace_timer, self.backoff_timer,
+                      self.fallback_timer):
             cancel_timer(timer)
