@@ -8,7 +8,8 @@ link as any node, keeps the heartbeat, and waits on one event loop (nothing poll
   detlaunch does;
 - the job ends (the chief's last word): the job's exit code, the spare never needed;
 - the chief is lost: the spare dials its successor (the lowest live node rank of the chief's last
-  membership, node/succession.py) and waits there, as a spare still, for at most --start-timeout;
+  membership, node/succession.py; the next one when that one does not welcome it within the grace, as
+  the nodes do) and waits there, as a spare still, for at most --start-timeout;
   without a membership, or when no successor welcomes it in time: detlaunch's code for a lost job;
 - the link never comes up, or a signal: detlaunch's code for each.
 """
