@@ -39,7 +39,7 @@ from detlaunch.link.wire import HEARTBEAT_MISSES
 from detlaunch.link.worker import WorkerLink
 from detlaunch.node.attempt_driver import AttemptDriver
 from detlaunch.node.phase import Phase
-from detlaunch.node.verdict import StartFailed, VerdictEvent
+from detlaunch.node.verdict import ChiefLost, StartFailed, VerdictEvent
 from detlaunch.observe.emitter import EventEmitter
 from detlaunch.observe.events import EventKind
 from detlaunch.outcome import AttemptEnd, Failure, FailureKind
@@ -288,7 +288,7 @@ class Succession:
         self.next = nxt
         who = "this node" if nxt.successor == mine else f"node {nxt.successor} ({m.nodes[nxt.successor]})"
         h.say(f"{what}: {who} takes over as the chief (node rank 0)")
-        h.fail(StartFailed(f"{what}: following node {nxt.successor}", h.node, time.time()))
+        h.fail(ChiefLost(m.nodes[t.successor], f"not reached within {self.grace:g} s", h.node, time.time()))
 
     def _take_over(self, t: Takeover, link: ChiefLink) -> None:
         h, m = self.host, t.membership
