@@ -26,6 +26,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from detlaunch.testing.runner import Completed
 from support.helpers import free_port, rank_lines
 from support.jobs import Job, Launcher
 from support.netns import Lan, lan
@@ -35,8 +36,9 @@ pytestmark = pytest.mark.timeout(420)
 OPERATOR = "10.213.90.99"
 
 
-def said(job: Job | str, start: str) -> list[str]:
-    text = job if isinstance(job, str) else job.read()
+def said(job: Job | Completed | str, start: str) -> list[str]:
+    """detlaunch's lines that start with `start`."""
+    text = job if isinstance(job, str) else job.output if isinstance(job, Completed) else job.read()
     return [line for line in text.splitlines() if line.startswith(f"detlaunch: {start}")]
 
 

@@ -45,6 +45,7 @@ class SpareWait(NoQuestionsNoOrders):  # the chief sends a spare no question and
         self.membership: Membership | None = None  # as the chief it waits on numbers the nodes
         self.deadline: Timer | None = None
         self.fallback: Timer | None = None  # the successor's welcome, within the grace
+        self.reached = False  # the successor's host answered (a connection that failed the handshake)
 
     def wait(self) -> int | None:
         """The place this spare takes (a node rank), or None when it ends first (see `exit_code`)."""
@@ -85,6 +86,7 @@ class SpareWait(NoQuestionsNoOrders):  # the chief sends a spare no question and
 
     def link_failed_to_start(self, what: str) -> None:
         if self.deadline is not None:  # the successor does not serve yet: a process of its node's last attempt may
+            self.reached = True
             self.trace(f"{what}: dialing the successor again")  # hold the job's port on its address for a while
             if self.link is not None:
                 self.link.close()
@@ -107,6 +109,7 @@ class SpareWait(NoQuestionsNoOrders):  # the chief sends a spare no question and
             return
         assert lost is not None
         lost.close()
+        self.settings = dataclasses.replace(self.settings, secret=lost.secret or "")  # its job dir may be gone
         self.deadline = self.loop.call_later(self.start_timeout, self._no_successor)
         self._follow(m, frozenset({0}), f"lost the chief ({why})")
 
@@ -121,6 +124,7 @@ class SpareWait(NoQuestionsNoOrders):  # the chief sends a spare no question and
             return
         self.membership = m.succeeded_by(successor)  # until the successor shares its own
         self.settings = dataclasses.replace(self.settings, chief_addr=m.nodes[successor])
+        self.reached = False
         self.say(f"spare node {self.settings.node}: {what}: waits for node {successor} ({m.nodes[successor]}), "
                  "its successor")
         grace = 2 * HEARTBEAT_MISSES * self.settings.heartbeat
@@ -129,12 +133,13 @@ class SpareWait(NoQuestionsNoOrders):  # the chief sends a spare no question and
         self.loop.call_later(0, self._dial)  # after this batch of events (the closed link's)
 
     def _unreachable(self, m: Membership, gone: frozenset[int], node: int, grace: float) -> None:
+        """Passed over only if its host never answered (a refusal says it is there, not serving yet)."""
         self.fallback = None
-        if self.link is not None and self.link.joined or self.exit_code is not None or self.place is not None:
+        if self.exit_code is not None or self.place is not None or self.reached or \
+                self.link is not None and (self.link.joined or self.link.dialer.reached):
             return
-        if self.link is not None:
+        if self.link is not None:  # closed, not None: the wait ends when it has no link (cli/main.py)
             self.link.close()
-            self.link = None
         self._follow(m, gone | {node}, f"could not reach node {node} ({m.nodes[node]}) within {grace:g} s")
 
     def _dial(self) -> None:

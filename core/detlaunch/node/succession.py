@@ -247,6 +247,7 @@ class Succession:
         if not has_majority(len(lost), n):
             return False
         self.stepped_down = True
+        link.keep_secret = True  # the job goes on: nodes that join the successor afresh read it
         names = ", ".join(f"{n} ({link.addr_of(n)})" for n in lost)
         h.say(f"lost node(s) {names}, more than half of the job's {n} nodes: they may follow a successor "
               f"(the lowest of them), so this chief leaves the job")
@@ -269,14 +270,14 @@ class Succession:
         return True
 
     def _successor_unreachable(self) -> None:
-        """Follower: the successor has not welcomed this node within the grace. Every survivor that cannot reach
-        it takes the next lowest live node rank as its successor; the majority rule still decides which
-        side goes on."""
+        """Follower: the successor's host has not answered within the grace (no connection, no refusal). Every
+        survivor that cannot reach it takes the next lowest live node rank as its successor; the majority rule
+        still decides which side goes on."""
         self.fallback_timer = None
         h, t = self.host, self.carried
         assert t is not None
-        if not isinstance(h.link, WorkerLink) or h.link.joined or not h.phase.active:
-            return
+        if not isinstance(h.link, WorkerLink) or h.link.joined or h.link.dialer.reached or not h.phase.active:
+            return  # welcomed, or its host answered (a refusal: there, not serving yet; --start-timeout bounds it)
         m, gone = t.membership, t.gone | {t.successor}
         what = f"could not reach node {t.successor} ({m.nodes[t.successor]}), the successor, within {self.grace:g} s"
         survivors = [n for n in m.live if n not in gone]
