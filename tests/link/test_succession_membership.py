@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 from detlaunch.link.chief import ChiefLink
+from detlaunch.link.dial import Dialer
 from detlaunch.link.membership import Membership, cluster_after, has_majority, with_addresses
 from detlaunch.link.messages import Members, decode, encode
 from detlaunch.node.phase import Phase
@@ -22,6 +23,7 @@ from detlaunch.planning.spares import read_excluded, read_exclusions
 from detlaunch.restarts.attempts import Attempts
 from detlaunch.restarts.policy import RestartPolicy
 from detlaunch.system.eventloop import EventLoop
+from detlaunch.system.jobdir import SECRET_FILE
 from support.helpers import free_port
 from test_rejoin_link import Events, run_until, settings, three_nodes, worker_link
 
@@ -270,3 +272,39 @@ def test_each_loss_the_lost_chief_counted_counts_on_the_successor(tmp_path: Any)
         carry_exclusions(str(own), ("10.0.0.5",), print, lost)
         excluded, losses = read_exclusions(str(own))
         assert excluded == {"10.0.0.5"} and losses == {"10.0.0.1": 1, "10.0.0.5": 1}, own.read_text()
+
+
+def test_the_job_secret_outlives_a_chief_that_steps_down(tmp_path: Any) -> None:
+    """On machines that share the job dir: the chief that stepped down leaves the secret file; the successor
+    writes the secret it holds there (a spare sent to a place joins afresh and reads it); a follower
+    authenticates with the one it learned, with no file at all."""
+    loop, tmp, secret_file = EventLoop(), str(tmp_path), tmp_path / SECRET_FILE
+    first = dataclasses.replace(settings(0, free_port(), tmp), environ={})
+    chief = ChiefLink(loop, first, events := Events(), events)
+    w = worker_link(loop, dataclasses.replace(settings(1, first.port, tmp), environ={}), Events())
+    run_until(loop, lambda: w.joined)
+    chief.keep_secret = True  # as Succession.outvoted sets it
+    chief.close()
+    w.close()
+    assert secret_file.read_text() == w.secret
+    secret_file.unlink()
+    port = free_port("127.0.0.2")
+    new = ChiefLink(loop, dataclasses.replace(first, port=port, chief_addr="127.0.0.2", node_addr="127.0.0.2",
+                                              secret=w.secret or ""), new_events := Events(), new_events)
+    assert secret_file.read_text() == w.secret
+    secret_file.unlink()
+    follower = worker_link(loop, dataclasses.replace(settings(2, port, tmp), environ={}, chief_addr="127.0.0.2",
+                                                     secret=w.secret or ""), Events())
+    run_until(loop, lambda: follower.joined)
+    follower.close()
+    new.close()
+    assert not secret_file.exists()  # the serving chief's, removed at its end as ever
+    loop.close()
+
+
+def test_a_host_that_refuses_a_connection_was_reached() -> None:
+    loop = EventLoop()
+    refused = Dialer(loop, "127.0.0.1", free_port(), lambda sock: sock.close(), print)
+    run_until(loop, lambda: refused.reached)
+    refused.stop()
+    loop.close()
