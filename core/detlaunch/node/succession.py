@@ -351,7 +351,8 @@ class Succession:
 
     @property
     def grace(self) -> float:
-        return 2 * HEARTBEAT_MISSES * self.host.plan.heartbeat
+        """Twice the silence that tells a node lost."""
+        return 2 * HEARTBEAT_MISSES * float(self.host.plan.heartbeat)
 
     def _grace_over(self) -> None:
         self.grace_timer = None
