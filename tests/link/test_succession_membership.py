@@ -308,3 +308,30 @@ def test_a_host_that_refuses_a_connection_was_reached() -> None:
     run_until(loop, lambda: refused.reached)
     refused.stop()
     loop.close()
+
+
+def test_a_follower_passes_over_a_successor_whose_host_never_answers(tmp_path: Any) -> None:
+    loop = EventLoop()
+    link = worker_link(loop, dataclasses.replace(settings(2, free_port("127.0.0.2"), str(tmp_path)),
+                                                 chief_addr="127.0.0.2"), Events())
+    link.dialer.reached = False  # as a host cut off with the chief: no connection, not even a refusal
+    m = Membership(nodes=tuple(f"10.0.0.{n + 1}" for n in range(5)), live=(0, 1, 2, 3, 4))
+    c = cluster(3)  # node 3 of the lost chief's 5, following node 1
+    t = Takeover(cluster_after(c, m, 1), m, 1, "10.0.0.1", "no heartbeat", "s", 5.0, before=c)
+    said, failed = [], []
+    for gone in ({0, 1}, {0, 1, 2}):
+        host = Host(link, 5)  # type: ignore[arg-type]
+        host.phase = Phase.STARTING
+        succession = Succession(host, t)  # type: ignore[arg-type]
+        succession._successor_unreachable()
+        said += host.said
+        failed += [e.what if hasattr(e, "what") else type(e).__name__ for e in host.failed]
+        if succession.next is not None:
+            assert succession.next.gone == frozenset(gone) and succession.next.cluster.chief_addr == "10.0.0.3"
+            t = succession.next
+    assert said == ["could not reach node 1 (10.0.0.2), the successor, within 10 s: node 2 (10.0.0.3) takes over "
+                    "as the chief (node rank 0)"]
+    assert failed == ["ChiefLost", "lost the chief, node 0 (10.0.0.1), and could not reach node 2 (10.0.0.3), the "
+                      "successor, within 10 s: the 2 node(s) left are no majority of the job's 5"]
+    link.close()
+    loop.close()
