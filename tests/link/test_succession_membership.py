@@ -12,16 +12,18 @@ from typing import Any
 
 import pytest
 from detlaunch.link.chief import ChiefLink
+from detlaunch.link.dial import Dialer
 from detlaunch.link.membership import Membership, applied, change, cluster_after, has_majority, with_addresses
 from detlaunch.link.messages import Members, MembersChange, decode, encode
 from detlaunch.node.phase import Phase
 from detlaunch.node.succession import Succession, Takeover, carry_exclusions, chief_loss_end, may_go_on
 from detlaunch.outcome import AttemptEnd, RestartClass
 from detlaunch.planning.cluster import ClusterInfo
-from detlaunch.planning.spares import read_excluded
+from detlaunch.planning.spares import read_excluded, read_exclusions
 from detlaunch.restarts.attempts import Attempts
 from detlaunch.restarts.policy import RestartPolicy
 from detlaunch.system.eventloop import EventLoop
+from detlaunch.system.jobdir import SECRET_FILE
 from support.helpers import free_port
 from test_rejoin_link import Events, run_until, settings, three_nodes, worker_link
 
@@ -32,7 +34,7 @@ HISTORY = (AttemptEnd(1, RestartClass.RANK_FAILED, 3, signature="exit 3: ValueEr
            AttemptEnd(2, RestartClass.NODE_LOST, 1, what="lost node 2", infrastructure=False))
 M = Membership(nodes=("10.0.0.1", "10.0.0.2", "10.0.0.3", "10.0.0.4"), live=(0, 1, 2, 3),
                spares=((4, "10.0.0.5"),), used_spares=(5,), attempt=3, running=True, history=HISTORY,
-               excluded=("10.9.9.9",))
+               excluded=("10.9.9.9",), lost=("10.0.0.7",))
 
 
 def test_the_membership_reads_back_whole_with_the_restart_state() -> None:
@@ -45,6 +47,7 @@ def test_the_membership_reads_back_whole_with_the_restart_state() -> None:
     dataclasses.replace(M, live=(0, 1, 3), attempt=4, running=False, history=(*HISTORY, HISTORY[1])),  # a lost node
     dataclasses.replace(M, nodes=("10.0.0.1", "10.0.0.5", "10.0.0.3", "10.0.0.4"), spares=(), used_spares=(4, 5)),
     dataclasses.replace(M, live=(0, 2, 3), history=HISTORY[:1], excluded=()),  # a successor's history, replaced
+    dataclasses.replace(M, live=(0, 1, 3), lost=("10.0.0.7", "10.0.0.3")),  # a loss the exclusion file counts
 ])
 def test_a_membership_told_as_its_change_reads_back_as_it_is(new: Membership) -> None:
     delta = change(M, new)
@@ -89,6 +92,17 @@ def test_every_survivor_computes_the_same_cluster_with_the_successor_as_node_0()
         assert c.chief_addr == "10.0.0.2" and c.slots == (2, 1, 3, 4, 5)  # node 1's slots go with it
     # A promoted spare plans with the addresses its chief shared (node/spare.py, cli/main.py).
     assert with_addresses(cluster(4), M.succeeded_by(1)).chief_addr == "10.0.0.2"
+
+
+def test_a_successor_nobody_reaches_is_passed_over_alike_by_every_survivor() -> None:
+    for rank in (2, 3):  # node 1 is cut off with the chief: node 2 is the next, then node 3
+        c = cluster(rank)
+        t = Takeover(cluster_after(c, M, 1), M, 1, "10.0.0.1", "no heartbeat", "s", 5.0, before=c)
+        nxt = t.unreachable()
+        assert nxt is not None and (nxt.successor, nxt.gone) == (2, frozenset({0, 1}))
+        assert nxt.cluster.node_rank == (0 if rank == 2 else 3) and nxt.cluster.chief_addr == "10.0.0.3"
+        last = nxt.unreachable()
+        assert last is not None and last.successor == 3 and last.unreachable() is None
 
 
 @pytest.mark.parametrize(("joined", "nodes", "majority"),
@@ -175,7 +189,8 @@ class Host:
         self.failed.append(event)
 
 
-def successor_of(tmp: str, nodes: int, start_timeout: float) -> tuple[ChiefLink, Host, Succession, int]:
+def successor_of(tmp: str, nodes: int, start_timeout: float, heartbeat: float = 1.0) \
+        -> tuple[ChiefLink, Host, Succession, int]:
     """Node 1 of a job of `nodes` (127.0.0.1-N) took over from the chief: its link and succession begun."""
     port = free_port("127.0.0.2")
     addrs = tuple(f"127.0.0.{n + 1}" for n in range(nodes))
@@ -183,6 +198,7 @@ def successor_of(tmp: str, nodes: int, start_timeout: float) -> tuple[ChiefLink,
                             node_addrs=("127.0.0.2", "127.0.0.1", *addrs[2:]))
     link = ChiefLink(EventLoop(), s, events := Events(), events)
     host = Host(link, nodes, start_timeout)
+    host.plan.heartbeat = heartbeat
     m = Membership(nodes=addrs, live=tuple(range(nodes)), attempt=1, running=True)
     carried = Takeover(cluster_after(cluster(1), m, 1), m, 1, "127.0.0.1", "no heartbeat", "s3cret", 5.0)
     succession = Succession(host, carried)  # type: ignore[arg-type]
@@ -242,6 +258,27 @@ def test_a_successor_sends_spares_only_where_no_node_comes_back_until_a_silent_n
     link.close()
 
 
+@pytest.mark.parametrize("late", [False, True])
+def test_after_a_majority_the_last_attempts_others_have_a_grace_then_are_lost(tmp_path: Any, late: bool) -> None:
+    link, host, succession, port = successor_of(str(tmp_path), 5, 30.0, heartbeat=0.05)  # grace: 0.5 s
+    workers = [join(link, port, str(tmp_path), n) for n in (2, 3)]
+    succession.changed()
+    assert "3 of the last attempt's 5 nodes are here (a majority): the job goes on" in host.said
+    assert ("next_attempt", 2) not in host.driver.seen  # node 4 was live in the last attempt: it may be coming
+    if late:  # within the grace: the attempt goes on with it, nothing lost
+        workers.append(join(link, port, str(tmp_path), 4))
+        succession.changed()
+    run_until(link.loop, lambda: ("next_attempt", 2) in host.driver.seen)
+    lost = [said for said in host.said if said.startswith("lost node")]
+    assert lost == ([] if late else ["lost node 4 (127.0.0.5): it did not join the new chief within 0.5 s"])
+    assert [e[:3] for e in host.driver.seen if e[0] == "exclude"] == [("exclude", 1, "127.0.0.1")] + \
+        ([] if late else [("exclude", 4, "127.0.0.5")])  # the lost chief; node 4's host, lost (a spare's place)
+    for w in workers:
+        w.close()
+    succession.close()
+    link.close()
+
+
 def test_without_a_majority_the_successor_ends_naming_what_it_could_not_reach(tmp_path: Any) -> None:
     link, host, succession, port = successor_of(str(tmp_path), 5, 0.5)
     w = join(link, port, str(tmp_path), 2)
@@ -283,3 +320,76 @@ def test_the_hosts_the_lost_chief_kept_out_stay_out_on_the_successor(tmp_path: A
     assert own.read_text().splitlines()[1].startswith("10.0.0.7  # excluded ")  # once, not twice
     carry_exclusions(str(own), ("10.0.0.7",), print)
     assert len(own.read_text().splitlines()) == 2
+
+
+def test_each_loss_the_lost_chief_counted_counts_on_the_successor(tmp_path: Any) -> None:
+    own = tmp_path / "excluded"
+    own.write_text("10.0.0.5  # lost 2026-12-01T00:00:00Z: gone\n")  # one already counted here
+    lost = ("10.0.0.1", "10.0.0.5", "10.0.0.5")  # the chief's file: 10.0.0.1 lost once, 10.0.0.5 twice (out)
+    for _ in range(2):  # carried twice (a second succession): no line twice
+        carry_exclusions(str(own), ("10.0.0.5",), print, lost)
+        excluded, losses = read_exclusions(str(own))
+        assert excluded == {"10.0.0.5"} and losses == {"10.0.0.1": 1, "10.0.0.5": 1}, own.read_text()
+
+
+def test_the_job_secret_outlives_a_chief_that_steps_down(tmp_path: Any) -> None:
+    """On machines that share the job dir: the chief that stepped down leaves the secret file; the successor
+    writes the secret it holds there (a spare sent to a place joins afresh and reads it); a follower
+    authenticates with the one it learned, with no file at all."""
+    loop, tmp, secret_file = EventLoop(), str(tmp_path), tmp_path / SECRET_FILE
+    first = dataclasses.replace(settings(0, free_port(), tmp), environ={})
+    chief = ChiefLink(loop, first, events := Events(), events)
+    w = worker_link(loop, dataclasses.replace(settings(1, first.port, tmp), environ={}), Events())
+    run_until(loop, lambda: w.joined)
+    chief.keep_secret = True  # as Succession.outvoted sets it
+    chief.close()
+    w.close()
+    assert secret_file.read_text() == w.secret
+    secret_file.unlink()
+    port = free_port("127.0.0.2")
+    new = ChiefLink(loop, dataclasses.replace(first, port=port, chief_addr="127.0.0.2", node_addr="127.0.0.2",
+                                              secret=w.secret or ""), new_events := Events(), new_events)
+    assert secret_file.read_text() == w.secret
+    secret_file.unlink()
+    follower = worker_link(loop, dataclasses.replace(settings(2, port, tmp), environ={}, chief_addr="127.0.0.2",
+                                                     secret=w.secret or ""), Events())
+    run_until(loop, lambda: follower.joined)
+    follower.close()
+    new.close()
+    assert not secret_file.exists()  # the serving chief's, removed at its end as ever
+    loop.close()
+
+
+def test_a_host_that_refuses_a_connection_was_reached() -> None:
+    loop = EventLoop()
+    refused = Dialer(loop, "127.0.0.1", free_port(), lambda sock: sock.close(), print)
+    run_until(loop, lambda: refused.reached)
+    refused.stop()
+    loop.close()
+
+
+def test_a_follower_passes_over_a_successor_whose_host_never_answers(tmp_path: Any) -> None:
+    loop = EventLoop()
+    link = worker_link(loop, dataclasses.replace(settings(2, free_port("127.0.0.2"), str(tmp_path)),
+                                                 chief_addr="127.0.0.2"), Events())
+    link.dialer.reached = False  # as a host cut off with the chief: no connection, not even a refusal
+    m = Membership(nodes=tuple(f"10.0.0.{n + 1}" for n in range(5)), live=(0, 1, 2, 3, 4))
+    c = cluster(3)  # node 3 of the lost chief's 5, following node 1
+    t = Takeover(cluster_after(c, m, 1), m, 1, "10.0.0.1", "no heartbeat", "s", 5.0, before=c)
+    said, failed = [], []
+    for gone in ({0, 1}, {0, 1, 2}):
+        host = Host(link, 5)  # type: ignore[arg-type]
+        host.phase = Phase.STARTING
+        succession = Succession(host, t)  # type: ignore[arg-type]
+        succession._successor_unreachable()
+        said += host.said
+        failed += [e.what if hasattr(e, "what") else type(e).__name__ for e in host.failed]
+        if succession.next is not None:
+            assert succession.next.gone == frozenset(gone) and succession.next.cluster.chief_addr == "10.0.0.3"
+            t = succession.next
+    assert said == ["could not reach node 1 (10.0.0.2), the successor, within 10 s: node 2 (10.0.0.3) takes over "
+                    "as the chief (node rank 0)"]
+    assert failed == ["ChiefLost", "lost the chief, node 0 (10.0.0.1), and could not reach node 2 (10.0.0.3), the "
+                      "successor, within 10 s: the 2 node(s) left are no majority of the job's 5"]
+    link.close()
+    loop.close()

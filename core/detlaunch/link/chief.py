@@ -85,7 +85,8 @@ class ChiefLink:
         self.heartbeat = settings.heartbeat
         self.shared_dir = settings.shared_dir
         self.secret_from_env = bool(settings.environ.get(SECRET_ENV))
-        self.secret = settings.secret or create_secret(settings.environ, settings.shared_dir)
+        self.secret = create_secret(settings.environ, settings.shared_dir, settings.secret)
+        self.keep_secret = False  # a chief that steps down leaves it to its successor (node/succession.py)
         self.expected = set(range(1, settings.num_nodes))  # the places whose nodes run the next attempt
         self.places = frozenset(range(1, settings.num_nodes))  # every worker place (--nnodes MAX; link/places.py)
         self.spares = SparePool(settings.num_nodes, settings.spares, events)  # link/spares.py
@@ -421,7 +422,7 @@ class ChiefLink:
             self.listener.close()
         except OSError:
             pass
-        if not self.secret_from_env:
+        if not self.secret_from_env and not self.keep_secret:
             try:
                 os.unlink(os.path.join(self.shared_dir, SECRET_FILE))
             except OSError:

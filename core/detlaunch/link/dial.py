@@ -30,6 +30,7 @@ class Dialer:
         self.sock: socket.socket | None = None
         self.timer: Timer | None = None
         self.stopped = False
+        self.reached = False  # the host answered once (a connection, or a refusal): it is there
         self.attempt()
 
     def attempt(self) -> None:
@@ -49,7 +50,8 @@ class Dialer:
                 sock.bind((self.source, 0))
             except OSError:
                 self.source = None  # not an address of this machine after all: any source will do
-        if sock.connect_ex(addr) not in (0, errno.EINPROGRESS):
+        if (err := sock.connect_ex(addr)) not in (0, errno.EINPROGRESS):
+            self.reached = self.reached or err == errno.ECONNREFUSED
             sock.close()
             self.retry()
             return
@@ -60,7 +62,9 @@ class Dialer:
         sock, self.sock = self.sock, None
         assert sock is not None
         self.loop.remove(sock)
-        if sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) != 0:
+        err = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+        self.reached = self.reached or err in (0, errno.ECONNREFUSED)
+        if err != 0:
             sock.close()
             self.retry()
             return

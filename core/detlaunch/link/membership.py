@@ -5,8 +5,9 @@ from its join. So that the job outlives its chief (node/succession.py), the chie
 every waiting spare a `Membership` whenever it changes (rate-limited to one a heartbeat): each node
 rank's address, which nodes are live, the waiting spares and those already used, and the restart
 state (the attempt, every attempt's end: both restart counts and the crash-loop breaker read them from
-the history alone, so carrying the history carries them exactly; the excluded hosts). Whole to a node
-that has none yet; to one that has the last, only what changed since (`MembershipChange`).
+the history alone, so carrying the history carries them exactly; the excluded hosts, and each loss of the
+others). Whole to a node that has none yet; to one that has the last, only what changed since
+(`MembershipChange`).
 
 From it, every surviving node computes the same thing without asking anyone (pure functions here):
 the successor (the lowest live node rank but the chief's), the cluster as it is after the succession
@@ -46,7 +47,8 @@ class Membership:
     """nodes[i]: node rank i's address ("" unknown); live: the node ranks joined and connected (the chief, 0,
     included); spares: the waiting spares (number, address); used_spares: spare numbers sent to a place
     (never admitted as spares again); attempt: the attempt that runs, or comes next (running: one runs);
-    history: every attempt's end so far; excluded: the hosts kept out."""
+    history: every attempt's end so far; excluded: the hosts kept out; lost: the other hosts of the exclusion
+    file, once per loss (a host lost once may serve again, lost twice it is out)."""
 
     nodes: tuple[str, ...]
     live: tuple[int, ...]
@@ -56,11 +58,13 @@ class Membership:
     running: bool = True
     history: tuple[AttemptEnd, ...] = ()
     excluded: tuple[str, ...] = ()
+    lost: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         return {"nodes": list(self.nodes), "live": list(self.live), "spares": [list(s) for s in self.spares],
                 "used_spares": list(self.used_spares), "attempt": self.attempt, "running": self.running,
-                "history": [_end_json(e) for e in self.history], "excluded": list(self.excluded)}
+                "history": [_end_json(e) for e in self.history], "excluded": list(self.excluded),
+                "lost": list(self.lost)}
 
     @classmethod
     def from_json(cls, raw: Any) -> Membership:
@@ -73,7 +77,8 @@ class Membership:
                    used_spares=tuple(int(n) for n in raw.get("used_spares") or ()), attempt=int(raw["attempt"]),
                    running=bool(raw.get("running", True)),
                    history=tuple(_end_from_json(e) for e in raw.get("history") or ()),
-                   excluded=tuple(str(h) for h in raw.get("excluded") or ()))
+                   excluded=tuple(str(h) for h in raw.get("excluded") or ()),
+                   lost=tuple(str(h) for h in raw.get("lost") or ()))
 
     def successor(self, gone: frozenset[int] = frozenset({0})) -> int | None:
         """The node rank that takes the chief's role: the lowest live one not in `gone` (None: none is left)."""
@@ -105,12 +110,14 @@ class MembershipChange:
     history_from: int
     history: tuple[AttemptEnd, ...]
     excluded: tuple[str, ...]
+    lost: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         return {"moved": [list(m) for m in self.moved], "joined": list(self.joined), "left": list(self.left),
                 "spares": [list(s) for s in self.spares], "used_spares": list(self.used_spares),
                 "attempt": self.attempt, "running": self.running, "history_from": self.history_from,
-                "history": [_end_json(e) for e in self.history], "excluded": list(self.excluded)}
+                "history": [_end_json(e) for e in self.history], "excluded": list(self.excluded),
+                "lost": list(self.lost)}
 
     @classmethod
     def from_json(cls, raw: Any) -> MembershipChange:
@@ -123,7 +130,8 @@ class MembershipChange:
                    used_spares=tuple(int(n) for n in raw["used_spares"]), attempt=int(raw["attempt"]),
                    running=bool(raw["running"]), history_from=int(raw["history_from"]),
                    history=tuple(_end_from_json(e) for e in raw["history"]),
-                   excluded=tuple(str(h) for h in raw["excluded"]))
+                   excluded=tuple(str(h) for h in raw["excluded"]),
+                   lost=tuple(str(h) for h in raw.get("lost") or ()))
 
 
 def change(old: Membership, new: Membership) -> MembershipChange | None:
@@ -138,7 +146,8 @@ def change(old: Membership, new: Membership) -> MembershipChange | None:
                                         if o != a),
                             joined=tuple(sorted(live - was)), left=tuple(sorted(was - live)), spares=new.spares,
                             used_spares=new.used_spares, attempt=new.attempt, running=new.running,
-                            history_from=kept, history=new.history[kept:], excluded=new.excluded)
+                            history_from=kept, history=new.history[kept:], excluded=new.excluded,
+                            lost=new.lost)
 
 
 def applied(m: Membership, c: MembershipChange) -> Membership:
@@ -150,7 +159,7 @@ def applied(m: Membership, c: MembershipChange) -> Membership:
     live = (set(m.live) | {n for n in c.joined if 0 <= n < len(nodes)}) - set(c.left)
     return Membership(nodes=tuple(nodes), live=tuple(sorted(live)), spares=c.spares, used_spares=c.used_spares,
                       attempt=c.attempt, running=c.running, history=m.history[:c.history_from] + c.history,
-                      excluded=c.excluded)
+                      excluded=c.excluded, lost=c.lost)
 
 
 def has_majority(joined: int, last_nodes: int) -> bool:

@@ -129,6 +129,7 @@ class WorkerLink:
         self.connection: PeerConnection | None = None
         self.state = LinkState.DIALING
         self.secret: str | None = None
+        self.known_secret = settings.secret  # a lost chief's follower holds it already (its job dir may be gone)
         self.unsent: list[Message] = []  # said before the welcome: the chief takes anything else for auth
         self.attempt = 1  # the attempt the chief's welcome said this node joins
         self.hold = False  # and whether it waits for the chief's "go" first
@@ -157,7 +158,7 @@ class WorkerLink:
                                 f"{self.job_id!r}: give every node the same --job-id")
             return
         try:
-            self.secret = read_secret(self.env, self.shared_dir)
+            self.secret = self.known_secret or read_secret(self.env, self.shared_dir)
         except OSError as e:
             self._give_up(conn, f"cannot read the job secret in {self.shared_dir} ({e.strerror}): the job "
                                 f"directory must be shared by all nodes (--job-dir), or set {SECRET_ENV}")

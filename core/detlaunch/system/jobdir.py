@@ -113,12 +113,13 @@ SECRET_ENV = "DETLAUNCH_JOB_SECRET"
 SECRET_FILE = "secret"
 
 
-def create_secret(env: Mapping[str, str], shared_dir: str) -> str:
-    """Chief: the job secret from the environment, else a new one in the shared job dir (0600)."""
+def create_secret(env: Mapping[str, str], shared_dir: str, secret: str = "") -> str:
+    """Chief: the job secret from the environment, else a new one (or `secret`, a lost chief's successor's) in
+    the shared job dir (0600), for the nodes that join it afresh."""
     if env.get(SECRET_ENV):
         return str(env[SECRET_ENV])
     ensure_private_dir(shared_dir)
-    secret = random_hex(32)
+    secret = secret or random_hex(32)
     write_private_file(os.path.join(shared_dir, SECRET_FILE), secret)
     return secret
 
