@@ -10,8 +10,9 @@ path (link/control.py, the same as ``detlaunch status``):
 
 Round 1 pairs neighbours; a round 2 (re-paired, planning/preflight.py) runs only when round 1 found a
 slow or failed group. The judge names every node that failed or stays under --preflight-threshold of
-the median. Then: a spare waits -> the node is sent away and its host excluded (as --straggler-action
-replace does: the spare takes its place at the next attempt, which runs the preflight again); else
+the median. Then: a spare waits -> the node is sent away, its host excluded, and the spare takes its
+place at once, before any rank starts (no attempt is spent: LinkEvents.replace_before_start); once it
+has joined, the chief plans again for it and the preflight runs again, the spare checked too; else
 --preflight-action stop (one line, exit code PREFLIGHT) or warn (the job goes on).
 """
 
@@ -68,7 +69,7 @@ class Preflight:
     def __init__(self, host: PreflightHost, start: Callable[[], None], replace: Callable[[int, str], bool],
                  end: Callable[[], None]) -> None:
         """start: the launchers start if ready (Startup.start_when_ready); replace: a spare takes the node's
-        place, its host excluded (LinkEvents.replace_straggler), False when no spare waits; end: this node's
+        place, its host excluded (LinkEvents.replace_before_start), False when no spare waits; end: this node's
         part ends, nothing started (``detlaunch doctor --job``, which runs the preflight only)."""
         self.host, self.start, self.replace, self.end = host, start, replace, end
         plan = host.plan
