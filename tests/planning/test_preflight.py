@@ -164,3 +164,20 @@ def test_the_pair_checks_run_first_so_that_a_groups_node_checks_start_together()
     results = run_checks(spec, checks)
     assert calls == ["network", "compute"]
     assert [r.check for r in results] == ["compute", "network"]  # the figures keep the checks' order
+
+
+def test_a_node_that_cannot_start_a_group_is_named_alone_and_its_partner_is_not() -> None:
+    """A node whose torch cannot start a group (node/preflight_checks.start_alone) fails its pair check at once
+    and tells its partners, which measure nothing: its failure is its own, the group is not judged, and no
+    second round is needed for it."""
+    broken = Figure(False, None, "cannot start a gloo group on this node: RuntimeError: no interface nosuch0")
+    results = [Result(1, "network", broken, "MB/s", group=(0, 1)),
+               Result(0, "network", Figure(True, None, "not measured: node(s) [1] cannot start a gloo group"),
+                      "MB/s", group=(0, 1)), *pair_results({(2, 3): 900.0})]
+    assert pf.group_speeds(results) == {(2, 3): 900.0}
+    assert not pf.needs_second_round([(0, 1), (2, 3)], pf.group_speeds(results), 0.7)
+    findings = pf.judge(results, 0.7, {1: "127.0.0.2"})
+    assert [f.node for f in findings] == [1]
+    assert findings[0].describe() == ("node 1 (127.0.0.2) network failed: cannot start a gloo group on this node: "
+                                      "RuntimeError: no interface nosuch0")
+    assert [f.node for f in pf.judge(results[:2], 0.7)] == [1]  # a job of two nodes: the same

@@ -129,7 +129,7 @@ class Preflight:
         for node in answer.get("missing") or []:
             results.append(Result(int(node), "preflight", Figure(False, None, "its node did not answer in time")))
         self.results += results
-        speed = {g: v for g, v in group_speeds(results).items() if g in groups}
+        speed = {g: v for g, v in judge.group_speeds(results).items() if g in groups}
         if number == 1 and judge.needs_second_round(groups, speed, self.threshold):
             second = judge.second_round(groups, speed)
             self.host.trace(f"preflight: round 2, re-paired {second}")
@@ -285,14 +285,6 @@ def parse_answer(answer: dict[str, Any]) -> list[Result]:
             except (KeyError, TypeError, ValueError):
                 continue
     return results
-
-
-def group_speeds(results: list[Result]) -> dict[judge.Group, float | None]:
-    speed: dict[judge.Group, float | None] = {}
-    for r in results:
-        if r.group and (r.group not in speed or speed[r.group] is not None):
-            speed[r.group] = r.figure.value if r.figure.ok else None
-    return speed
 
 
 def summary(results: list[Result]) -> str:

@@ -56,6 +56,15 @@ def network(peer: Peer | None) -> Figure:
     try:
         store = dist.TCPStore(  # type: ignore[attr-defined]
             peer.master_addr, peer.master_port, peer.size, peer.rank == 0, timeout=timeout)
+    except Exception as e:  # noqa: BLE001 - a group that cannot form is this check's finding
+        return Figure(False, None, f"no group with node(s) {peer.nodes}: {type(e).__name__}: {e}"[:300])
+    broken = start_alone(peer.backend)  # this node's own torch.distributed, before its partners wait on it
+    try:
+        failed = [n for n in group_starts(store, peer, broken, timeout) if n != peer.nodes[peer.rank]]
+        if broken:
+            return Figure(False, None, f"cannot start a {peer.backend} group on this node: {broken}"[:300])
+        if failed:  # a partner's own failure names that node, not this one (planning/preflight.py)
+            return Figure(True, None, f"not measured: node(s) {failed} cannot start a {peer.backend} group")
         dist.init_process_group(peer.backend, store=store, rank=peer.rank, world_size=peer.size, timeout=timeout)
     except Exception as e:  # noqa: BLE001 - a group that cannot form is this check's finding
         return Figure(False, None, f"no group with node(s) {peer.nodes}: {type(e).__name__}: {e}"[:300])
@@ -74,6 +83,39 @@ def network(peer: Peer | None) -> Figure:
         dist.destroy_process_group()
     size = data.element_size() * data.numel()
     return Figure(True, size * TRANSFERS / seconds / 1e6, f"{seconds:.3f} s for {TRANSFERS} x {size >> 20} MiB")
+
+
+def start_alone(backend: str) -> str:
+    """Whether this node's torch starts a group on `backend` at all (a group of one: no peer to wait for): ""
+    when it does, else why not. A node whose environment is wrong (a missing interface in GLOO_SOCKET_IFNAME,
+    a backend its build lacks) fails here at once, where in a pair its partners would wait for it until the
+    group's timeout and be named with it."""
+    import torch
+    import torch.distributed as dist
+
+    try:
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1,  # type: ignore[attr-defined]
+                                timeout=timedelta(seconds=30))
+        try:
+            dist.all_reduce(torch.zeros(1, device="cuda" if backend == "nccl" else "cpu"))
+        finally:
+            dist.destroy_process_group()
+    except Exception as e:  # noqa: BLE001 - whatever stops it is the finding
+        return f"{type(e).__name__}: {e}".strip() or type(e).__name__
+    return ""
+
+
+def group_starts(store: Any, peer: Peer, broken: str, timeout: timedelta) -> list[int]:
+    """Every node of the group says whether it started a group alone (`broken`: why not): the nodes that did
+    not. The store's server (group rank 0) waits until every node has read, so that it outlives their reads."""
+    store.set(f"preflight-start/{peer.rank}", broken)
+    started = [f"preflight-start/{r}" for r in range(peer.size)]
+    store.wait(started, timeout)
+    failed = [peer.nodes[r] for r in range(peer.size) if store.get(started[r])]
+    store.set(f"preflight-read/{peer.rank}", "")
+    if peer.rank == 0:
+        store.wait([f"preflight-read/{r}" for r in range(peer.size)], timeout)
+    return failed
 
 
 @hookimpl
