@@ -402,8 +402,7 @@ class NodeSupervisor:
         except (LaunchError, OSError) as e:
             self.fail_to_start(str(e))
 
-    def follow_membership(self) -> bool:
-        """This node's plan for the places and addresses its link knows now (node/replan.py); True: it changed."""
+    def follow_membership(self) -> bool:  # this node's plan for the membership its link knows (node/replan.py)
         return replanning.follow(self)
 
     # -- the end ----------------------------------------------------------------------------------
