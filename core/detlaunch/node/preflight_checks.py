@@ -18,8 +18,11 @@ from detlaunch.planning.preflight import PreflightFigure as Figure
 from detlaunch.planning.preflight import PreflightPeer as Peer
 
 MATMUL_SIZE = 384  # a fixed matmul: 2 x 384^3 flops a call
-MATMUL_CALLS = 8  # a chunk: ~0.1 s of a CPU core, longer than a CFS period (a throttled node cannot hide in one)
-CHUNKS = 10  # the best chunk counts: a moment of contention on a shared machine is not the node's speed
+# A chunk: matmuls until this much wall time has passed, longer than a CFS period (100 ms): a node under a CPU
+# quota cannot hide a whole chunk in one period's share (a fixed number of calls took 12 ms here, and a
+# node with a fifth of a CPU measured at full speed).
+CHUNK_S = 0.12
+CHUNKS = 5  # the best chunk counts: a moment of contention on a shared machine is not the node's speed
 TRANSFER_FLOATS = 2 * 1024 * 1024  # 8 MiB a transfer: enough to measure bandwidth, not latency
 TRANSFERS = 4
 
@@ -33,16 +36,18 @@ def compute(peer: Peer | None) -> Figure:
     a = torch.rand(MATMUL_SIZE, MATMUL_SIZE, device=device)
     b = torch.rand(MATMUL_SIZE, MATMUL_SIZE, device=device)
     (a @ b).sum().item()  # warm-up: the first call pays for allocation and kernel choice
-    chunks = []
+    rates = []
     for _ in range(CHUNKS):
-        start = time.perf_counter()
-        for _ in range(MATMUL_CALLS):
+        calls, start = 0, time.perf_counter()
+        while True:
             c = a @ b
-        c.sum().item()  # waits for a GPU's queue
-        chunks.append(time.perf_counter() - start)
-    best = min(chunks)
-    return Figure(True, 2 * MATMUL_SIZE ** 3 * MATMUL_CALLS / best / 1e9,
-                  f"{device}, best of {CHUNKS} chunks {best:.3f} s")
+            c.sum().item()  # waits for a GPU's queue
+            calls += 1
+            seconds = time.perf_counter() - start
+            if seconds >= CHUNK_S:
+                break
+        rates.append(2 * MATMUL_SIZE ** 3 * calls / seconds / 1e9)
+    return Figure(True, max(rates), f"{device}, best of {CHUNKS} chunks of {CHUNK_S:g} s")
 
 
 def network(peer: Peer | None) -> Figure:
