@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 from detlaunch.planning.hookspecs import hookimpl  # detlaunch.hookimpl, as any plugin's checks use it
@@ -18,17 +19,20 @@ from detlaunch.planning.preflight import PreflightFigure as Figure
 from detlaunch.planning.preflight import PreflightPeer as Peer
 
 MATMUL_SIZE = 384  # a fixed matmul: 2 x 384^3 flops a call
-# A chunk: matmuls until this much wall time has passed, longer than a CFS period (100 ms): a node under a CPU
-# quota cannot hide a whole chunk in one period's share (a fixed number of calls took 12 ms here, and a
-# node with a fifth of a CPU measured at full speed).
-CHUNK_S = 0.12
-CHUNKS = 5  # the best chunk counts: a moment of contention on a shared machine is not the node's speed
+MATMUL_CALLS = 8  # a chunk: ~12 ms of a core here
+CHUNKS = 10  # the best chunk counts: a moment of contention on a shared machine is not the node's speed
 TRANSFER_FLOATS = 2 * 1024 * 1024  # 8 MiB a transfer: enough to measure bandwidth, not latency
 TRANSFERS = 4
 
 
 def compute(peer: Peer | None) -> Figure:
-    """GFLOP/s of a fixed matmul on the node's device (CUDA when there is one, else the CPU): its best chunk."""
+    """GFLOP/s of a fixed matmul on the node's device (CUDA when there is one, else the CPU): its best chunk; on
+    the CPU, times the share of a CPU the node's cgroups allow (`cpu_share`), the speed it can sustain.
+
+    Short chunks, the best of many, keep a moment of contention out of the figure (nodes that share a machine
+    take turns); but a chunk shorter than a CFS period runs at full speed under a CPU quota (a node with a fifth
+    of a CPU measured 12 ms chunks at full speed here), so the quota, read from the node's cgroups, counts too.
+    """
     import torch
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -36,18 +40,58 @@ def compute(peer: Peer | None) -> Figure:
     a = torch.rand(MATMUL_SIZE, MATMUL_SIZE, device=device)
     b = torch.rand(MATMUL_SIZE, MATMUL_SIZE, device=device)
     (a @ b).sum().item()  # warm-up: the first call pays for allocation and kernel choice
-    rates = []
+    chunks = []
     for _ in range(CHUNKS):
-        calls, start = 0, time.perf_counter()
-        while True:
+        start = time.perf_counter()
+        for _ in range(MATMUL_CALLS):
             c = a @ b
-            c.sum().item()  # waits for a GPU's queue
-            calls += 1
-            seconds = time.perf_counter() - start
-            if seconds >= CHUNK_S:
-                break
-        rates.append(2 * MATMUL_SIZE ** 3 * calls / seconds / 1e9)
-    return Figure(True, max(rates), f"{device}, best of {CHUNKS} chunks of {CHUNK_S:g} s")
+        c.sum().item()  # waits for a GPU's queue
+        chunks.append(time.perf_counter() - start)
+    best = min(chunks)
+    detail = f"{device}, best of {CHUNKS} chunks {best:.3f} s"
+    share = cpu_share() if device == "cpu" else None
+    if share is not None and share < 1:
+        detail += f"; a CPU quota of {share:.2g} CPU (cgroup)"
+    return Figure(True, 2 * MATMUL_SIZE ** 3 * MATMUL_CALLS / best / 1e9 * min(share or 1.0, 1.0), detail)
+
+
+def cpu_share(proc_cgroup: str = "/proc/self/cgroup", root: str = "/sys/fs/cgroup") -> float | None:
+    """The share of a CPU this process may use under its cgroups' CPU quotas (v2 `cpu.max`, v1
+    `cpu.cfs_quota_us` / `cpu.cfs_period_us`): the smallest on the way up from its cgroup; None: no quota."""
+    try:
+        lines = Path(proc_cgroup).read_text().splitlines()
+    except OSError:
+        return None
+    shares = []
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        v1 = "cpu" in controllers.split(",")
+        if controllers and not v1:
+            continue
+        base = Path(root) / controllers if v1 else Path(root)
+        if v1 and not base.is_dir():
+            base = Path(root) / "cpu"
+        here = Path(path.lstrip("/"))
+        for folder in (base / d for d in (here, *here.parents)):
+            share = _quota(folder, v1)
+            if share is not None:
+                shares.append(share)
+    return min(shares) if shares else None
+
+
+def _quota(folder: Path, v1: bool) -> float | None:
+    try:
+        if v1:
+            quota = int((folder / "cpu.cfs_quota_us").read_text())
+            period = int((folder / "cpu.cfs_period_us").read_text())
+        else:
+            limit, period_text = (folder / "cpu.max").read_text().split()
+            if limit == "max":
+                return None
+            quota, period = int(limit), int(period_text)
+    except (OSError, ValueError):
+        return None
+    return quota / period if quota > 0 and period > 0 else None
 
 
 def network(peer: Peer | None) -> Figure:
