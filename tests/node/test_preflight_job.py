@@ -2,7 +2,9 @@
 or, with a spare, the spare takes the node's place before the first attempt.
 
 Two economical jobs (--layer direct, loopback "nodes"; a node's detlaunch, and so everything it starts, its
-check child, torch and the matmul, in a cgroup with a fifth of a CPU: a really slow machine):
+check child, torch and the matmul, in a cgroup with a fifth of a CPU: a really slow machine). The thresholds
+are under the default 0.7: the loopback nodes share this machine's 2 cores with whatever else runs, and two
+unthrottled ones once measured 33 and 65 GFLOP/s; the throttled one measures a fifth of a core.
 
 - 3 nodes: node 2 throttled, node 1 broken (its torch cannot start a gloo group: GLOO_SOCKET_IFNAME names no
   interface there): both named in one line with their figures, at once (node 1 by its own failure, not by its
@@ -46,7 +48,7 @@ def test_a_throttled_node_and_a_broken_one_are_named_with_their_figures_and_the_
         launcher: Launcher, tmp_path: Path) -> None:
     job, port, logs = f"preflight-{uuid.uuid4().hex[:8]}", free_port(), tmp_path / "logs"
     args = ["--layer", "direct", "--nproc-per-node", "1", "--nnodes", "3", "--master-addr", "127.0.0.1",
-            "--master-port", str(port), "--job-id", job, "--log-dir", str(logs), "--preflight", "once"]
+            "--master-port", str(port), "--job-id", job, "--log-dir", str(logs), "--preflight", "once", "--preflight-threshold", "0.4"]
     broken = {"GLOO_SOCKET_IFNAME": "nosuch0"}  # node 1's torch cannot start a gloo group
     with cpu_quota(tmp_path, 0.2) as group:
         runs = [launcher.start(*args, "--node-rank", str(n), "--node-addr", f"127.0.0.{n + 1}", SCRIPT,
@@ -60,7 +62,7 @@ def test_a_throttled_node_and_a_broken_one_are_named_with_their_figures_and_the_
     assert "detlaunch: job failed: preflight: node 1" in chief.stderr, chief.stderr  # and the end report
     assert re.search(r"detlaunch: preflight: node 1 \(127\.0\.0\.2\) network failed: cannot start a gloo group on "
                      r"this node: RuntimeError: .*Unable to find address for: nosuch0; node 2 \(127\.0\.0\.3\) "
-                     r"compute [\d.]+ GFLOP/s \(median of the nodes [\d.]+ GFLOP/s, under 0\.7x\)$", lines[0]), lines[0]
+                     r"compute [\d.]+ GFLOP/s \(median of the nodes [\d.]+ GFLOP/s, under 0\.4x\)$", lines[0]), lines[0]
     assert "node 0" not in lines[0] and "node 2 (127.0.0.3) network" not in lines[0], lines[0]
     assert "the chief stopped the job: preflight: node 1" in slow.stderr, slow.output
     events = events_of(logs)
@@ -83,7 +85,7 @@ def test_with_a_spare_the_throttled_node_is_replaced_before_attempt_1_and_the_jo
     excluded.write_text("# hosts kept out\n")
     args = ["--layer", "direct", "--hosts", "127.0.0.1:2,127.0.0.2:2,127.0.0.3:2", "--spares", "1",
             "--master-port", str(free_port()), "--max-node-restarts", "1", "--exclude-hosts", str(excluded),
-            "--job-id", job, "--log-dir", str(logs), "--preflight", "once"]
+            "--job-id", job, "--log-dir", str(logs), "--preflight", "once", "--preflight-threshold", "0.5"]
     steps = {"MAX_STEPS": "5", "WORK_S": "0.01"}  # a real all_reduce a step, 4 ranks
     with cpu_quota(tmp_path, 0.2) as group:
         runs = [launcher.start(*args, "--node-rank", str(n), SCRIPT, env=steps, prefix=into(group) if n == 1 else ())
@@ -94,7 +96,7 @@ def test_with_a_spare_the_throttled_node_is_replaced_before_attempt_1_and_the_jo
     assert "node 1 (127.0.0.2) was replaced: slow or broken in the preflight" in slow.stderr, slow.stderr
     assert not rank_lines(slow.stdout, 2) and not rank_lines(slow.stdout, 3), slow.output
     assert re.search(r"^detlaunch: preflight: node 1 \(127\.0\.0\.2\) compute [\d.]+ GFLOP/s \(median of the nodes "
-                     r"[\d.]+ GFLOP/s, under 0\.7x\); a spare takes its place, its host is excluded$",
+                     r"[\d.]+ GFLOP/s, under 0\.5x\); a spare takes its place, its host is excluded$",
                      chief.stderr, re.M), chief.stderr
     assert "detlaunch: spare node 2 (127.0.0.3) takes the place of node 1 (127.0.0.2)" in chief.stderr, chief.stderr
     assert re.search(r"^detlaunch: preflight: 2 node\(s\) ok in ", chief.stderr, re.M), chief.stderr  # the spare too
