@@ -48,7 +48,8 @@ def test_a_throttled_node_and_a_broken_one_are_named_with_their_figures_and_the_
         launcher: Launcher, tmp_path: Path) -> None:
     job, port, logs = f"preflight-{uuid.uuid4().hex[:8]}", free_port(), tmp_path / "logs"
     args = ["--layer", "direct", "--nproc-per-node", "1", "--nnodes", "3", "--master-addr", "127.0.0.1",
-            "--master-port", str(port), "--job-id", job, "--log-dir", str(logs), "--preflight", "once", "--preflight-threshold", "0.4"]
+            "--master-port", str(port), "--job-id", job, "--log-dir", str(logs), "--preflight", "once",
+            "--preflight-threshold", "0.4"]
     broken = {"GLOO_SOCKET_IFNAME": "nosuch0"}  # node 1's torch cannot start a gloo group
     with cpu_quota(tmp_path, 0.2) as group:
         runs = [launcher.start(*args, "--node-rank", str(n), "--node-addr", f"127.0.0.{n + 1}", SCRIPT,
