@@ -1,6 +1,6 @@
-"""The preflight (issue 27): its wall time at 2 and 4 nodes, and detlaunch.section()'s cost in a throughput loop.
+"""The preflight (issue 27): its wall time at 2, 4 and 16 nodes, and detlaunch.section()'s cost: a loop, and a job.
 
-    python -m bench.preflight [--nodes 2 4] [--reps 2] [--steps 20000]
+    python -m bench.preflight [--nodes 2 4 16] [--reps 3] [--steps 20000] [--job-steps 2000]
 
 1. `detlaunch doctor --job --layer direct` on N "nodes" (127.0.0.1..N, one detlaunch each): the whole
    preflight (a check child per node and round: torch imported, the compute check, the pairs' all-reduce)
@@ -12,6 +12,9 @@
    `with detlaunch.section("step")`, against the same loop without it. Best of 5 runs, CPU time
    (process_time: on a shared machine, wall time is mostly the other processes' turn). The overhead
    at real step sizes follows from the per-call cost (bench/stragglers.py measures it alone).
+3. A job's throughput: `detlaunch --layer direct --nproc-per-node 2` of bench/scripts/section_steps.py (each
+   step a small matmul in `detlaunch.section("step")` and an all_reduce in a gloo group: ~1 ms a step here),
+   against the same job with SECTIONS=0; rank 0's steps a second, wall time, the runs interleaved.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ import time
 import uuid
 from pathlib import Path
 
-from .common import free_port, kill_groups
+from .common import SCRIPTS, free_port, kill_groups
 
 LOOP = """
 import os, sys, time
@@ -53,8 +56,9 @@ print(steps / min(best))
 """
 
 
-def preflight_once(nodes: int, tmp: Path) -> tuple[float, float]:
-    """(the chief's preflight seconds, every node started -> every node exited), one `doctor --job` run."""
+def preflight_once(nodes: int, tmp: Path) -> tuple[float, float, int]:
+    """(the chief's preflight seconds, every node started -> every node exited, the nodes it named), one
+    `doctor --job` run. Named nodes (exit 69) count: "nodes" sharing this machine's cores may measure apart."""
     job = Path(tempfile.mkdtemp(dir=tmp))
     common = [sys.executable, "-m", "detlaunch", "doctor", "--job", "--layer", "direct", "--nnodes", str(nodes),
               "--nproc-per-node", "1", "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
@@ -67,11 +71,11 @@ def preflight_once(nodes: int, tmp: Path) -> tuple[float, float]:
     try:
         codes = [p.wait(300) for p in procs]
         wall = time.monotonic() - started
-        if any(codes):
+        if any(code not in (0, 69) for code in codes):
             raise RuntimeError(f"exit codes {codes}:\n{(job / 'node-0.log').read_text()[-3000:]}")
         events = [json.loads(line) for line in (job / "logs" / "events.jsonl").read_text().splitlines()]
         (event,) = [e for e in events if e["kind"] == "preflight"]
-        return float(event["details"]["seconds"]), wall
+        return float(event["details"]["seconds"]), wall, len(event["details"]["findings"])
     finally:
         kill_groups(procs)
         for log in logs:
@@ -84,11 +88,29 @@ def loop_rate(steps: int, on: bool, tmp: Path) -> float:
     return float(out.stdout.strip())
 
 
+def job_rate(steps: int, on: bool, tmp: Path) -> float:
+    """Rank 0's steps a second in a 2-rank job of bench/scripts/section_steps.py, sections on or off."""
+    env = {**os.environ, "SECTIONS": "1" if on else "0", "TMPDIR": str(tmp)}
+    proc = subprocess.Popen([sys.executable, "-m", "detlaunch", "--layer", "direct", "--nproc-per-node", "2",
+                             "--master-port", str(free_port()), str(SCRIPTS / "section_steps.py"), str(steps)],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=300)
+    finally:
+        kill_groups([proc])
+    text = out.decode(errors="replace")
+    rates = [float(line.split("steps/s ")[1]) for line in text.splitlines() if "steps/s " in line]
+    if proc.returncode or not rates:
+        raise RuntimeError(f"exit code {proc.returncode}:\n{text[-3000:]}")
+    return rates[0]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--nodes", type=int, nargs="+", default=[2, 4])
-    parser.add_argument("--reps", type=int, default=2)
+    parser.add_argument("--nodes", type=int, nargs="+", default=[2, 4, 16])
+    parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--steps", type=int, default=20000)
+    parser.add_argument("--job-steps", type=int, default=2000)
     args = parser.parse_args()
     load = os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as tmp:
@@ -97,11 +119,20 @@ def main() -> int:
             runs = [preflight_once(n, Path(tmp)) for _ in range(args.reps)]
             pre, wall = [r[0] for r in runs], [r[1] for r in runs]
             print(f"preflight, {n} nodes: {statistics.median(pre):.2f} s (runs {', '.join(f'{p:.2f}' for p in pre)}); "
-                  f"doctor --job start to every node exited {statistics.median(wall):.2f} s")
+                  f"doctor --job start to every node exited {statistics.median(wall):.2f} s; "
+                  f"nodes named (no node is slow here) {', '.join(str(r[2]) for r in runs)}")
         off, on = loop_rate(args.steps, False, Path(tmp)), loop_rate(args.steps, True, Path(tmp))
         print(f"throughput loop ({args.steps} steps of ~{1e6 / off:.1f} us): {off:,.0f} steps/s without sections, "
               f"{on:,.0f} with; section() costs {(1 / on - 1 / off) * 1e6:.2f} us a step, "
               f"{(off / on - 1) * 100:.1f} % of this tiny step")
+        rates: dict[bool, list[float]] = {True: [], False: []}
+        for _ in range(args.reps):
+            for on in (False, True):
+                rates[on].append(job_rate(args.job_steps, on, Path(tmp)))
+        job_off, job_on = statistics.median(rates[False]), statistics.median(rates[True])
+        print(f"2-rank job ({args.job_steps} steps, matmul + all_reduce): {job_off:,.0f} steps/s without sections "
+              f"(runs {', '.join(f'{r:,.0f}' for r in rates[False])}), {job_on:,.0f} with "
+              f"(runs {', '.join(f'{r:,.0f}' for r in rates[True])}): {(job_off / job_on - 1) * 100:+.1f} %")
     print(f"load average after: {os.getloadavg()[0]:.1f}")
     return 0
 

@@ -12,7 +12,7 @@ import pytest
 from detlaunch.link import places
 from detlaunch.link.chief import ChiefLink
 from detlaunch.link.worker import LinkState, WorkerLink
-from detlaunch.node.supervisor import replanned
+from detlaunch.node.replan import replanned
 from detlaunch.planning.cluster import ClusterInfo
 from detlaunch.system.eventloop import EventLoop
 from support.helpers import free_port
@@ -127,3 +127,42 @@ def test_a_spare_sent_to_a_place_that_never_joins_there_frees_the_place(tmp_path
         link.close()
     loop.close()
 
+
+
+def test_a_node_sent_away_before_any_rank_started_frees_its_place_at_once_for_the_spare(tmp_path: Any) -> None:
+    """The preflight's replacement (node/link_events.py, replace_before_start): node 2 is sent away with no
+    loss and no restart, its place is waited for at once, the spare sent there joins as node 2, and the chief's
+    plan follows it (the layers that list every node list the spare: the contract's
+    test_the_plan_follows_a_node_that_moved checks each layer's plan for such a cluster)."""
+    loop, port = EventLoop(), free_port()
+    chief_events = Events()
+    chief = ChiefLink(loop, dataclasses.replace(settings(0, port, str(tmp_path)), spares=1), chief_events,
+                      chief_events)
+    e2 = Events()
+    w1, w2 = (worker_link(loop, settings(n, port, str(tmp_path)), e) for n, e in ((1, Events()), (2, e2)))
+    spare_settings = dataclasses.replace(settings(2, port, str(tmp_path)), node=3, node_addr="127.0.0.4")
+    spare = worker_link(loop, spare_settings, Events())
+    run_until(loop, lambda: "joined" in chief_events.names() and 3 in chief.spares.waiting)
+    seen: list[ClusterInfo] = []
+
+    def replan(cluster: ClusterInfo) -> Any:
+        seen.append(cluster)
+        return Plan(cluster)
+
+    assert replanned(Plan(BASE), BASE, chief, replan, lambda _: None) is None  # type: ignore[arg-type]
+
+    assert chief.dismiss(2, "slow or broken in the preflight", lost=False)
+    run_until(loop, lambda: w2.state is LinkState.ENDED)
+    assert "was replaced: slow or broken in the preflight" in str(e2.seen)  # its end, with the reason
+    assert chief.missing_nodes() == [2] and "node_lost" not in chief_events.names()  # no loss: nothing failed
+    assert chief.promote_spare(2, {"127.0.0.3"}) == (3, "127.0.0.4")
+    run_until(loop, lambda: spare.state is LinkState.ENDED)
+    spare_as_2 = worker_link(loop, dataclasses.replace(spare_settings, node=2), Events())
+    run_until(loop, lambda: spare_as_2.joined and not chief.missing_nodes())
+    assert (spare_as_2.attempt, spare_as_2.hold) == (1, False)  # it starts the first attempt with the others
+    assert chief_events.names().count("joined") == 2 and chief.spares.promoted == {3: 2}
+    moved = replanned(Plan(BASE), BASE, chief, replan, lambda _: None)  # type: ignore[arg-type]
+    assert moved is not None and seen[-1].node_addrs == ("127.0.0.1", "127.0.0.2", "127.0.0.4")
+    for link in (w1, w2, spare, spare_as_2, chief):
+        link.close()
+    loop.close()

@@ -164,3 +164,45 @@ def test_the_pair_checks_run_first_so_that_a_groups_node_checks_start_together()
     results = run_checks(spec, checks)
     assert calls == ["network", "compute"]
     assert [r.check for r in results] == ["compute", "network"]  # the figures keep the checks' order
+
+
+def test_a_node_that_cannot_start_a_group_is_named_alone_and_its_partner_is_not() -> None:
+    """A node whose torch cannot start a group (node/preflight_checks.start_alone) fails its pair check at once
+    and tells its partners, which measure nothing: its failure is its own, the group is not judged, and no
+    second round is needed for it."""
+    broken = Figure(False, None, "cannot start a gloo group on this node: RuntimeError: no interface nosuch0")
+    results = [Result(1, "network", broken, "MB/s", group=(0, 1)),
+               Result(0, "network", Figure(True, None, "not measured: node(s) [1] cannot start a gloo group"),
+                      "MB/s", group=(0, 1)), *pair_results({(2, 3): 900.0})]
+    assert pf.group_speeds(results) == {(2, 3): 900.0}
+    assert not pf.needs_second_round([(0, 1), (2, 3)], pf.group_speeds(results), 0.7)
+    findings = pf.judge(results, 0.7, {1: "127.0.0.2"})
+    assert [f.node for f in findings] == [1]
+    assert findings[0].describe() == ("node 1 (127.0.0.2) network failed: cannot start a gloo group on this node: "
+                                      "RuntimeError: no interface nosuch0")
+    assert [f.node for f in pf.judge(results[:2], 0.7)] == [1]  # a job of two nodes: the same
+
+
+def test_the_cpu_share_is_the_smallest_quota_on_the_way_up_from_the_processs_cgroup(tmp_path) -> None:
+    """A node under a CPU quota (a container's limit, the job test's throttled cgroup) can sustain only that share
+    of a core: the compute check's short chunks would not see it (node/preflight_checks.cpu_share)."""
+    from detlaunch.node.preflight_checks import cpu_share
+
+    v1 = tmp_path / "v1"
+    for folder, quota in ((v1 / "cpu", -1), (v1 / "cpu" / "job", 50000), (v1 / "cpu" / "job" / "node1", 20000)):
+        folder.mkdir(parents=True)
+        (folder / "cpu.cfs_quota_us").write_text(f"{quota}\n")
+        (folder / "cpu.cfs_period_us").write_text("100000\n")
+    procs = tmp_path / "cgroup"
+    procs.write_text("4:memory:/elsewhere\n1:cpu:/job/node1\n0::/\n")
+    assert cpu_share(str(procs), str(v1)) == 0.2
+    procs.write_text("1:cpu:/job\n")
+    assert cpu_share(str(procs), str(v1)) == 0.5
+    v2 = tmp_path / "v2"
+    (v2 / "slice" / "node").mkdir(parents=True)
+    (v2 / "cpu.max").write_text("max 100000\n")
+    (v2 / "slice" / "cpu.max").write_text("150000 100000\n")
+    procs.write_text("0::/slice/node\n")
+    assert cpu_share(str(procs), str(v2)) == 1.5
+    (v2 / "slice" / "cpu.max").write_text("max 100000\n")
+    assert cpu_share(str(procs), str(v2)) is None and cpu_share(str(tmp_path / "none"), str(v2)) is None

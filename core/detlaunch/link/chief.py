@@ -370,16 +370,23 @@ class ChiefLink:
             self._to_every_node(Go(attempt=self.attempt, members=None if every and self.went_whole else members))
             self.went_whole = every
 
-    def dismiss(self, node: int, why: str) -> bool:
-        """Send a live worker node away (a straggler replaced by a spare): it gets the job's end with `why` as
-        its verdict, and counts as lost here (the next attempt gives its place to a spare). False: not joined."""
+    def dismiss(self, node: int, why: str, lost: bool = True) -> bool:
+        """Send a live worker node away (replaced by a spare): it gets the job's end with `why` as its verdict.
+        lost: it counts as lost here (a straggler: the next attempt gives its place to a spare); else its place
+        is free at once and nothing failed (the preflight's, no rank started: a spare goes there now). False:
+        not joined."""
         conn = self.nodes.get(node)
         if conn is None or conn.closed or node in self.finished:
             return False
         what = f"node {node} ({self.addr_of(node)}) was replaced: {why}"
         conn.send(End(failure=Failure(what, exit_codes.FAILED, at=time.time(), kind=FailureKind.NODE_LOST)))
         conn.close_when_sent()
-        self._lost(node, why)
+        if lost:
+            self._lost(node, why)
+            return True
+        del self.nodes[node]  # missing: its place is waited for (its connection's close is no loss)
+        self.questions.node_gone(node)
+        self._listen()
         return True
 
     def promote_spare(self, place: int, excluded: set[str]) -> tuple[int, str] | None:

@@ -65,6 +65,7 @@ class LinkEventsHost(Protocol):
     def enter(self, phase: Phase) -> None: ...
     def fail(self, event: VerdictEvent) -> None: ...
     def fail_to_start(self, what: str) -> None: ...
+    def follow_membership(self) -> bool: ...
 
 
 def link_settings(plan: LaunchPlan) -> LinkSettings:
@@ -81,6 +82,7 @@ class LinkEvents:
         self.host = host
         self.promoted_from = promoted_from  # a spare sent to this node's place: its number (link/places.py)
         self.spare_number: int | None = None  # the chief made this node a spare (made_spare)
+        self.swapping: set[int] = set()  # chief: nodes the preflight sends away, a spare each (replace_before_start)
 
     def connect(self) -> ChiefLink | WorkerLink:
         """This node's side of the job link: the chief's listens (one open file per node), a worker's dials."""
@@ -106,6 +108,9 @@ class LinkEvents:
             h.driver.rejoined()
         elif h.startup.awaiting_join and isinstance(h.link, WorkerLink):
             h.startup.joined(h.link)
+        elif h.phase is Phase.STARTING and isinstance(h.link, ChiefLink) and h.link.spares.promoted \
+                and h.follow_membership():  # a spare took a place before the launchers started: they list it
+            h.startup.reprobe()
         else:
             h.startup.start_when_ready()
 
@@ -152,13 +157,36 @@ class LinkEvents:
         waiting spare takes its place at the next attempt, as after a lost node. False: no spare waits."""
         h = self.host
         link = h.link
-        if not isinstance(link, ChiefLink) or node == 0 or not link.spares.waiting or node not in link.live_nodes():
+        if not isinstance(link, ChiefLink) or not replaceable(link, node):
             return False
-        def dismiss() -> None:  # after the straggler's line (also the preflight's: node/preflight.py)
+
+        def dismiss() -> None:  # after the straggler's line
             h.driver.exclude(node, link.addr_of(node), why, at_once=True)  # out at once, not after two losses
             link.dismiss(node, why)
 
         h.loop.call_later(0, dismiss)
+        return True
+
+    def replace_before_start(self, node: int, why: str) -> bool:
+        """The preflight named `node` (node/preflight.py), and no rank of the attempt has started: nothing failed,
+        so no attempt is spent. The node is sent away, its host excluded at once, and a waiting spare is sent to
+        its place now; once it has joined there, the chief plans again for it (`joined`) and the preflight runs
+        again, the spare checked too. False: no spare waits."""
+        h = self.host
+        link = h.link
+        if not isinstance(link, ChiefLink) or not replaceable(link, node, taken=len(self.swapping)):
+            return False
+        self.swapping.add(node)
+
+        def swap() -> None:  # after the preflight's line
+            self.swapping.discard(node)
+            h.driver.exclude(node, link.addr_of(node), why, at_once=True)
+            if link.dismiss(node, why, lost=False):
+                h.startup.link_up = False  # nothing starts before the spare is there
+                h.succession.changed()
+                h.driver.fill_from_spares()
+
+        h.loop.call_later(0, swap)
         return True
 
     def spare_lost(self, node: int, addr: str, why: str) -> None:
@@ -213,6 +241,12 @@ class LinkEvents:
     def promoted(self, place: int) -> None:
         """Only a spare is promoted (node/spare.py): a node's supervisor never is."""
         self.host.trace(f"ignored a promotion to node {place}: this node is no spare")
+
+
+def replaceable(link: ChiefLink, node: int, taken: int = 0) -> bool:
+    """A spare may take `node`'s place: a live worker node (never the chief), and a spare waits that is not
+    `taken` already (by other nodes about to be sent away)."""
+    return node != 0 and len(link.spares.waiting) > taken and node in link.live_nodes()
 
 
 def size_facts(min_nodes: int | None, link: ChiefLink) -> dict[str, Any]:

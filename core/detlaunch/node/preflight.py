@@ -10,8 +10,9 @@ path (link/control.py, the same as ``detlaunch status``):
 
 Round 1 pairs neighbours; a round 2 (re-paired, planning/preflight.py) runs only when round 1 found a
 slow or failed group. The judge names every node that failed or stays under --preflight-threshold of
-the median. Then: a spare waits -> the node is sent away and its host excluded (as --straggler-action
-replace does: the spare takes its place at the next attempt, which runs the preflight again); else
+the median. Then: a spare waits -> the node is sent away, its host excluded, and the spare takes its
+place at once, before any rank starts (no attempt is spent: LinkEvents.replace_before_start); once it
+has joined, the chief plans again for it and the preflight runs again, the spare checked too; else
 --preflight-action stop (one line, exit code PREFLIGHT) or warn (the job goes on).
 """
 
@@ -68,7 +69,7 @@ class Preflight:
     def __init__(self, host: PreflightHost, start: Callable[[], None], replace: Callable[[int, str], bool],
                  end: Callable[[], None]) -> None:
         """start: the launchers start if ready (Startup.start_when_ready); replace: a spare takes the node's
-        place, its host excluded (LinkEvents.replace_straggler), False when no spare waits; end: this node's
+        place, its host excluded (LinkEvents.replace_before_start), False when no spare waits; end: this node's
         part ends, nothing started (``detlaunch doctor --job``, which runs the preflight only)."""
         self.host, self.start, self.replace, self.end = host, start, replace, end
         plan = host.plan
@@ -128,7 +129,7 @@ class Preflight:
         for node in answer.get("missing") or []:
             results.append(Result(int(node), "preflight", Figure(False, None, "its node did not answer in time")))
         self.results += results
-        speed = {g: v for g, v in group_speeds(results).items() if g in groups}
+        speed = {g: v for g, v in judge.group_speeds(results).items() if g in groups}
         if number == 1 and judge.needs_second_round(groups, speed, self.threshold):
             second = judge.second_round(groups, speed)
             self.host.trace(f"preflight: round 2, re-paired {second}")
@@ -284,14 +285,6 @@ def parse_answer(answer: dict[str, Any]) -> list[Result]:
             except (KeyError, TypeError, ValueError):
                 continue
     return results
-
-
-def group_speeds(results: list[Result]) -> dict[judge.Group, float | None]:
-    speed: dict[judge.Group, float | None] = {}
-    for r in results:
-        if r.group and (r.group not in speed or speed[r.group] is not None):
-            speed[r.group] = r.figure.value if r.figure.ok else None
-    return speed
 
 
 def summary(results: list[Result]) -> str:

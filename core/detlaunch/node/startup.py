@@ -105,6 +105,15 @@ class Startup:
         if not self.host.driver.joined(link.attempt, link.hold):
             self.start_stage()
 
+    def reprobe(self) -> None:
+        """The plan changed before the launchers started (a spare took a node's place): the sshds it waits for
+        are probed again, and the launchers start once they answer."""
+        h = self.host
+        self.close_probes()
+        self.probes = probe_sshds(h.loop, h.plan.stage.wait_for_sshd, self._on_peer_ready, h.fail_to_start)
+        if not self.probes:
+            self.start_when_ready()
+
     def _on_peer_ready(self, probe: SshdProbe) -> None:
         self.host.trace(f"sshd {probe.host}:{probe.port} answered")
         self.host.events.emit(EventKind.SSHD_READY, host=probe.host, port=probe.port)

@@ -33,10 +33,10 @@ from typing import Any, TextIO
 
 import detlaunch.exit_codes as exit_codes
 from detlaunch.errors import LaunchError
-from detlaunch.link import places
 from detlaunch.link.chief import ChiefLink
 from detlaunch.link.control import ControlRequests, write_job_file
 from detlaunch.link.worker import WorkerLink
+from detlaunch.node import replan as replanning
 from detlaunch.node.attempt_driver import AttemptDriver
 from detlaunch.node.hangs import HangPolicy
 from detlaunch.node.link_events import LinkEvents
@@ -67,7 +67,7 @@ from detlaunch.observe.console import FoldingConsole
 from detlaunch.observe.emitter import EventEmitter, EventHook
 from detlaunch.observe.events import EventKind
 from detlaunch.outcome import AttemptEnd, Failure, JobResult, RankStatus
-from detlaunch.planning import membership, rank_defaults
+from detlaunch.planning import rank_defaults
 from detlaunch.planning.cluster import ClusterInfo
 from detlaunch.planning.config import DEDUPE_MIN_RANKS
 from detlaunch.planning.plan import LaunchPlan
@@ -136,7 +136,7 @@ class NodeSupervisor:
         self.shutdown = Shutdown(self)
         self.link_events = LinkEvents(self, promoted_from)  # what the other nodes' news means here
         self.preflight = Preflight(self, start=lambda: self.startup.start_when_ready(),  # --preflight
-                                   replace=self.link_events.replace_straggler,
+                                   replace=self.link_events.replace_before_start,
                                    end=lambda: self.shutdown.stop(signal.SIGTERM))
         self.ranks: RankRegistry  # this attempt's (below); a warm rank's end goes to its wrapper through it
         self.template = RankTemplate(plan, self.say, lambda pid, end: self.ranks.reaped(pid, end.code, end.signal))
@@ -390,10 +390,7 @@ class NodeSupervisor:
             pass
         self.attempts.begin(attempt)
         self.events.emit(EventKind.ATTEMPT_STARTED, attempt=attempt - 1)
-        moved = replanned(self.plan, self.base, self.link, self.replan, self.trace)
-        if moved is not None:  # a spare took a lost node's place at another address, or the job shrank or grew
-            self.plan, self.env = moved, moved.process_env()
-            self.files.rewrite(moved.stage)
+        self.follow_membership()  # a spare took a lost node's place at another address, or the job shrank or grew
         self._new_attempt_parts()
         self.enter(Phase.STARTING)
         if isinstance(self.link, ChiefLink):
@@ -404,6 +401,9 @@ class NodeSupervisor:
             self.startup.start_stage()
         except (LaunchError, OSError) as e:
             self.fail_to_start(str(e))
+
+    def follow_membership(self) -> bool:  # this node's plan for the membership its link knows (node/replan.py)
+        return replanning.follow(self)
 
     # -- the end ----------------------------------------------------------------------------------
     def _cleanup(self) -> None:
@@ -465,27 +465,6 @@ def ready_rank_defaults(plan: LaunchPlan, trace: Callable[[str], None]) -> dict[
             trace(f"no persistent compile cache for the ranks ({cache}: {getattr(e, 'strerror', None) or e})")
             del defaults[rank_defaults.COMPILE_CACHE_ENV]
     return defaults
-
-
-def replanned(plan: LaunchPlan, base: ClusterInfo, link: ChiefLink | WorkerLink | None,
-              replan: Callable[[ClusterInfo], LaunchPlan] | None, trace: Callable[[str], None]) -> LaunchPlan | None:
-    """This node's part planned again for the next attempt's cluster (planning/membership.py), or None if it
-    is the same: the chief's when a node joined from another address (a spare in a lost node's place: its
-    layer's launcher lists every node) or the places changed; a worker's when the chief's "go" named other
-    places (the job shrank or grew: its node rank, the world size)."""
-    if replan is None or link is None:
-        return None
-    if isinstance(link, ChiefLink):
-        cluster = membership.cluster_of(base, places.members(link), 0, link.addrs)
-    elif link.members is not None and link.node in link.members:
-        cluster = membership.cluster_of(base, link.members, link.node)
-    else:
-        return None
-    if cluster == plan.cluster:
-        return None
-    trace(f"this attempt's nodes: {', '.join(a or '?' for a in cluster.node_addrs)} (this one node "
-          f"{cluster.node_rank}): planning this node's part again")
-    return replan(cluster)
 
 
 def folding_console(plan: LaunchPlan, loop: EventLoop) -> FoldingConsole | None:

@@ -214,17 +214,43 @@ def _better(new: Result, old: Result) -> bool:
     return (new.figure.value or 0.0) > (old.figure.value or 0.0)
 
 
+def group_speeds(results: Sequence[Result]) -> dict[Group, float | None]:
+    """A pair check's figure per group (every node of a group reports the group's). None: every node of the
+    group failed (it did not form, or broke: whose fault, re-pairing tells). Left out: a group where some nodes
+    failed and the others did not (those failures are the nodes' own, `own_failures`: a node whose torch cannot
+    start a group tells its partners so, and they measure nothing), and one with no value."""
+    grouped: dict[Group, list[Result]] = {}
+    for r in results:
+        if r.group:
+            grouped.setdefault(r.group, []).append(r)
+    speed: dict[Group, float | None] = {}
+    for group, mine in grouped.items():
+        failed = sum(1 for r in mine if not r.figure.ok)
+        values = [r.figure.value for r in mine if r.figure.ok and r.figure.value is not None]
+        if failed == len(mine):
+            speed[group] = None
+        elif not failed and values:
+            speed[group] = values[0]
+    return speed
+
+
+def own_failures(results: Sequence[Result]) -> list[Result]:
+    """A pair check's failed figures in groups whose other nodes did not fail: each the failed node's own."""
+    ok_in = {r.group for r in results if r.group and r.figure.ok}
+    return [r for r in results if r.group in ok_in and not r.figure.ok]
+
+
 def _judge_pairs(results: Sequence[Result], threshold: float, unit: str,
                  name: Callable[[int, str, float | None, str], None]) -> None:
-    speed: dict[Group, float | None] = {}
-    for r in results:  # every node of a group reports the group's figure; one failure fails the group
-        if r.group not in speed or speed[r.group] is not None:
-            speed[r.group] = r.figure.value if r.figure.ok else None
+    speed = group_speeds(results)
+    check = results[0].check
+    own = own_failures(results)
+    for r in own:
+        name(r.node, check, None, f"{check} failed" + (f": {r.figure.detail}" if r.figure.detail else ""))
     slow = slow_groups(speed, threshold) if len(speed) > 1 else {g for g, v in speed.items() if v is None}
     ok = [v for v in speed.values() if v is not None]
     median = statistics.median(ok) if ok else 0.0
-    check = results[0].check
-    nodes = sorted({n for g in speed for n in g})
+    nodes = sorted({n for g in speed for n in g} - {r.node for r in own})
     for node in nodes:
         mine = [g for g in speed if node in g]
         if not mine or not all(g in slow for g in mine):
