@@ -157,7 +157,7 @@ def test_a_node_sent_away_before_any_rank_started_frees_its_place_at_once_for_th
     assert chief.missing_nodes() == [2] and "node_lost" not in chief_events.names()  # no loss: nothing failed
     assert chief.promote_spare(2, {"127.0.0.3"}) == (3, "127.0.0.4")
     run_until(loop, lambda: spare.state is LinkState.ENDED)
-    spare_as_2 = worker_link(loop, dataclasses.replace(spare_settings, node=2), Events())
+    spare_as_2 = worker_link(loop, dataclasses.replace(spare_settings, node=2, promoted_from=3), Events())
     run_until(loop, lambda: spare_as_2.joined and not chief.missing_nodes())
     assert (spare_as_2.attempt, spare_as_2.hold) == (1, False)  # it starts the first attempt with the others
     assert chief_events.names().count("joined") == 2 and chief.spares.promoted == {3: 2}

@@ -23,7 +23,7 @@ from typing import Any, Protocol
 import detlaunch.exit_codes as exit_codes
 from detlaunch.errors import LaunchError
 from detlaunch.link import auth, places
-from detlaunch.link.membership import Membership, change
+from detlaunch.link.membership import Membership
 from detlaunch.link.messages import (
     WORKER,
     Answer,
@@ -34,8 +34,6 @@ from detlaunch.link.messages import (
     End,
     Failed,
     Go,
-    Members,
-    MembersChange,
     Message,
     RankExit,
     Reply,
@@ -46,6 +44,7 @@ from detlaunch.link.messages import (
     encode,
 )
 from detlaunch.link.settings import LinkSettings
+from detlaunch.link.sharing import MembershipSharing
 from detlaunch.link.spares import SparePool
 from detlaunch.link.wire import HEARTBEAT, HEARTBEAT_MISSES, PeerConnection
 from detlaunch.outcome import Failure, FailureKind, RankStatus
@@ -119,10 +118,9 @@ class ChiefLink:
         self.attempt = 1
         self.holding = False
         self.end_in_sight: float | None = None  # when ready_to_finish was first asked, this attempt
-        self.shared: Membership | None = None  # the last membership shared (share), and the connections told it
+        self.sharing = MembershipSharing()  # the membership told to every node (share)
         self.went_whole = True  # the last go was on every place (or there was none): see go()
         self.asking: tuple[int | None, bytes] = (None, b"")  # the last question asked of the nodes, encoded
-        self.told: set[PeerConnection] = set()
         self._listen()
         self.timer: Timer | None = loop.call_later(self.heartbeat, self.tick)
 
@@ -283,16 +281,8 @@ class ChiefLink:
             conn.send_encoded(encoded)
 
     def share(self, m: Membership) -> None:
-        """The membership to every node and every waiting spare (node/succession.py): whole to a connection that
-        has none yet, else what changed since the last one (each had it: every share goes to every connection).
-        Each encoded once."""
-        conns = [c for c in [*self.nodes.values(), *self.spares.waiting.values()] if not c.closed]
-        delta = change(self.shared, m) if self.shared is not None else None
-        whole = encode(Members(m=m)) if delta is None or any(c not in self.told for c in conns) else b""
-        changed = encode(MembersChange(c=delta)) if delta is not None else whole
-        for conn in conns:
-            conn.send_encoded(changed if conn in self.told else whole)
-        self.shared, self.told = m, set(conns)
+        """The membership to every node and every waiting spare (node/succession.py; link/sharing.py)."""
+        self.sharing.share(m, [*self.nodes.values(), *self.spares.waiting.values()])
 
     def live_nodes(self) -> set[int]:
         """The worker nodes that joined and are still connected."""
