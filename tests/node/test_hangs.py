@@ -443,8 +443,8 @@ def test_a_rank_sigstopped_inside_an_all_reduce_is_named_and_the_job_stops_with_
 def test_on_two_nodes_the_chief_finds_a_sigstopped_rank_of_the_worker_and_both_exit_124(launcher: Launcher) -> None:
     job, port = job_id(), str(free_port())
     common = ["--layer", "torchrun", "--nnodes", "2", "--nproc-per-node", "1", "--master-addr", "127.0.0.1",
-              "--master-port", port, "--job-id", job, "--hang-timeout", "10"]
-    env = {"HANG": "loop", "STEP_SLEEP": "0.2"}
+              "--master-port", port, "--job-id", job, "--hang-timeout", "10", "--no-warm-ranks"]  # host_pid: by its
+    env = {"HANG": "loop", "STEP_SLEEP": "0.2"}  # command line, which a warm rank shares with its template
     nodes = [launcher.start(*common, "--node-rank", str(n), "--node-addr", f"127.0.0.{n + 1}", HANG, env=env)
              for n in (0, 1)]
     nodes[1].wait_for_output("[rank=1] rank 1 step 3", timeout=180)

@@ -169,7 +169,12 @@ RESUMABLE = textwrap.dedent('''\
     if rank == "0":  # one writer: the checkpoint
         print(f"resumed from step {step}", flush=True)
         open(ckpt, "w").write(str(step + 1))
+    open(os.path.join(sys.argv[1], f"started-{attempt}-{rank}"), "w").close()
     if attempt == 1 and rank == "0":  # the template, killed mid-job: the next attempt starts cold
+        import time  # once rank 1 of this attempt is forked from it (the template forks one rank at a time)
+        deadline = time.monotonic() + 60
+        while not os.path.exists(os.path.join(sys.argv[1], "started-1-1")) and time.monotonic() < deadline:
+            time.sleep(0.01)
         started = {}  # the template is the oldest process with its command line: its forked ranks keep it
         for pid in filter(str.isdigit, os.listdir("/proc")):
             try:
