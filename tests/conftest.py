@@ -139,17 +139,3 @@ def throwaway_user() -> Iterator[pwd.struct_passwd]:
     finally:
         subprocess.run(["userdel", name], check=True)
 
-
-def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    """Why each rerun test failed the first time (pytest-rerunfailures only names it): a flake that
-    passes on its second run must still be diagnosable from one CI log."""
-    reruns = terminalreporter.stats.get("rerun", [])
-    if not reruns:
-        return
-    terminalreporter.section("first failures of the tests that were run again")
-    for report in reruns:
-        text = report.longreprtext
-        if len(text) > 6000:  # the assertion and the job's output are at the end
-            text = "...\n" + text[-6000:]
-        terminalreporter.write_line(f"--- {report.nodeid}")
-        terminalreporter.write_line(text)

@@ -12,6 +12,7 @@ import re
 import signal
 from pathlib import Path
 
+import psutil
 import pytest
 from support.helpers import free_port, report_line
 from support.jobs import SCRIPTS, Job, Launcher
@@ -74,24 +75,21 @@ class TwoNodes:
             assert f"[rank={rank}] rank {rank} {self.last_words(rank)}" in log, (rank, log)
 
 
-def parent_of(pid: int) -> int:
-    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-
-
-def wrapper_of(rank_pid: int, rank: int) -> int:
-    """The rank's wrapper: its parent, or, for a warm rank (forked from the rank template, a child of its
-    node's supervisor: docs/RESTARTS.md), the wrapper in front of that rank (it names the rank in RANK)."""
-    parent = parent_of(rank_pid)
-    if b"run_wrapper.py" in Path(f"/proc/{parent}/cmdline").read_bytes():
-        return parent
-    for pid in filter(str.isdigit, os.listdir("/proc")):
+def wrapper_of(job: TwoNodes, rank: int) -> int:
+    """The rank's wrapper, found among the processes of its node's detlaunch only (other tests run beside this
+    one, with wrappers of their own rank 3): the rank's parent, or, for a warm rank (forked from the rank
+    template, a child of its node's supervisor: docs/RESTARTS.md), the wrapper in front of that rank (it names
+    the rank in RANK)."""
+    rank_pid = job.pid_of(rank)
+    parent = psutil.Process(rank_pid).ppid()
+    for proc in psutil.Process(job.node_of(rank).proc.pid).children(recursive=True):
         try:
-            if (b"run_wrapper.py" in Path(f"/proc/{pid}/cmdline").read_bytes()
-                    and f"RANK={rank}".encode() in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")):
-                return int(pid)
-        except OSError:
+            if any(a.endswith("run_wrapper.py") for a in proc.cmdline()) and (
+                    proc.pid == parent or proc.environ().get("RANK") == str(rank)):
+                return proc.pid
+        except psutil.Error:
             continue
-    raise AssertionError(f"no wrapper of rank {rank} (pid {rank_pid})")
+    raise AssertionError(f"no wrapper of rank {rank} (pid {rank_pid}) under its node's detlaunch")
 
 
 CELLS = {
@@ -156,7 +154,7 @@ def inject(job: TwoNodes, how: str) -> None:
     elif how == "kill_rank":
         os.kill(job.pid_of(FAULTY), signal.SIGKILL)
     elif how == "kill_wrapper":
-        os.kill(wrapper_of(job.pid_of(FAULTY), FAULTY), signal.SIGKILL)
+        os.kill(wrapper_of(job, FAULTY), signal.SIGKILL)
     elif how == "kill_worker":
         job.worker.send_signal(signal.SIGKILL)
     elif how == "sigint_chief":

@@ -175,10 +175,12 @@ RESUMABLE = textwrap.dedent('''\
         deadline = time.monotonic() + 60
         while not os.path.exists(os.path.join(sys.argv[1], "started-1-1")) and time.monotonic() < deadline:
             time.sleep(0.01)
-        started = {}  # the template is the oldest process with its command line: its forked ranks keep it
+        started = {}  # the template is this job's oldest process with its command line: forked ranks keep it
+        marker = ("DETLAUNCH_CONTRACT_ID=" + os.environ["DETLAUNCH_CONTRACT_ID"]).encode()  # other tests run some
         for pid in filter(str.isdigit, os.listdir("/proc")):
             try:
-                if b"rank/template.py" in open(f"/proc/{pid}/cmdline", "rb").read():
+                if (b"rank/template.py" in open(f"/proc/{pid}/cmdline", "rb").read()
+                        and marker in open(f"/proc/{pid}/environ", "rb").read().split(b"\\0")):
                     started[pid] = int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[19])
             except OSError:
                 continue
