@@ -22,6 +22,7 @@ from importlib import metadata
 from pathlib import Path
 
 from . import (
+    common,
     direct,
     flood,
     launch,
@@ -71,6 +72,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="repetitions per case (default 5; at most 3 for the 2M-line streams, scale and "
                         "teardown-nodes; 2 with --quick)")
     p.add_argument("--only", nargs="+", choices=list(MEASUREMENTS), help="run only these measurements")
+    p.add_argument("--cases", nargs="+", metavar="TEXT", default=[],
+                   help="only the cases whose name holds one of TEXT (with --only: e.g. --only multinode "
+                        "--cases horovod)")
     p.add_argument("--out", type=Path, default=BENCH / "results", help="where results go (default bench/results)")
     return p.parse_args(argv)
 
@@ -124,6 +128,7 @@ def measure_all(args: argparse.Namespace, reps: int, env: dict[str, str], tmp: P
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     reps = args.reps or (2 if args.quick else 5)
+    common.CASES_WITH[:] = args.cases
     become_subreaper()
     started, wall = time.monotonic(), time.time()
     load_at_start = f"{os.getloadavg()[0]:.2f}"

@@ -368,8 +368,12 @@ class Stat:
         return f"{self.median:.{digits}f} {unit} ({self.lo:.{digits}f}-{self.hi:.{digits}f})"
 
 
+CASES_WITH: list[str] = []  # --cases TEXT: only the cases whose name holds TEXT (bench/__main__.py sets it)
+
+
 def interleaved(reps: int, cases: Sequence[str]) -> list[tuple[int, str]]:
     """Every case once per repetition, the order rotated each time, so drift and load hit all alike."""
+    cases = [c for c in cases if not CASES_WITH or any(text in c for text in CASES_WITH)]
     order = []
     for rep in range(reps):
         shift = rep % len(cases)

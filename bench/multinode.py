@@ -125,12 +125,12 @@ def main(env: dict[str, str], reps: int, quick: bool, tmp: Path) -> Section:
             samples[name].append(run(argv(), {**job_env, "TMPDIR": str(job)}, timeout=180).check(0).duration)
     finally:
         sshd.stop()
-    stats = {name: Stat(s) for name, s in samples.items()}
+    stats = {name: Stat(s) for name, s in samples.items() if s}  # (--cases: only those that ran)
     pairs = {"detlaunch --layer torchrun, 2x2": "bare torchrun, 2x2",
              "detlaunch --layer horovod, 2x2": "bare horovodrun, 2x2"}
     rows, goals = [], []
     for name, stat in stats.items():
-        bare = pairs.get(name)
+        bare = pairs.get(name) if pairs.get(name) in stats else None
         ratio = f"{stat.median / stats[bare].median:.2f}x {bare}" if bare else ""
         rows.append([name, stat.fmt(), ratio])
         if bare:

@@ -1,6 +1,7 @@
 """Nothing escapes: a rank's daemon that double-forks, calls setsid() and ignores SIGTERM is gone when
 the job ends, however it ends -- a rank's failure, Ctrl-C, SIGTERM, or a SIGKILL of every detlaunch --
-on every layer, on one node and two. The leftover check is the `launcher` fixture's (by marker)."""
+on every layer, on one node and two (with the fault matrix's cells: CASES). The leftover check is the
+`launcher` fixture's (by marker)."""
 
 from __future__ import annotations
 
@@ -59,10 +60,12 @@ def start(launcher: Launcher, tmp_path: Path, layer: str, nodes: int, env: dict[
     return [launcher.start(*common, *per_node[0], str(script), env=env), *workers]
 
 
-# Every layer, ending and size; but a launcher's one-node job stopped by SIGINT or SIGTERM is the chief's part
-# of the two-node one (the same tree, less the worker node): those run on two nodes only (the suite's time).
-CASES = [(layer, nodes, ending) for layer in ("torchrun", "horovod", "deepspeed", "direct") for nodes in (1, 2)
-         for ending in ENDINGS if not (layer != "direct" and nodes == 1 and ending in ("sigint", "sigterm"))]
+# Every ending and size with --layer direct; with a launcher (the suite's time) the endings the fault matrix
+# lacks: a rank's failure and SIGTERM to the chief are its cells on every layer, with these daemons in every
+# rank (tests/node/test_faults.py, ranks.py's ESCAPE), and a one-node job is the chief's part of the two-node
+# one (the same tree, less the worker node).
+CASES = [("direct", nodes, ending) for nodes in (1, 2) for ending in ENDINGS] + [
+    (layer, 2, ending) for layer in ("torchrun", "horovod", "deepspeed") for ending in ("sigint", "sigkill")]
 
 
 @pytest.mark.parametrize(("layer", "nodes", "ending"), CASES)

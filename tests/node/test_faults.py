@@ -2,7 +2,9 @@
 
 Each cell asserts what a user sees: both nodes' exit codes, the root-cause line, that the last
 line every rank wrote before the fault reached its log, and (the fixture) that no process of the
-job is left on any node. Timing bounds are generous; the real latencies are measured in bench/.
+job is left on any node, not even the daemon each rank forked to escape (its own session, deaf to SIGTERM:
+ranks.py's ESCAPE; tests/node/test_escape.py has the rest of that matrix). Timing bounds are generous;
+the real latencies are measured in bench/.
 """
 
 from __future__ import annotations
@@ -32,7 +34,8 @@ class TwoNodes:
         self.fifo = tmp_path / "trigger"
         os.mkfifo(self.fifo)
         self.logs = [tmp_path / "logs0", tmp_path / "logs1"]
-        env = {"SLEEP": "300", "TRIGGER": str(self.fifo), **env}
+        env = {"SLEEP": "300", "TRIGGER": str(self.fifo), "ESCAPE": "1", **env}  # and every rank's daemon
+        # escapes (ranks.py): nothing of it may outlive the job either (the `launcher` fixture's check)
         master = str(free_port())
         if layer in ("torchrun", "direct"):  # the same flags: a script cannot tell them apart
             common = ["--layer", layer, "--nnodes", "2", "--nproc-per-node", "2",

@@ -1,5 +1,5 @@
-"""The bench leaves nothing behind, however it ends: run for real (its multi-node piece, one repetition,
-with the standalone sshd of the bare-horovodrun baseline), to the end and interrupted.
+"""The bench leaves nothing behind, however it ends: run for real (its multi-node piece, one repetition of
+its horovod cases, with the standalone sshd of the bare-horovodrun baseline), to the end and interrupted.
 
 Every process the bench starts inherits this test's marker variable (the bench copies its environment
 into every job's), so after the bench has exited any live process carrying it is a leak. sshd rewrites
@@ -36,10 +36,10 @@ class Bench:
         # with SIGINT ignored, and Python then keeps it ignored).
         start = ("import runpy, signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
                  "sys.argv[0] = 'bench'; runpy.run_module('bench', run_name='__main__', alter_sys=True)")
-        self.proc = subprocess.Popen([sys.executable, "-c", start, "--only", "multinode", "--reps", "1",
-                                      "--out", str(self.out), *args], cwd=ROOT, env=env, stdin=subprocess.DEVNULL,
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                     start_new_session=True)
+        self.proc = subprocess.Popen([sys.executable, "-c", start, "--only", "multinode", "--cases", "horovod",
+                                      "--reps", "1", "--out", str(self.out), *args], cwd=ROOT, env=env,
+                                     stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     text=True, start_new_session=True)
         self.lines: list[str] = []
 
     def wait_for_line(self, start: str) -> None:

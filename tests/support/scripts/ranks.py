@@ -10,6 +10,8 @@ Environment knobs (all optional):
   SAME=N                    every rank prints the same N lines ("warning: the same on every rank, i")
   IGNORE_TERM=1             the ranks ignore SIGTERM (SIG_IGN: detlaunch SIGKILLs them at once)
   TRAP_TERM=1               the ranks catch SIGTERM and carry on (so a stopping job lasts its grace period)
+  ESCAPE=1                  every rank first forks a daemon that escapes: its own session, out of every
+                            process group, deaf to SIGTERM, asleep 10 minutes (detlaunch must still end it)
   SHOW_ENV=A,B              every rank prints "rank N env A=<repr of its value, None when unset>", each
 """
 
@@ -27,6 +29,13 @@ if os.environ.get("IGNORE_TERM"):
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
 if os.environ.get("TRAP_TERM"):
     signal.signal(signal.SIGTERM, lambda signum, frame: print(f"rank {rank} carries on", flush=True))
+if os.environ.get("ESCAPE") and os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        os.closerange(0, 3)
+        time.sleep(600)
+    os._exit(0)
 print(f"rank {rank} started pid={os.getpid()}", flush=True)
 for name in filter(None, os.environ.get("SHOW_ENV", "").split(",")):
     print(f"rank {rank} env {name}={os.environ.get(name)!r}", flush=True)
