@@ -22,32 +22,45 @@ from pathlib import Path
 import pytest
 from support.helpers import free_port, rank_lines
 from support.jobs import Launcher
-from test_restarts import DDP, train_args
+from test_restarts import DDP, HVD, train_args
 
 pytestmark = pytest.mark.timeout(300)
 
 
-@pytest.mark.parametrize(("layer", "n"), [("direct", 4), ("torchrun", 3)])
+@pytest.mark.parametrize(("layer", "n"), [("direct", 4), ("torchrun", 3), ("horovod", 3)])
 def test_the_chief_is_lost_mid_training_and_the_lowest_surviving_node_takes_over(
         launcher: Launcher, tmp_path: Path, layer: str, n: int) -> None:
     excluded = tmp_path / "excluded-hosts"
-    common = ["--layer", layer, "--nnodes", str(n), "--nproc-per-node", "1", "--master-addr", "127.0.0.1",
-              "--spares", "1", "--master-port", str(free_port()), "--max-restarts", "1", "--restart-backoff", "0",
-              "--heartbeat", "1", "--job-id", f"succession-{os.getpid()}", "--exclude-hosts", str(excluded),
-              "--log-dir", str(tmp_path / "logs")]
-    script = train_args(tmp_path, DDP, "--crash-step", "3", "--crash-rank", "2", "--crash-how", "hang")
-    nodes = [launcher.start(*common, "--node-rank", str(i), "--node-addr", f"127.0.0.{i + 1}", *script)
+    if layer == "horovod":  # the host list's last host is the spare; horovodrun runs on the chief, over sshd
+        shape = ["--hosts", ",".join(f"127.0.0.{i}:1" for i in range(1, n + 2)), "--ssh-port",
+                 str(free_port("127.0.0.2"))]
+    else:
+        shape = ["--nnodes", str(n), "--nproc-per-node", "1", "--master-addr", "127.0.0.1"]
+    common = ["--layer", layer, *shape, "--spares", "1", "--master-port", str(free_port()), "--max-restarts", "1",
+              "--restart-backoff", "0", "--heartbeat", "1", "--job-id", f"succession-{layer}-{os.getpid()}",
+              "--exclude-hosts", str(excluded), "--log-dir", str(tmp_path / "logs")]
+    script = train_args(tmp_path, HVD if layer == "horovod" else DDP, "--crash-step", "3", "--crash-rank", "2",
+                        "--crash-how", "hang")
+    nodes = [launcher.start(*common, "--node-rank", str(i),
+                            *([] if layer == "horovod" else ["--node-addr", f"127.0.0.{i + 1}"]), *script)
              for i in range(n + 1)]
+    import time
+    t0 = time.monotonic()
     chief, spare = nodes[0], nodes[n]
     spare.wait_for_output(f"detlaunch: spare node {n}: joined the job; it runs no rank", timeout=60)
+    print("T spare joined", time.monotonic() - t0)
     nodes[2].wait_for_output("rank 2 attempt 1 fails at step 3 (hang)", timeout=150)
+    print("T hang", time.monotonic() - t0)
     chief.send_signal(signal.SIGKILL)
     try:
         done = [job.wait(180) for job in nodes[1:]]
     except AssertionError as e:  # every node's output, to see where the succession stopped
         raise AssertionError(f"{e}" + "".join(f"\n--- node {i}:\n{job.read()}" for i, job in enumerate(nodes))) \
             from None
+    print("T done", time.monotonic() - t0)
     chief.wait(60)
+    print("T chief", time.monotonic() - t0)
+    for d in done: print(d.output)
     assert [d.returncode for d in done] == [0] * n, "\n".join(d.output for d in done)
     rs, others, rp = done[0], done[1:-1], done[-1]
     lost = "detlaunch: lost the chief, node 0 (127.0.0.1): "
