@@ -38,7 +38,7 @@ from detlaunch.planning.stage import SOCKET_NAME, SSHD_SUPERVISOR_ENV, Command, 
 from detlaunch.system.safefs import write_private_file
 
 __all__ = ["SshLayout", "SshParts", "add_ssh_options", "sshd_parts", "ssh_client_parts", "ssh_port_check",
-           "DEFAULT_SSH_PORT", "SSH_PORT_ENV", "NODE_OWN_ENV"]
+           "client_path", "DEFAULT_SSH_PORT", "SSH_PORT_ENV", "NODE_OWN_ENV"]
 
 DEFAULT_SSH_PORT = 12350
 SSH_PORT_ENV = "DTRAIN_SSH_PORT"
@@ -109,6 +109,10 @@ class SshLayout:
     @property
     def client_dir(self) -> str:
         return os.path.join(self.root, "client")
+
+    @property
+    def bin_dir(self) -> str:
+        return os.path.join(self.client_dir, "bin")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -212,13 +216,21 @@ def sshd_parts(ctx: StageContext, layout: SshLayout | None = None, env: Mapping[
     )
 
 
+def client_path(ctx: StageContext, layout: SshLayout | None = None) -> str:
+    """The chief's launcher's PATH: the per-job ``ssh`` first. A launcher that hands its environment to every rank
+    (horovodrun) gives the other nodes' ranks this PATH too, where their nodes share the chief's (a layer's
+    RankWrapper.warm_env says so, for their rank templates)."""
+    layout = layout or SshLayout.for_job(ctx)
+    return layout.bin_dir + os.pathsep + ctx.env.get("PATH", os.defpath)
+
+
 def ssh_client_parts(ctx: StageContext, nodes: list[int], layout: SshLayout | None = None) -> SshParts:
     """The chief's side: wait for each node's sshd, trust exactly its new host key, use its key."""
     layout = layout or SshLayout.for_job(ctx)
     addrs = ctx.cluster.require_addresses("ssh")
     config = os.path.join(layout.client_dir, "ssh_config")
     known_hosts = os.path.join(layout.client_dir, "known_hosts")
-    bin_dir = os.path.join(layout.client_dir, "bin")
+    bin_dir = layout.bin_dir
     lines = []
     for node in nodes:
         lines += [f"Host {addrs[node]}", f"  IdentityFile {layout.client_key(node)}"]
@@ -249,7 +261,7 @@ def ssh_client_parts(ctx: StageContext, nodes: list[int], layout: SshLayout | No
         executables={os.path.join(bin_dir, "ssh"): wrapper},
         prelaunch=((sys.executable, "-m", "detlaunch.ssh", "known-hosts", known_hosts, *pubkeys),),
         wait_for_sshd=tuple((addrs[n], layout.port) for n in nodes),
-        env={"PATH": bin_dir + os.pathsep + ctx.env.get("PATH", os.defpath)},
+        env={"PATH": client_path(ctx, layout)},
     )
 
 

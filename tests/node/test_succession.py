@@ -1,10 +1,14 @@
 """The chief is no single point of failure: its detlaunch is SIGKILLed mid-training and the job goes on.
 
-One real job of N nodes and 1 spare on 127.0.0.1-N+1 (gloo collectives, resume from checkpoint), started
-with torchrun-style flags (each node knows only the chief's address: the others' come from the chief's
-membership): 4 nodes under --layer direct, and 3 under --layer torchrun, whose ranks find rank 0 at
-MASTER_ADDR (it must follow rank 0 to its new host). Node 2's rank hangs in step 3, so every rank has saved
-step 2 and the job is mid-run; then node 0's detlaunch is SIGKILLed. Node 1, the lowest surviving node rank,
+One real job of N nodes and 1 spare on 127.0.0.1-N+1 (gloo collectives, resume from checkpoint): 4 nodes
+under --layer direct and 3 under --layer torchrun, started with torchrun-style flags (each node knows only
+the chief's address: the others' come from the chief's membership), torchrun's ranks finding rank 0 at
+MASTER_ADDR (it must follow rank 0 to its new host); and 3 under --layer horovod, from a host list (the last
+host is the spare), whose horovodrun runs on the chief and starts every rank over the nodes' per-job sshd:
+the successor must start it with -H naming itself (rank 0), the spare in its old place (rank 1) and node 2
+(rank 2), and the spare's running rank 1 shows it did (only the chief's horovodrun starts ranks). Node 2's
+rank hangs in step 3, so every rank has saved step 2 and the job is mid-run; then node 0's detlaunch is
+SIGKILLed. Node 1, the lowest surviving node rank,
 becomes the chief (node rank 0, global rank 0, MASTER_ADDR); the other nodes and the spare dial it with the
 job's secret; a majority is there, so the job goes on; the spare takes the place node 1 left; attempt 2
 resumes at step 2 and every surviving node ends 0, with the restart state carried over (the attempt
@@ -22,21 +26,28 @@ from pathlib import Path
 import pytest
 from support.helpers import free_port, rank_lines
 from support.jobs import Launcher
-from test_restarts import DDP, train_args
+from test_restarts import DDP, HVD, train_args
 
 pytestmark = pytest.mark.timeout(300)
 
 
-@pytest.mark.parametrize(("layer", "n"), [("direct", 4), ("torchrun", 3)])
+@pytest.mark.parametrize(("layer", "n"), [("direct", 4), ("torchrun", 3), ("horovod", 3)])
 def test_the_chief_is_lost_mid_training_and_the_lowest_surviving_node_takes_over(
         launcher: Launcher, tmp_path: Path, layer: str, n: int) -> None:
     excluded = tmp_path / "excluded-hosts"
-    common = ["--layer", layer, "--nnodes", str(n), "--nproc-per-node", "1", "--master-addr", "127.0.0.1",
-              "--spares", "1", "--master-port", str(free_port()), "--max-restarts", "1", "--restart-backoff", "0",
-              "--heartbeat", "1", "--job-id", f"succession-{os.getpid()}", "--exclude-hosts", str(excluded),
-              "--log-dir", str(tmp_path / "logs")]
-    script = train_args(tmp_path, DDP, "--crash-step", "3", "--crash-rank", "2", "--crash-how", "hang")
-    nodes = [launcher.start(*common, "--node-rank", str(i), "--node-addr", f"127.0.0.{i + 1}", *script)
+    if layer == "horovod":  # the host list's last host is the spare; horovodrun runs on the chief, over sshd.
+        # --network-interface: horovodrun's own search for one, over ssh on every node, costs CPU seconds a start
+        shape = ["--hosts", ",".join(f"127.0.0.{i}:1" for i in range(1, n + 2)), "--ssh-port",
+                 str(free_port("127.0.0.2")), "--network-interface", "lo"]
+    else:
+        shape = ["--nnodes", str(n), "--nproc-per-node", "1", "--master-addr", "127.0.0.1"]
+    common = ["--layer", layer, *shape, "--spares", "1", "--master-port", str(free_port()), "--max-restarts", "1",
+              "--restart-backoff", "0", "--heartbeat", "1", "--job-id", f"succession-{layer}-{os.getpid()}",
+              "--exclude-hosts", str(excluded), "--log-dir", str(tmp_path / "logs")]
+    script = train_args(tmp_path, HVD if layer == "horovod" else DDP, "--crash-step", "3", "--crash-rank", "2",
+                        "--crash-how", "hang")
+    nodes = [launcher.start(*common, "--node-rank", str(i),
+                            *([] if layer == "horovod" else ["--node-addr", f"127.0.0.{i + 1}"]), *script)
              for i in range(n + 1)]
     chief, spare = nodes[0], nodes[n]
     spare.wait_for_output(f"detlaunch: spare node {n}: joined the job; it runs no rank", timeout=60)

@@ -34,7 +34,7 @@ from detlaunch import (
     hookimpl,
 )
 from detlaunch.launcher_flags import add_launcher_flags, check_launcher_args
-from detlaunch.ssh import SshLayout, add_ssh_options, ssh_client_parts, ssh_port_check, sshd_parts
+from detlaunch.ssh import SshLayout, add_ssh_options, client_path, ssh_client_parts, ssh_port_check, sshd_parts
 
 from .flags import EXPORTS, TABLE
 from .grace import GRACE_ENV
@@ -225,8 +225,15 @@ def detlaunch_rank_wrappers(ctx: StageContext) -> RankWrapper:
 def import_time_env(ctx: StageContext) -> dict[str, str]:
     """What horovodrun adds to its ranks' environment that Python reads at start (RankWrapper.warm_env: their ranks
     are forked from the node's rank template, which imported horovod.torch once): under gloo, PYTHONUNBUFFERED=1
-    (horovod/runner/gloo_run.py). The rest (HOROVOD_*, and mpirun's OMPI_*/PMIX_*) is read by hvd.init()."""
-    return {"PYTHONUNBUFFERED": "1"} if str(ctx.option("controller", "gloo")) == "gloo" and not single_slot(ctx) else {}
+    (horovod/runner/gloo_run.py). The rest (HOROVOD_*, and mpirun's OMPI_*/PMIX_*) is read by hvd.init().
+    On the other nodes of a gloo run, horovodrun's ranks get its environment, the chief's: its PATH starts with the
+    per-job ssh (ssh.client_path), taken here to be this node's PATH after that (nodes started alike); where the
+    chief's differs, the ranks start cold, with one line."""
+    if str(ctx.option("controller", "gloo")) != "gloo" or single_slot(ctx):
+        return {}
+    if ctx.cluster.num_nodes > 1 and not ctx.cluster.is_chief:
+        return {"PYTHONUNBUFFERED": "1", "PATH": client_path(ctx)}
+    return {"PYTHONUNBUFFERED": "1"}
 
 
 @hookimpl
