@@ -1,25 +1,22 @@
 """The horovod and deepspeed layers' standby launchers (standby.py): with restarts on, the next attempt's
 horovodrun / deepspeed runner waits past its imports (and horovodrun's build probe) while an attempt runs,
-and the next attempt runs in it; run either way, they behave as the launchers' own commands.
+and the next attempt runs in it (a job's restart in it: tests/node/test_warm_ranks.py, whose ranks are warm
+in both attempts); run either way, they behave as the launchers' own commands.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import re
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
-from support.helpers import free_port, rank_lines
 from support.jobs import SCRIPTS, Launcher
 
 pytestmark = pytest.mark.timeout(300)
 
-DDP, HVD = SCRIPTS / "resume_ddp.py", SCRIPTS / "resume_hvd.py"
-WEIGHTS = "0.981222,0.649037,0.482428,0.538023,-0.004031"  # as tests/node/test_restarts.py
+DDP = SCRIPTS / "resume_ddp.py"
 ENTRIES = {"horovod": ("horovodrun", "detlaunch_horovod.horovodrun:main"),
            "deepspeed": ("deepspeed", "detlaunch_deepspeed.runner:main")}
 
@@ -37,34 +34,6 @@ def test_the_plan_shows_the_layers_standby_with_restarts_on_only(launcher: Launc
     plan = json.loads(launcher.run(*base, "--max-restarts", "1", "--format", "json", str(DDP), timeout=60).stdout)
     assert [(c["name"], c["standby"]) for c in plan["commands"]] == [(name, entry)], plan["commands"]
     assert plan["commands"][0]["argv"][1:3] == ["-m", entry.split(":")[0]]
-
-
-def one_node_restart(launcher: Launcher, tmp_path: Path, layer: str, script: Path) -> tuple[str, str]:
-    """Rank 1 SIGKILLs itself at step 3 of 4; --max-restarts 1: attempt 2 resumes and the job ends 0."""
-    r = launcher.run("--layer", layer, "--nproc-per-node", "2", "--master-port", str(free_port()),
-                     "--max-restarts", "1", "--restart-backoff", "0", "--debug", str(script),
-                     "--ckpt-dir", str(tmp_path / "ckpt"), "--steps", "4", "--crash-step", "3", "--crash-rank", "1",
-                     "--crash-how", "kill", env={"DS_ACCELERATOR": "cpu"}, timeout=240)
-    assert r.returncode == 0, r.output
-    for rank in (0, 1):
-        assert f"rank {rank} attempt 2 starts at step 2" in rank_lines(r.stdout, rank), r.output
-        assert rank_lines(r.stdout, rank)[-1] == f"rank {rank} done: 4 steps, weights {WEIGHTS}"
-    return r.stdout, r.stderr
-
-
-@pytest.mark.parametrize("layer,script", [("horovod", HVD), ("deepspeed", DDP)])
-def test_one_node_the_next_attempt_runs_in_the_standby_launcher(launcher: Launcher, tmp_path: Path, layer: str,
-                                                                 script: Path) -> None:
-    name, _ = ENTRIES[layer]
-    out, err = one_node_restart(launcher, tmp_path, layer, script)
-    assert re.search(rf"started {name} \(pid \d+\)\n", err), err  # attempt 1: cold
-    assert re.search(rf"started {name} \(pid \d+, its standby\)\n", err), err  # attempt 2: in its standby
-    assert err.count(f"standby {name} for the next attempt") == 1, err  # none for an attempt 3
-    assert "DETLAUNCH_HOROVOD_PROBE" not in out + err  # horovodrun.py takes it out before anything runs
-    # The restart as the report tells it (one node: tests/node/test_restarts.py has these layers' two-node restarts).
-    lines = [line for line in err.splitlines() if re.match(r"detlaunch:   (attempt|  ->)", line)]
-    assert lines[0].endswith(": rank 1 on node 0 (127.0.0.1) killed by SIGKILL"), lines
-    assert len(lines) == 3 and lines[2].startswith("detlaunch:   attempt 2: finished"), lines
 
 
 def test_horovodrun_module_is_horovodrun(real_processes: None) -> None:

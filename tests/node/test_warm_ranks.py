@@ -239,15 +239,17 @@ PROBE = FIELDS + textwrap.dedent('''\
 RESUMED = "0.981222,0.649037,0.482428,0.538023,-0.004031"  # test_restarts.WEIGHTS: 4 steps that never failed
 
 
-def restart_job(launcher: Launcher, tmp_path: Path, layer: str, script: str, name: str) -> dict[str, dict[str, object]]:
-    """One node x 2 ranks, one failure, one restart that resumes and ends 0: each rank's fields of attempt 2."""
+def restart_job(launcher: Launcher, tmp_path: Path, layer: str, script: str, name: str,
+                *extra: str) -> tuple[dict[str, dict[str, object]], str]:
+    """One node x 2 ranks, one failure, one restart that resumes and ends 0: each rank's fields of attempt 2,
+    and detlaunch's stderr."""
     own = {"horovod": "import os\nos.environ.setdefault('RANK', os.environ['HOROVOD_RANK'])\n",  # FIELDS reads RANK
            "deepspeed": "import sys\nsys.argv = [a for a in sys.argv if not a.startswith('--local_rank=')]\n"}
     (tmp_path / "probe.py").write_text(f"TRAIN = {str(SCRIPTS / script)!r}\n" + own.get(layer, "") + PROBE)
     (tmp_path / name).mkdir()
     env = {"OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu"}  # horovodrun and deepspeed leave it unset (RESTARTS.md)
     r = launcher.run("--layer", layer, "--nproc-per-node", "2", "--master-port", str(free_port()), "--max-restarts",
-                     "1", "--restart-backoff", "0", "--preload", "wave", "probe.py", name, cwd=tmp_path,
+                     "1", "--restart-backoff", "0", "--preload", "wave", *extra, "probe.py", name, cwd=tmp_path,
                      env=env, timeout=200)
     assert r.returncode == 0, r.output
     for rank in (0, 1):
@@ -256,7 +258,7 @@ def restart_job(launcher: Launcher, tmp_path: Path, layer: str, script: str, nam
         assert f"rank {rank} attempt 2 starts at step 2" in lines and lines[-1].endswith(RESUMED), r.output
     assert re.search(r"attempt 1: rank-failed .* rank 1 on node 0 .* killed by SIGKILL$", r.stderr, re.M), r.stderr
     assert [line for line in r.stderr.splitlines() if "warm ranks:" in line] == [], r.stderr
-    return {rank: json.loads((tmp_path / name / f"{rank}.json").read_text()) for rank in ("0", "1")}
+    return {rank: json.loads((tmp_path / name / f"{rank}.json").read_text()) for rank in ("0", "1")}, r.stderr
 
 
 # The cold side of the comparison: the same fields in a restart, with no training (it imports no torch:
@@ -273,7 +275,7 @@ def test_torchrun_restarts_warm_and_its_warm_rank_sees_what_a_cold_rank_sees(
     """torchrun's agent starts the wrappers, which ask the node's template: both attempts warm, the failed one
     stopped by torchrun (its SIGTERM to the wrapper's group, passed on), the job resumed; field by field as
     the cold ranks of a restart."""
-    warm_ranks = restart_job(launcher, tmp_path, "torchrun", "resume_ddp.py", "warm")
+    warm_ranks, _ = restart_job(launcher, tmp_path, "torchrun", "resume_ddp.py", "warm")
     (tmp_path / "probe.py").write_text(COLD_PROBE)  # the same path: the fields hold it
     (tmp_path / "cold").mkdir()
     r = launcher.run("--layer", "torchrun", "--nproc-per-node", "2", "--master-port", str(free_port()),
@@ -297,5 +299,17 @@ def test_torchrun_restarts_warm_and_its_warm_rank_sees_what_a_cold_rank_sees(
 @pytest.mark.parametrize("layer", [
     "horovod", pytest.param("deepspeed", marks=pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None,
                                                                   reason="deepspeed is not installed"))])
-def test_a_launcher_layer_restarts_warm(launcher: Launcher, tmp_path: Path, layer: str) -> None:
-    restart_job(launcher, tmp_path, layer, "resume_hvd.py" if layer == "horovod" else "resume_ddp.py", "warm")
+def test_a_launcher_layer_restarts_warm_in_its_standby_launcher(launcher: Launcher, tmp_path: Path,
+                                                               layer: str) -> None:
+    """Both attempts' ranks warm, and attempt 2 runs in the standby launcher (standby.py): with restarts on, the
+    next attempt's horovodrun / deepspeed runner waits past its imports (and horovodrun's build probe) while an
+    attempt runs (one node: tests/node/test_restarts.py has these layers' two-node restarts)."""
+    _, err = restart_job(launcher, tmp_path, layer, "resume_hvd.py" if layer == "horovod" else "resume_ddp.py",
+                         "warm", "--debug")
+    name = {"horovod": "horovodrun", "deepspeed": "deepspeed"}[layer]
+    assert re.search(rf"started {name} \(pid \d+\)\n", err), err  # attempt 1: cold
+    assert re.search(rf"started {name} \(pid \d+, its standby\)\n", err), err  # attempt 2: in its standby
+    assert err.count(f"standby {name} for the next attempt") == 1, err  # none for an attempt 3
+    assert "DETLAUNCH_HOROVOD_PROBE" not in err  # horovodrun.py takes it out before anything runs
+    lines = [line for line in err.splitlines() if re.match(r"detlaunch:   (attempt|  ->)", line)]
+    assert len(lines) == 3 and lines[2].startswith("detlaunch:   attempt 2: finished"), lines
