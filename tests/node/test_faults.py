@@ -82,13 +82,13 @@ def wrapper_of(job: TwoNodes, rank: int) -> int:
     """The rank's wrapper, found among the processes of its node's detlaunch only (other tests run beside this
     one, with wrappers of their own rank 3): the rank's parent, or, for a warm rank (forked from the rank
     template, a child of its node's supervisor: docs/RESTARTS.md), the wrapper in front of that rank (it names
-    the rank in RANK)."""
+    the rank in RANK, or horovodrun's HOROVOD_RANK)."""
     rank_pid = job.pid_of(rank)
     parent = psutil.Process(rank_pid).ppid()
     for proc in psutil.Process(job.node_of(rank).proc.pid).children(recursive=True):
         try:
-            if any(a.endswith("run_wrapper.py") for a in proc.cmdline()) and (
-                    proc.pid == parent or proc.environ().get("RANK") == str(rank)):
+            named = (proc.environ().get("RANK"), proc.environ().get("HOROVOD_RANK"))
+            if any(a.endswith("run_wrapper.py") for a in proc.cmdline()) and (proc.pid == parent or str(rank) in named):
                 return proc.pid
         except psutil.Error:
             continue
