@@ -8,8 +8,9 @@ second SIGHUP: every process of its job killed at once. So Ctrl-C (or SIGTERM, S
 line to every pipe, a second Ctrl-C closes them (every node kills its job and says so), a third kills
 the launches (the ssh sessions); a node that ended in error has the others stopped with a line. A
 SIGKILL of this process closes the pipes (the kernel closes its end): each ssh client passes the end of
-its stdin on, and the node stops as on Ctrl-C. A launch whose node does not watch its stdin (srun) dies
-with this process instead (PR_SET_PDEATHSIG).
+its stdin on, and the node stops as on Ctrl-C. A launch whose node does not watch its stdin (srun) has
+its stdin closed at the first Ctrl-C, is killed at the second, and dies with this process
+(PR_SET_PDEATHSIG).
 
 Output is relayed whole lines at a time (``\\n`` or ``\\r`` ends one), so nodes never cut into each
 other's lines; a node's own ``detlaunch:`` lines name it. A launch that ends before its node's
@@ -151,9 +152,9 @@ class Fanout:
             for launch in launches:
                 if ctrl_cs == 0:  # every node stops its job
                     launch.ask()
-                elif ctrl_cs == 1:  # a second Ctrl-C: every node kills its job now
+                elif ctrl_cs == 1 and launch.launch.watches_stdin:  # a second Ctrl-C: every node kills its job now
                     launch.stop()
-                elif launch.proc.poll() is None:  # a third: the launches themselves, now
+                elif launch.proc.poll() is None:  # a third (srun: a second): the launches themselves, now
                     try:
                         os.killpg(launch.proc.pid, signal.SIGKILL)
                     except ProcessLookupError:
