@@ -67,6 +67,8 @@ def _stop_at_stdin_end() -> None:
             data = b""
         if data and asked:
             continue
+        if asked and not _began.is_set():  # still planning: the first one ends it (no second SystemExit)
+            break
         os.kill(os.getpid(), signal.SIGHUP)
         if not data:
             break
