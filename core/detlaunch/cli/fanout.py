@@ -8,9 +8,9 @@ second SIGHUP: every process of its job killed at once. So Ctrl-C (or SIGTERM, S
 line to every pipe, a second Ctrl-C closes them (every node kills its job and says so), a third kills
 the launches (the ssh sessions); a node that ended in error has the others stopped with a line. A
 SIGKILL of this process closes the pipes (the kernel closes its end): each ssh client passes the end of
-its stdin on, and the node stops as on Ctrl-C. A launch whose node does not watch its stdin (srun) has
-its stdin closed at the first Ctrl-C, is killed at the second, and dies with this process
-(PR_SET_PDEATHSIG).
+its stdin on, and the node stops as on Ctrl-C. A launch whose node does not watch its stdin (srun) gets
+SIGTERM instead of the line (srun then ends its step on every node), is killed at the second Ctrl-C, and dies
+with this process (PR_SET_PDEATHSIG).
 
 Output is relayed whole lines at a time (``\\n`` or ``\\r`` ends one), so nodes never cut into each
 other's lines; a node's own ``detlaunch:`` lines name it. A launch that ends before its node's
@@ -59,13 +59,20 @@ class _Launch:
 
     def ask(self) -> None:
         """A line on its stdin, once: the node's detlaunch stops its job. Only to a node that watches it (another
-        launch may pass its stdin on to a rank's): the others' stdin is closed."""
-        if not self.launch.watches_stdin:
-            self.stop()
-            return
-        if self.asked or self.proc.stdin is None or self.proc.stdin.closed:
+        launch may pass its stdin on to a rank's): another launch gets SIGTERM, on which srun ends its step on
+        every node (no terminal's Ctrl-C reaches it: it runs in a session of its own)."""
+        if self.asked:
             return
         self.asked = True
+        if not self.launch.watches_stdin:
+            self.stop()
+            try:
+                os.kill(self.proc.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+            return
+        if self.proc.stdin is None or self.proc.stdin.closed:
+            return
         try:
             self.proc.stdin.write(b"\n")
             self.proc.stdin.flush()
