@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import os
 import shlex
+import socket
 import sys
 from pathlib import Path
 
 import detlaunch
+import psutil
 import pytest
 from detlaunch.cli.main import main
 from detlaunch.cli.spawning import launches_for
@@ -55,6 +57,21 @@ def test_each_node_gets_the_same_words_its_rank_the_directory_and_the_variables(
         assert ssh[:-1] == ["ssh", "-T", "-o", "BatchMode=yes", "-p", "2222", "-F", "my cfg", "--", host]
         assert shlex.split(ssh[-1]) == ["cd", str(here), "&&", "exec", "env", *env, *node, "--node-rank", str(rank),
                                         *argv]
+
+
+def test_node_0_runs_here_when_its_address_is_one_of_this_machines(capsys: pytest.CaptureFixture[str],
+                                                                    here: Path) -> None:
+    """Not only loopback's and the host name: an address one of this machine's interfaces holds (no ssh
+    session to itself). 127.0.0.2 is not one (lo holds 127.0.0.1): the real-ssh tests reach it over ssh."""
+    own = next((a.address for addrs in psutil.net_if_addrs().values() for a in addrs
+                if a.family == socket.AF_INET and not a.address.startswith("127.")), None)
+    if own is None:
+        pytest.skip("this machine has no address but loopback")
+    for node0, first_word in ((own, sys.executable), ("127.0.0.2", "ssh")):
+        code, out, err = run(capsys, "--layer", "direct", "--spawn", "ssh", "--hosts", f"{node0},10.0.0.2",
+                             "--dry-run", TRICKY)
+        assert code == 0 and err == [], err
+        assert [shlex.split(line.split(": ", 1)[1])[0] for line in out] == [first_word, "ssh"], out
 
 
 def test_horovods_x_reaches_every_node(capsys: pytest.CaptureFixture[str], here: Path) -> None:

@@ -1,7 +1,9 @@
-"""Nodes reached over a real ssh, for ``--spawn ssh``: an sshd of the test's own on 127.0.0.2-4 (and 127.0.0.6,
-where the command is not found: a host without detlaunch) for a throwaway user with a home, a key and an
-ssh config of their own. The user runs this checkout's detlaunch with Debian's python3 (the venv's interpreter
-lives under /root) and the venv's packages on its path, as tests/node/test_escape.py does."""
+"""Nodes reached over a real ssh, for ``--spawn ssh``: an sshd of the test's own on 127.0.0.2-4 for a throwaway
+user with a home, a key and an ssh config of their own; and three hosts that go wrong: 127.0.0.6, where the
+command is not found (a host without detlaunch), 127.0.0.7, where the user's key is not authorized (ssh login
+refused), and 127.0.0.8, whose detlaunch says it is another version. The user runs this checkout's detlaunch
+with Debian's python3 (the venv's interpreter lives under /root) and the venv's packages on its path, as
+tests/node/test_escape.py does."""
 
 from __future__ import annotations
 
@@ -25,6 +27,15 @@ from support.paths import ROOT
 
 HOSTS = ("127.0.0.2", "127.0.0.3", "127.0.0.4")
 NO_DETLAUNCH = "127.0.0.6"  # its sshd runs every command as a shell without detlaunch would: not found, 127
+REFUSED = "127.0.0.7"  # no authorized keys there: "Permission denied (publickey)", 255
+OTHER_VERSION, OTHER = "127.0.0.8", "0.0.9"  # its detlaunch is this checkout's, saying it is version 0.0.9
+# What 127.0.0.8 runs instead of `python3 -m detlaunch`: the node's own detlaunch, of another version.
+OTHER_DETLAUNCH = f"""import sys
+import detlaunch.version
+detlaunch.version.__version__ = "{OTHER}"
+from detlaunch.cli.main import main
+sys.exit(main())
+"""
 PYTHON = "/usr/bin/python3"
 
 
@@ -73,12 +84,17 @@ def ssh_nodes(user: pwd.struct_passwd) -> Iterator[SshNodes]:
         server = home / "sshd"
         server.mkdir()
         subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(server / "host_key")], check=True)
-        listen = "".join(f"ListenAddress {h}:{port}\n" for h in (*HOSTS, NO_DETLAUNCH))
+        listen = "".join(f"ListenAddress {h}:{port}\n" for h in (*HOSTS, NO_DETLAUNCH, REFUSED, OTHER_VERSION))
+        (server / "other_detlaunch.py").write_text(OTHER_DETLAUNCH)
+        other = f"s| -m detlaunch | {server / 'other_detlaunch.py'} |"
         (server / "sshd_config").write_text(
             f"{listen}HostKey {server / 'host_key'}\nPidFile none\nAuthorizedKeysFile .ssh/authorized_keys\n"
             f"PasswordAuthentication no\nKbdInteractiveAuthentication no\nUsePAM no\nStrictModes no\n"
             f"AllowUsers {user.pw_name}\nPermitRootLogin no\nLogLevel ERROR\nMaxStartups 100\n"
-            f"Match LocalAddress {NO_DETLAUNCH}\n  ForceCommand exec /nonexistent/bin/python3 -m detlaunch\n")
+            f"Match LocalAddress {NO_DETLAUNCH}\n  ForceCommand exec /nonexistent/bin/python3 -m detlaunch\n"
+            f"Match LocalAddress {REFUSED}\n  AuthorizedKeysFile none\n"
+            f"Match LocalAddress {OTHER_VERSION}\n"
+            f"  ForceCommand exec /bin/sh -c \"$(printf %s \"$SSH_ORIGINAL_COMMAND\" | sed '{other}')\"\n")
         for path in home.rglob("*"):
             if server not in (path, *path.parents):
                 os.chown(path, user.pw_uid, user.pw_gid)

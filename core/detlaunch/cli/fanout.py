@@ -1,17 +1,23 @@
 """--spawn's side: every node's launch run here, in parallel; their output relayed; one exit code.
 
 Each launch (``ssh HOST 'detlaunch ...'``, a local detlaunch for node 0, one ``srun``) runs in a session
-of its own, its stdin a pipe from here. Closing that pipe is how every node is told to stop: its
-detlaunch (started with ``--spawned ...,stdin``) takes the end of its stdin as SIGHUP and stops its job,
-while its output still flows back. So Ctrl-C (or SIGTERM, SIGHUP) here closes every pipe; a second
-Ctrl-C kills the launches; and a SIGKILL of this process closes the same pipes (the kernel closes its
-end): each ssh client passes the end of its stdin on, and the node stops as on Ctrl-C. A launch whose
-node does not watch its stdin (srun) dies with this process instead (PR_SET_PDEATHSIG).
+of its own, its stdin a pipe from here. That pipe is how every node is told to stop: its detlaunch
+(started with ``--spawned ...,stdin``) takes a line on its stdin, or its end, as SIGHUP and stops its
+job, its ranks given their grace period, while its output still flows back; the end after a line is a
+second SIGHUP: every process of its job killed at once. So Ctrl-C (or SIGTERM, SIGHUP) here writes a
+line to every pipe, a second Ctrl-C closes them (every node kills its job and says so), a third kills
+the launches (the ssh sessions); a node that ended in error has the others stopped with a line. A
+SIGKILL of this process closes the pipes (the kernel closes its end): each ssh client passes the end of
+its stdin on, and the node stops as on Ctrl-C. A launch whose node does not watch its stdin (srun) gets
+SIGTERM instead of the line (srun then ends its step on every node), is killed at the second Ctrl-C, and dies
+with this process (PR_SET_PDEATHSIG).
 
 Output is relayed whole lines at a time (``\\n`` or ``\\r`` ends one), so nodes never cut into each
 other's lines; a node's own ``detlaunch:`` lines name it. A launch that ends before its node's
 detlaunch said anything (ssh cannot reach the host: 255; nothing to run there: 127; another Python's
 "No module named detlaunch") is one line naming the host and the reason, and the other nodes are stopped.
+A node whose detlaunch ends in error first (another version there: its one line, exit code 2) stops the
+others too; the chief then ends as stopped (SIGHUP's 129), so the job's code is that node's.
 """
 
 from __future__ import annotations
@@ -49,9 +55,32 @@ class _Launch:
         self.partial: dict[int, bytes] = {}
         self.held: list[bytes] | None = []  # None once the node is up
         self.code: int | None = None
+        self.asked = False  # a line went to its stdin
+
+    def ask(self) -> None:
+        """A line on its stdin, once: the node's detlaunch stops its job. Only to a node that watches it (another
+        launch may pass its stdin on to a rank's): another launch gets SIGTERM, on which srun ends its step on
+        every node (no terminal's Ctrl-C reaches it: it runs in a session of its own)."""
+        if self.asked:
+            return
+        self.asked = True
+        if not self.launch.watches_stdin:
+            self.stop()
+            try:
+                os.kill(self.proc.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+            return
+        if self.proc.stdin is None or self.proc.stdin.closed:
+            return
+        try:
+            self.proc.stdin.write(b"\n")
+            self.proc.stdin.flush()
+        except OSError:  # it has ended
+            pass
 
     def stop(self) -> None:
-        """Close its stdin: the node's detlaunch stops its job."""
+        """Close its stdin: the node's detlaunch stops its job, or kills it at once when asked before."""
         if self.proc.stdin is not None and not self.proc.stdin.closed:
             try:
                 self.proc.stdin.close()
@@ -70,6 +99,7 @@ class Fanout:
         self.signals: list[int] = []
         self.failed_start: list[str] = []
         self.stopping = False
+        self.cause: _Launch | None = None  # the first launch that ended in error before any stop from here
 
     def run(self) -> int:
         wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
@@ -123,17 +153,19 @@ class Fanout:
 
     def _on_signals(self, got: bytes, launches: list[_Launch]) -> None:
         for signum in got:
-            if signum == signal.SIGINT and signal.SIGINT in self.signals:  # a second Ctrl-C: at once
-                for launch in launches:
-                    if launch.proc.poll() is None:
-                        try:
-                            os.killpg(launch.proc.pid, signal.SIGKILL)
-                        except ProcessLookupError:
-                            pass
+            ctrl_cs = self.signals.count(signal.SIGINT) if signum == signal.SIGINT else 0
             self.signals.append(signum)
             self.stopping = True
             for launch in launches:
-                launch.stop()
+                if ctrl_cs == 0:  # every node stops its job
+                    launch.ask()
+                elif ctrl_cs == 1 and launch.launch.watches_stdin:  # a second Ctrl-C: every node kills its job now
+                    launch.stop()
+                elif launch.proc.poll() is None:  # a third (srun: a second): the launches themselves, now
+                    try:
+                        os.killpg(launch.proc.pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
 
     def _relay(self, launch: _Launch, fd: int, is_out: bool, data: bytes, end: bool = False) -> None:
         data = launch.partial.pop(fd, b"") + data
@@ -180,9 +212,11 @@ class Fanout:
         else:
             self._up(launch)
         if launch.code != 0:  # the job is over: the other nodes learn it from the chief, or from here
+            if not self.stopping:
+                self.cause = launch
             self.stopping = True
             for other in launches:
-                other.stop()
+                other.ask()
 
     def _exit_code(self, launches: list[_Launch]) -> int:
         if self.signals:
@@ -191,4 +225,6 @@ class Fanout:
             return 1
         codes = [launch.code or 0 for launch in launches]
         chief = next((launch.code for launch in launches if launch.launch.node in (0, None)), None)
+        if chief == exit_codes.by_signal(signal.SIGHUP) and self.cause is not None:  # stopped from here, for it
+            return self.cause.code or chief
         return chief if chief else next((c for c in codes if c), 0)

@@ -2,8 +2,9 @@
 
 The spawning side reads the hosts, asks the named spawner (a ``detlaunch_spawners`` plugin) for the
 launches, and runs them (cli/fanout.py); with --dry-run it prints them, one line each, as a shell would
-read them. A spawned node checks that it runs the spawning command's version and, when told to, stops
-its job when its stdin closes (the spawning command is gone: Ctrl-C, SIGKILL).
+read them. A spawned node checks that it runs the spawning command's version and, when told to, watches its
+stdin: a line there stops its job (Ctrl-C in the spawning command), its end after that kills it at once
+(a second Ctrl-C), its end alone stops it (the spawning command is gone: SIGKILL).
 """
 
 from __future__ import annotations
@@ -53,16 +54,25 @@ def _hangup(signum: int, frame: object) -> None:
 
 
 def _stop_at_stdin_end() -> None:
-    """The spawning command's pipe (an ssh session's stdin) closed: stop the job as SIGHUP does."""
+    """The spawning command's pipe (an ssh session's stdin): its first line (Ctrl-C there) stops the job as
+    SIGHUP does, and its end after that (a second Ctrl-C) as a second SIGHUP does: everything killed now. An
+    end without a line first (the spawning command gone, SIGKILL included) is a first SIGHUP."""
+    asked = False
     while True:
         try:
-            if not os.read(0, 4096):
-                break
+            data = os.read(0, 4096)
         except InterruptedError:
             continue
         except OSError:
+            data = b""
+        if data and asked:
+            continue
+        if asked and not _began.is_set():  # still planning: the first one ends it (no second SystemExit)
             break
-    os.kill(os.getpid(), signal.SIGHUP)
+        os.kill(os.getpid(), signal.SIGHUP)
+        if not data:
+            break
+        asked = True
 
 
 def spawn_request(hooks: Hooks, config: Config, argv: list[str]) -> SpawnRequest:

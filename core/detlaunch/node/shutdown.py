@@ -3,7 +3,9 @@
 On a failure, every process is signalled at once. On the user's signal, the ranks get that signal
 first and the launchers are left alone until the ranks are gone, so no launcher's own SIGTERM races
 the SIGINT a rank was about to handle. Either way, whatever is left after the grace period is
-SIGKILLed; then the sweep: nothing the attempt started may outlive it. A second signal kills at once.
+SIGKILLed; then the sweep: nothing the attempt started may outlive it. A second signal kills at once;
+a node's first one while it already stops for another reason (a failure, the chief's verdict) is no second
+one: a spawned node's SIGHUP at its stdin's end (cli/spawning.py) races the chief's verdict that way.
 
 The phases it moves through are drawn in phase.py; the supervisor decides when to stop (its verdict)
 and what comes after LOCAL_DONE (the other nodes, a restart). This part reaches the supervisor only
@@ -56,6 +58,7 @@ class Shutdown:
         self.host = host
         self.kill_timer: Timer | None = None  # the grace period's end
         self.sweep_timer: Timer | None = None  # the sweep's deadline
+        self.signalled = False  # this node had a stop signal: the next one kills at once
 
     def new_attempt(self) -> None:
         """The last attempt's timers must not fire in the next one."""
@@ -194,6 +197,7 @@ class Shutdown:
         h = self.host
         name = signal_name(signum)
         interrupt = Interrupted(signum, h.node, time.time())
+        signalled, self.signalled = self.signalled, True
         if h.phase in (Phase.LOCAL_DONE, Phase.CLOSING):  # the chief, waiting for the other nodes
             h.say(f"{name} received: not waiting for the other nodes")
             if h.verdict.add(interrupt) is Decision.FIRST:
@@ -207,6 +211,8 @@ class Shutdown:
         elif h.phase is Phase.SWEEPING:  # the ranks are gone; only leftovers remain
             h.say(f"{name} received: not waiting for what is left of the job")
             self.sweep_deadline()
+        elif h.phase.stopping and not signalled:  # for a failure, or the chief's verdict: not a second signal
+            h.say(f"{name} received: the job is already stopping (again to kill at once)")
         elif not h.phase.active or h.verdict.interrupted_by is not None:
             h.say(f"{name} again: killing every process of the job now")
             self.kill_all()

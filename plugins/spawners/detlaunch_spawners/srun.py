@@ -2,8 +2,8 @@
 
 ``srun --ntasks-per-node=1 --kill-on-bad-exit=1 detlaunch ...``: SLURM starts every node's detlaunch
 and its discovery (the slurm provider) gives each its rank and the nodes; a node whose detlaunch fails
-ends the step on every node. srun forwards Ctrl-C and SIGTERM to every task itself, so the nodes'
-detlaunch do not watch their stdin (srun gives it to task 0 only).
+ends the step on every node. The nodes' detlaunch do not watch their stdin (srun gives it to task 0
+only): a stop of the spawning command reaches srun as SIGTERM, on which SLURM ends the step everywhere.
 """
 
 from __future__ import annotations

@@ -5,11 +5,13 @@ the remote command is one line quoted word by word (``SpawnRequest.shell_command
 path and value arrives exactly as given. ssh's stdin is the spawning command's pipe: when that closes
 (Ctrl-C there, or the spawning command killed), the node's detlaunch sees its stdin end and stops its
 job; so a launch need not die with the spawning command (NodeLaunch.watches_stdin), and starts faster.
-Node 0 runs here, without ssh, when its address is this machine's name or loopback's 127.0.0.1.
+Node 0 runs here, without ssh, when its address is this machine: its name, loopback's 127.0.0.1, or an
+address one of its interfaces holds.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import socket
 from collections.abc import Sequence
 
@@ -18,15 +20,29 @@ from detlaunch import Config, ConfigError, NodeLaunch, SpawnRequest, hookimpl
 LOCAL_NAMES = ("localhost", "127.0.0.1", "::1")
 
 
+def is_here(host: str) -> bool:
+    """Whether `host` is this machine: its name, loopback's, or an address of one of its interfaces (a literal
+    address: no name is looked up, which could wait on a resolver)."""
+    if host in (*LOCAL_NAMES, socket.gethostname()):
+        return True
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    import psutil  # only for an address given as such
+
+    return any(ipaddress.ip_address(a.address.split("%")[0]) == ip for addrs in psutil.net_if_addrs().values()
+               for a in addrs if a.family in (socket.AF_INET, socket.AF_INET6))
+
+
 class SshSpawner:
     def launches(self, request: SpawnRequest) -> Sequence[NodeLaunch]:
         if not request.hosts:
             raise ConfigError("--spawn ssh needs the nodes: give --hosts H:S,H:S or --hostfile FILE")
-        here = (*LOCAL_NAMES, socket.gethostname())
         out = []
         for node, host in enumerate(request.hosts):
             label = f"node {node} ({host})"
-            if node == 0 and host in here:
+            if node == 0 and is_here(host):
                 assigns = tuple(f"{k}={v}" for k, v in request.env.items())
                 argv = ("env", *assigns, *request.node_argv(0)) if assigns else request.node_argv(0)
                 out.append(NodeLaunch(argv, label, node, watches_stdin=True))

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import json
 import shlex
+import signal
 import socket
 import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 from support.discovery import short_tmp  # noqa: F401 (a fixture)
 from support.helpers import free_port, rank_lines, report_line
@@ -106,6 +108,21 @@ def test_spawn_srun_from_an_sbatch_script(slurm: SlurmCluster, tmp_path: Path) -
     text = sbatch(slurm, tmp_path, [*DETLAUNCH, "--layer", "direct", "--spawn", "srun", "--master-port",
                                     str(free_port()), ALLREDUCE])
     assert "detlaunch: [srun] job finished: 2 rank(s) exited 0" in text, text
+
+
+def test_ctrl_c_of_spawn_srun_stops_every_node(slurm: SlurmCluster, launcher: Launcher) -> None:
+    """srun runs in a session of its own, which no terminal's Ctrl-C reaches: the spawning command (here in
+    salloc's allocation, as its shell would run it) passes the stop on to srun as SIGTERM, and SLURM ends the
+    step on every node (the ranks would sleep 300 s; the fixtures check that nothing is left)."""
+    env = {**slurm.env, **slurm.job_env, "SLEEP": "300"}
+    job = launcher.start("--layer", "direct", "--spawn", "srun", "--master-port", str(free_port()), RANKS, env=env,
+                         command=DETLAUNCH, prefix=("salloc", "-N2", "--ntasks-per-node=1", "--time=3"))
+    for rank in (0, 1):
+        job.wait_for_output(f"[rank={rank}] rank {rank} sleeping", timeout=60)
+    [spawning] = psutil.Process(job.proc.pid).children()
+    spawning.send_signal(signal.SIGINT)
+    done = job.wait(timeout=60)
+    assert done.returncode == 130 and "srun: forcing job termination" in done.stderr, done.output
 
 
 def test_a_failing_rank_on_the_second_node(slurm: SlurmCluster) -> None:
