@@ -50,10 +50,11 @@ def spawn(launcher: Launcher, nodes: SshNodes, hosts: tuple[str, ...], *extra: s
           stubborn: bool = False):
     env = {**nodes.env, "DL_SHARED": "it's $shared", "DL_HOLD": "stubborn" if stubborn else "1" if hold else "",
            "DL_FAIL_AFTER": "3"}
-    # XDG_CACHE_HOME: one job directory (its secret) for node 0 run here and the nodes an ssh login starts
+    # No shared job directory: node 0 run here has its XDG_CACHE_HOME (nodes.env), the nodes an ssh login starts
+    # the user's ~/.cache; the job secret reaches them from the spawning command (their stdin's first line)
     return launcher.start("--layer", "direct", "--nproc-per-node", "1", "--spawn", "ssh",
                           "--hosts", ",".join(hosts), "--master-port", str(free_port()), "--grace-period", "5",
-                          "--export", "PYTHONPATH,XDG_CACHE_HOME,DETLAUNCH_CONTRACT_ID,DL_SHARED,DL_HOLD,DL_FAIL_AFTER",
+                          "--export", "PYTHONPATH,DETLAUNCH_CONTRACT_ID,DL_SHARED,DL_HOLD,DL_FAIL_AFTER",
                           *extra, TRICKY, *ARGS, env=env, cwd=nodes.home, command=(PYTHON, "-m", "detlaunch"),
                           prefix=nodes.as_user)
 

@@ -45,7 +45,7 @@ def _die_with_parent() -> None:
 
 
 class _Launch:
-    def __init__(self, launch: NodeLaunch) -> None:
+    def __init__(self, launch: NodeLaunch, first_line: bytes = b"") -> None:
         self.launch = launch
         # A launch whose node watches its stdin is told through it; it starts without a preexec_fn, which would
         # fork this Python (not vfork) and run Python in the child: ~8 ms a launch, one after the other.
@@ -56,6 +56,8 @@ class _Launch:
         self.held: list[bytes] | None = []  # None once the node is up
         self.code: int | None = None
         self.asked = False  # a line went to its stdin
+        if launch.watches_stdin and first_line:  # the job secret (spawning.py), before anything else
+            self._write(first_line)
 
     def ask(self) -> None:
         """A line on its stdin, once: the node's detlaunch stops its job. Only to a node that watches it (another
@@ -71,10 +73,13 @@ class _Launch:
             except ProcessLookupError:
                 pass
             return
+        self._write(b"\n")
+
+    def _write(self, line: bytes) -> None:
         if self.proc.stdin is None or self.proc.stdin.closed:
             return
         try:
-            self.proc.stdin.write(b"\n")
+            self.proc.stdin.write(line)
             self.proc.stdin.flush()
         except OSError:  # it has ended
             pass
@@ -92,8 +97,9 @@ class Fanout:
     """Runs the launches until every one has ended; ``run()`` returns the job's exit code."""
 
     def __init__(self, launches: Sequence[NodeLaunch], out: BinaryIO | None = None,
-                 err: BinaryIO | None = None) -> None:
+                 err: BinaryIO | None = None, first_line: bytes = b"") -> None:
         self.specs = list(launches)
+        self.first_line = first_line  # to every launch that reads its stdin, at its start: the job secret
         self.out = out or sys.stdout.buffer
         self.err = err or sys.stderr.buffer
         self.signals: list[int] = []
@@ -110,7 +116,7 @@ class Fanout:
         launches: list[_Launch] = []
         try:
             for spec in self.specs:
-                launch = _Launch(spec)
+                launch = _Launch(spec, self.first_line)
                 launches.append(launch)
                 for stream in (launch.proc.stdout, launch.proc.stderr):
                     assert stream is not None

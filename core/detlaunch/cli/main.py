@@ -149,7 +149,7 @@ def run(argv: list[str], env: dict[str, str], pre: argparse.Namespace | None = N
 
         if not options.get("spawned"):  # this command starts every node (--spawn): docs/SPAWN.md
             return spawn_job(hooks, config, line.argv)
-        join_as_node(options["spawned"])
+        config = join_as_node(config)  # with the spawning command's job secret
 
     if subcommand == "info":
         return print_info(discover(hooks, config, job=False), options.get("format", "text"))

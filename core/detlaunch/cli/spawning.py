@@ -22,24 +22,49 @@ from detlaunch.errors import ConfigError
 from detlaunch.planning.config import Config
 from detlaunch.planning.plugin_manager import Hooks
 from detlaunch.planning.spawn import SPAWNED_STDIN, NodeLaunch, SpawnRequest, spawn_env
+from detlaunch.system.jobdir import SECRET_ENV
+from detlaunch.system.safefs import random_hex
 from detlaunch.version import __version__ as VERSION
 
 DETLAUNCH_COMMAND = (sys.executable, "-m", "detlaunch")  # the same path on every node, as deepspeed's runner
 
 
-def join_as_node(spawned: str) -> None:
-    """A node's detlaunch started by a spawner: the same version, and a stop when the spawner goes."""
-    version, _, how = spawned.partition(",")
+def join_as_node(config: Config) -> Config:
+    """A node's detlaunch started by a spawner: the same version, the spawning command's job secret, and a stop
+    when the spawner goes."""
+    version, _, how = str(config.options["spawned"]).partition(",")
     if version != VERSION:
         host = socket.gethostname()
         raise ConfigError(f"{host} runs detlaunch {VERSION}, the spawning command {version}: "
                           "install the same detlaunch on every node")
-    if how == SPAWNED_STDIN:
-        signal.signal(signal.SIGHUP, _hangup)
-        threading.Thread(target=_stop_at_stdin_end, name="spawner-watch", daemon=True).start()
+    if how != SPAWNED_STDIN:
+        return config  # srun's tasks: the secret is in their environment
+    secret = _take_the_job_secret()
+    signal.signal(signal.SIGHUP, _hangup)
+    threading.Thread(target=_stop_at_stdin_end, name="spawner-watch", daemon=True).start()
+    return dataclasses.replace(config, env={**config.env, SECRET_ENV: secret})
 
 
 _began = threading.Event()
+SECRET_LINE = b"secret "  # the first line on a spawned node's stdin: the job link's key (fanout.py)
+
+
+def _take_the_job_secret() -> str:
+    """The spawning command's first line: the job secret, which the nodes of one command share whatever their
+    job directories (node 0 here and the others over ssh need no shared home). Read a byte at a time, so that
+    a stop line right after it stays for the watch; an end before it is the spawning command gone."""
+    line = b""
+    while not line.endswith(b"\n"):
+        try:
+            byte = os.read(0, 1)
+        except InterruptedError:
+            continue
+        if not byte:
+            raise SystemExit(exit_codes.by_signal(signal.SIGHUP))
+        line += byte
+    if not line.startswith(SECRET_LINE):  # a stop line first: told to stop while still planning
+        raise SystemExit(exit_codes.by_signal(signal.SIGHUP))
+    return line[len(SECRET_LINE):].strip().decode()
 
 
 def job_begins() -> None:
@@ -109,4 +134,7 @@ def spawn_job(hooks: Hooks, config: Config, argv: list[str]) -> int:
         return 0
     from detlaunch.cli.fanout import Fanout
 
-    return Fanout(launches).run()
+    # One secret for the job's link, whatever job directory each node has: a launch that reads its stdin gets it
+    # as its first line, the others (srun passes its environment on to its tasks) in the environment.
+    secret = os.environ.setdefault(SECRET_ENV, random_hex(32))
+    return Fanout(launches, first_line=SECRET_LINE + secret.encode() + b"\n").run()
