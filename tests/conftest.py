@@ -126,6 +126,21 @@ def launcher(tmp_path: Path) -> Iterator[Launcher]:
     launcher.assert_no_leftovers()
 
 
+def _uid_taken(uid: int) -> bool:
+    try:
+        pwd.getpwuid(uid)
+        return True
+    except KeyError:
+        pass
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if os.stat(f"/proc/{entry}").st_uid == uid:
+                return True
+        except OSError:
+            continue
+    return False
+
+
 @pytest.fixture
 def throwaway_user() -> Iterator[pwd.struct_passwd]:
     """An ordinary user of the test's own (root only), removed after. Ask for it before `launcher`, so
@@ -133,7 +148,11 @@ def throwaway_user() -> Iterator[pwd.struct_passwd]:
     if os.getuid() != 0:
         pytest.skip("needs root to create a test user")
     name = f"dlspy{secrets.token_hex(3)}"
-    subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", name], check=True)
+    # A uid no other test's user had: useradd would hand out the uid a test just freed, while processes of that
+    # test's user may still be ending, and this test's count of its user's processes would then find them.
+    uid = next(u for u in iter(lambda: 61000 + secrets.randbelow(4000), None) if not _uid_taken(u))
+    subprocess.run(["useradd", "--system", "--uid", str(uid), "--no-create-home", "--shell", "/usr/sbin/nologin",
+                    name], check=True)
     try:
         yield pwd.getpwnam(name)
     finally:
