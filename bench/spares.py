@@ -89,17 +89,20 @@ class Output:
         return any(text in line for line in self.lines[node])
 
 
-def lost_node(tmp: Path, how: str, heartbeat: float, *, nnodes: int, lost: int, watched: int) -> tuple[float, float]:
+def lost_node(tmp: Path, how: str, heartbeat: float, *, nnodes: int, lost: int, watched: int,
+              addrs: Sequence[str] = (), prefix: Callable[[int], list[str]] = lambda n: []) -> tuple[float, float]:
     """`nnodes` nodes and one spare (node `nnodes`); once every rank runs and the spare has joined, node `lost` is
     lost (`how`). Returns (loss -> rank `watched` of attempt 2 running, loss -> every rank of attempt 2 running),
-    seconds. bench/succession.py loses the chief with it."""
+    seconds. Node n runs at `addrs[n]` (127.0.0.n+1 by default) behind `prefix(n)` (`ip netns exec NS`: a
+    machine of its own). bench/succession.py loses the chief with it."""
     job = Path(tempfile.mkdtemp(dir=tmp))
     script = job / "rank.py"
     script.write_text(RANK)
+    addrs = addrs or [f"127.0.0.{n + 1}" for n in range(nnodes + 1)]
     common = [sys.executable, "-m", "detlaunch", "--layer", "direct", "--nnodes", str(nnodes), "--spares", "1",
-              "--nproc-per-node", "1", "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
+              "--nproc-per-node", "1", "--master-addr", addrs[0], "--master-port", str(free_port()),
               "--max-node-restarts", "1", "--restart-backoff", "0", "--heartbeat", str(heartbeat)]
-    nodes = [subprocess.Popen([*common, "--node-rank", str(n), "--node-addr", f"127.0.0.{n + 1}", str(script)],
+    nodes = [subprocess.Popen([*prefix(n), *common, "--node-rank", str(n), "--node-addr", addrs[n], str(script)],
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
              for n in range(nnodes + 1)]
     logs = [job / f"node-{n}.log" for n in range(nnodes + 1)]
@@ -136,8 +139,12 @@ def report(hows: Sequence[str], reps: int, heartbeat: float, measure: Callable[[
                 every.append(b)
                 print(f"{how} ({rep + 1}/{reps}, load {load:.1f}): {watched} {a:.3f} s, every rank {b:.3f} s",
                       flush=True)
-            print(f"{how}: median {statistics.median(first):.3f} s to {watched}, "
-                  f"{statistics.median(every):.3f} s to every rank (heartbeat {heartbeat:g} s)", flush=True)
+            print(f"{how}: median {spread(first)} to {watched}, {spread(every)} to every rank "
+                  f"(heartbeat {heartbeat:g} s)", flush=True)
+
+
+def spread(values: list[float]) -> str:
+    return f"{statistics.median(values):.3f} s (min-max {min(values):.3f}-{max(values):.3f})"
 
 
 def main() -> None:
