@@ -34,6 +34,7 @@ from pathlib import Path
 
 import psutil
 
+from .common import nothing_left
 from .spares import lost_node, report
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -91,8 +92,9 @@ def main() -> None:
         parser.exit(2, "bench.succession: the nodes' network namespaces need root (--how closed without --netns "
                        "does not)\n")
     # Node 1 takes over as node 0, nodes 2 and 3 and the spare join it, the spare takes node 1's old place.
-    report(hows, args.reps, args.heartbeat, functools.partial(lost_chief, netns=args.netns),
-           "rank 0 (the successor's)")
+    with nothing_left():  # SIGTERM and SIGHUP too end it through every finally: no namespace is left
+        report(hows, args.reps, args.heartbeat, functools.partial(lost_chief, netns=args.netns),
+               "rank 0 (the successor's)")
 
 
 if __name__ == "__main__":
