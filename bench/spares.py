@@ -4,7 +4,7 @@
 
 Four `detlaunch --layer direct --nnodes 3 --spares 1` on 127.0.0.1-4, one rank each (a script that never
 imports torch: the figure is detlaunch's own, the ranks' start is nearly nothing). Once the three ranks
-run and the spare has joined, node 2 is lost, two ways:
+run and the spare has joined (and 2 heartbeats more: the membership reaches it), node 2 is lost, two ways:
 
 - closed link: its detlaunch is SIGKILLed (its PID namespace, and its rank, die with it);
 - silent: its supervisor (pid 1 of its PID namespace) is SIGSTOPped: its link goes quiet and the chief
