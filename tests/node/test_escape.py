@@ -18,34 +18,20 @@ from pathlib import Path
 import psutil
 import pytest
 from support.helpers import free_port, wait_until
-from support.jobs import ROOT, Job, Launcher
+from support.jobs import ROOT, SCRIPTS, Job, Launcher
 
 pytestmark = pytest.mark.timeout(240)
 
-ESCAPES = """
-import os, signal, sys, time
-rank = int(os.environ.get("HOROVOD_RANK") or os.environ["RANK"])
-if os.fork() == 0:  # the daemon: its own session, deaf to SIGTERM, out of every process group
-    os.setsid()
-    if os.fork() == 0:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        os.closerange(0, 3)
-        time.sleep(600)
-    os._exit(0)
-print(f"rank {rank} ready", flush=True)
-if str(rank) == os.environ.get("FAIL_RANK"):
-    with open(os.environ["TRIGGER"], "rb") as fifo:  # fail once the test has seen every rank ready
-        fifo.read(1)
-    sys.exit(3)
-time.sleep(600)
-"""
+# ranks.py's ESCAPE: each rank first forks a daemon in its own session, out of every process group, deaf to
+# SIGTERM; the ranks then sleep (the failing one waits for the trigger, then exits 3)
+ESCAPES = {"ESCAPE": "1", "SLEEP": "600"}
+RANKS = SCRIPTS / "ranks.py"
 
 ENDINGS = ("rank_fails", "sigint", "sigterm", "sigkill")
 
 
 def start(launcher: Launcher, tmp_path: Path, layer: str, nodes: int, env: dict[str, str]) -> list[Job]:
-    script = tmp_path / "escapes.py"
-    script.write_text(ESCAPES)
+    script, env = RANKS, {**ESCAPES, **env}
     port = str(free_port())
     if layer in ("torchrun", "direct"):
         common = ["--layer", layer, "--nnodes", str(nodes), "--nproc-per-node", "2", "--master-addr",
@@ -77,7 +63,8 @@ def test_nothing_outlives_the_job(launcher: Launcher, tmp_path: Path, layer: str
     jobs = start(launcher, tmp_path, layer, nodes, env)
     for rank in range(2 * nodes):
         job = jobs[rank // 2]
-        job.wait_for_output(f"[rank={rank}] rank {rank} ready", timeout=180)
+        job.wait_for_output(f"[rank={rank}] rank {rank} {'waiting' if rank == last and env else 'sleeping'}",
+                            timeout=180)
     if ending == "rank_fails":
         with open(trigger, "wb") as fifo:
             fifo.write(b"x")
@@ -117,18 +104,19 @@ def test_nothing_outlives_a_sigkill_of_an_ordinary_users_detlaunch(
     home = Path(tempfile.mkdtemp(prefix="dl-"))  # the user's own: the test's tmp_path is root's, 0700
     try:
         os.chown(home, uid, gid)
-        env = {"PYTHONPATH": path, "TMPDIR": str(home), "XDG_CACHE_HOME": str(home / "cache"), "HOME": str(home)}
+        env = {**ESCAPES, "PYTHONPATH": path, "TMPDIR": str(home), "XDG_CACHE_HOME": str(home / "cache"),
+               "HOME": str(home)}
         usable = subprocess.run([*as_user, "/usr/bin/python3", "-c", "import detlaunch, torch"], env={**os.environ,
                                 **env}, cwd=home, capture_output=True, text=True, timeout=60)
         if usable.returncode != 0:
             pytest.skip(f"the user cannot run this checkout's detlaunch with torch: {usable.stderr.strip()[-200:]}")
         script = home / "escapes.py"
-        script.write_text(ESCAPES)
+        script.write_text(RANKS.read_text())  # where the user can read it
         job = launcher.start("--layer", "torchrun", "--nproc-per-node", "2", "--master-port", str(free_port()),
                              str(script), env=env, cwd=home, command=("/usr/bin/python3", "-m", "detlaunch"),
                              prefix=as_user)
         for rank in (0, 1):
-            job.wait_for_output(f"[rank={rank}] rank {rank} ready", timeout=120)
+            job.wait_for_output(f"[rank={rank}] rank {rank} sleeping", timeout=120)
 
         def user_scripts() -> list[int] | None:  # the daemons fork after their rank said it is ready
             found = [p for p in processes_of(uid) if psutil.Process(p).cmdline() == ["/usr/bin/python3", "-u",

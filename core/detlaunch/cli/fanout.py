@@ -45,7 +45,7 @@ def _die_with_parent() -> None:
 
 
 class _Launch:
-    def __init__(self, launch: NodeLaunch, first_line: bytes = b"") -> None:
+    def __init__(self, launch: NodeLaunch, first_line: bytes) -> None:
         self.launch = launch
         # A launch whose node watches its stdin is told through it; it starts without a preexec_fn, which would
         # fork this Python (not vfork) and run Python in the child: ~8 ms a launch, one after the other.
@@ -56,7 +56,7 @@ class _Launch:
         self.held: list[bytes] | None = []  # None once the node is up
         self.code: int | None = None
         self.asked = False  # a line went to its stdin
-        if launch.watches_stdin and first_line:  # the job secret (spawning.py), before anything else
+        if launch.watches_stdin:  # the job secret (spawning.py), before anything else
             self._write(first_line)
 
     def ask(self) -> None:
@@ -96,8 +96,8 @@ class _Launch:
 class Fanout:
     """Runs the launches until every one has ended; ``run()`` returns the job's exit code."""
 
-    def __init__(self, launches: Sequence[NodeLaunch], out: BinaryIO | None = None,
-                 err: BinaryIO | None = None, first_line: bytes = b"") -> None:
+    def __init__(self, launches: Sequence[NodeLaunch], first_line: bytes, out: BinaryIO | None = None,
+                 err: BinaryIO | None = None) -> None:
         self.specs = list(launches)
         self.first_line = first_line  # to every launch that reads its stdin, at its start: the job secret
         self.out = out or sys.stdout.buffer

@@ -136,5 +136,6 @@ def spawn_job(hooks: Hooks, config: Config, argv: list[str]) -> int:
 
     # One secret for the job's link, whatever job directory each node has: a launch that reads its stdin gets it
     # as its first line, the others (srun passes its environment on to its tasks) in the environment.
-    secret = os.environ.setdefault(SECRET_ENV, random_hex(32))
-    return Fanout(launches, first_line=SECRET_LINE + secret.encode() + b"\n").run()
+    secret = os.environ.get(SECRET_ENV) or random_hex(32)
+    os.environ[SECRET_ENV] = secret
+    return Fanout(launches, SECRET_LINE + secret.encode() + b"\n").run()
