@@ -323,11 +323,12 @@ def test_stacks_gathered_for_an_attempt_that_a_restart_ended_are_not_the_next_on
 
 
 @pytest.mark.timeout(10)
-def test_a_traceback_then_still_running_fails_after_the_delay(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_traceback_then_still_running_fails_after_the_delay(monkeypatch: pytest.MonkeyPatch,
+                                                               tmp_path: Path) -> None:
     monkeypatch.setattr(hangs_module, "TRACEBACK_DELAY", 0.01)
     loop, failed = EventLoop(), []  # type: ignore[var-annotated]
     live = [(0, 10), (1, 11)]
-    hangs = policy(loop, [], failed, {}, live_ranks=lambda: live)
+    hangs = policy(loop, [], failed, {}, live_ranks=lambda: live, proc=str(tmp_path))  # no schedstat: wall time
     hangs.traceback(1, ["Traceback (most recent call last):", "ValueError: x"], 7.0)
     hangs.traceback(0, ["Traceback (most recent call last):", "ValueError: y"], 7.0)
     live.remove((0, 10))  # rank 0 exited in time: its own exit is the report
@@ -336,6 +337,37 @@ def test_a_traceback_then_still_running_fails_after_the_delay(monkeypatch: pytes
     assert failed == [StuckAfterTraceback(1, 0, "h", ("Traceback (most recent call last):", "ValueError: x"),
                                           0.01, 7.0)]
     loop.close()
+
+
+@pytest.mark.timeout(10)
+def test_the_time_a_rank_waited_for_a_cpu_after_its_traceback_is_not_its_own(monkeypatch: pytest.MonkeyPatch,
+                                                                             tmp_path: Path) -> None:
+    """A loaded machine: the rank spent most of the delay in the run queue, exiting. It gets the rest."""
+    delay = 0.2
+    monkeypatch.setattr(hangs_module, "TRACEBACK_DELAY", delay)
+    schedstat = tmp_path / "11" / "schedstat"
+    schedstat.parent.mkdir()
+    schedstat.write_text("5000 1000000 3\n")  # ns on a CPU, ns waiting for one, time slices
+    loop, failed = EventLoop(), []  # type: ignore[var-annotated]
+    hangs = policy(loop, [], failed, {}, live_ranks=lambda: [(1, 11)], proc=str(tmp_path))
+    start = loop.clock()
+    hangs.traceback(1, ["Traceback (most recent call last):", "ValueError: x"], 7.0)
+    schedstat.write_text(f"6000 {1000000 + int(0.75 * delay * 1e9)} 9\n")  # 3/4 of the delay in the run queue
+    loop.run_until(lambda: failed, 5, "the report of the stuck rank")
+    assert loop.clock() - start >= 1.75 * delay
+    assert failed == [StuckAfterTraceback(1, 0, "h", ("Traceback (most recent call last):", "ValueError: x"),
+                                          delay, 7.0)]
+    loop.close()
+
+
+def test_cpu_wait_reads_the_run_queue_time_of_a_task(tmp_path: Path) -> None:
+    from detlaunch.system.procs import cpu_wait
+
+    assert cpu_wait(os.getpid()) is not None  # this kernel says
+    (tmp_path / "7").mkdir()
+    (tmp_path / "7" / "schedstat").write_text("123 2500000000 4\n")
+    assert cpu_wait(7, str(tmp_path)) == 2.5
+    assert cpu_wait(8, str(tmp_path)) is None  # gone
 
 
 @pytest.mark.timeout(10)

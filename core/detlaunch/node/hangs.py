@@ -11,9 +11,11 @@ Three things, each a few timers and questions on the parts that already exist:
   `--hang-timeout auto` learns S (progress_watch.TimeoutLearner, from the progress the chief asks
   for every LEARN_EVERY s; kept across restarts) and reports as without it until it has learned;
   `--hang-timeout 0` turns the watch off;
-- a rank that printed a whole Python traceback and is still running TRACEBACK_DELAY seconds
-  later (it hangs in atexit, destroy_process_group, a non-daemon thread) fails the job
-  (`StuckAfterTraceback`): its traceback is the root cause;
+- a rank that printed a whole Python traceback and is still running TRACEBACK_DELAY seconds of its
+  own time later (it hangs in atexit, destroy_process_group, a non-daemon thread) fails the job
+  (`StuckAfterTraceback`): its traceback is the root cause. Its own time is the wall time less what it
+  spent waiting for a CPU: Python's shutdown with torch loaded takes 0.6 s of CPU, many times that on a
+  loaded machine, and a rank that is only slow to exit is not stuck;
 - dump before kill (`--dump-budget S`): when a rank fails, the chief asks every node for its
   surviving ranks' stacks and tells every node to stop in the same breath; each node (the chief
   too) stops its ranks once it has taken their stacks, so no node waits for the slowest one's; a
@@ -35,9 +37,10 @@ from detlaunch.node.verdict import Hung, StuckAfterTraceback, VerdictEvent
 from detlaunch.observe.events import EventKind
 from detlaunch.outcome import Failure, FailureKind
 from detlaunch.stacks.query import DEFAULT_BUDGET, StackCollector, node_answer, report_of
+from detlaunch.system import procs
 from detlaunch.system.eventloop import EventLoop, Timer, cancel_timer
 
-TRACEBACK_DELAY = 5.0  # seconds a rank may take to exit after its uncaught traceback
+TRACEBACK_DELAY = 5.0  # seconds of its own time a rank may take to exit after its uncaught traceback
 REPORT_AFTER = 600.0  # no --hang-timeout: after this long without progress, stacks and suspects once; goes on
 AUTO = "auto"  # --hang-timeout auto
 LEARN_EVERY = 1.0  # --hang-timeout auto: seconds between the chief's progress questions
@@ -52,7 +55,7 @@ class HangPolicy:
                  ask_job: Callable[[str, dict[str, Any], Answer], None],
                  fail: Callable[[VerdictEvent], None], say: Callable[[str], None],
                  live_ranks: Callable[[], list[tuple[int, int]]], active: Callable[[], bool],
-                 emit: Callable[..., Any] = lambda *a, **k: None) -> None:
+                 emit: Callable[..., Any] = lambda *a, **k: None, proc: str = "/proc") -> None:
         self.loop, self.node, self.host, self.is_chief = loop, node, host, is_chief
         self.hang_timeout, self.dump_budget = hang_timeout, dump_budget
         self.learner = TimeoutLearner() if hang_timeout == AUTO else None
@@ -63,7 +66,7 @@ class HangPolicy:
         self.emit = emit
         self.stragglers: Callable[[], Mapping[str, str]] = dict  # {rank: mark}, named by the straggler watch
         self.ask_job, self.fail, self.say, self.live_ranks, self.active = ask_job, fail, say, live_ranks, active
-        self.run_dir = run_dir
+        self.run_dir, self.proc = run_dir, proc
         self.progress = NodeProgress(run_dir)
         self.collector = StackCollector(loop)
         self.watch: ProgressWatch | None = None
@@ -246,15 +249,23 @@ class HangPolicy:
 
     # -- a rank that printed its traceback and does not exit -----------------------------------
     def traceback(self, rank: int, tail: Sequence[str], wall: float) -> None:
-        """The rank printed a whole traceback. It failed if, TRACEBACK_DELAY later, it still runs and
-        has shown no progress since (no output line, no beat): a traceback the script handled
+        """The rank printed a whole traceback. It failed if, TRACEBACK_DELAY of its own time later, it still
+        runs and has shown no progress since (no output line, no beat): a traceback the script handled
         (logging.exception, "Exception ignored in ...") and went on from is not a failure."""
         told = self.loop.clock()
+        pid = dict(self.live_ranks()).get(rank)
+        waited = procs.cpu_wait(pid, self.proc) if pid else None
 
         def check() -> None:
-            if not self.active() or rank not in {r for r, _ in self.live_ranks()}:
+            pid = dict(self.live_ranks()).get(rank)
+            if not self.active() or pid is None or self.progress.shown_since(rank, told):
                 return
-            if not self.progress.shown_since(rank, told):
+            now_waited = procs.cpu_wait(pid, self.proc)
+            queued = now_waited - waited if waited is not None and now_waited is not None else 0.0
+            own = self.loop.clock() - told - queued
+            if own < TRACEBACK_DELAY:
+                self._after(TRACEBACK_DELAY - own, check)  # it waited for a CPU: the rest of its own time
+            else:
                 self.fail(StuckAfterTraceback(rank, self.node, self.host, tuple(tail), TRACEBACK_DELAY, wall))
 
         self._after(TRACEBACK_DELAY, check)

@@ -146,6 +146,17 @@ def alive(pid: int, proc: str = "/proc") -> bool:
     return any(state not in (b"Z", b"X") for state in task_states(pid, proc).values())
 
 
+def cpu_wait(pid: int, proc: str = "/proc") -> float | None:
+    """Seconds task `pid` has spent runnable but waiting for a CPU (the second field of its schedstat), or
+    None where the kernel does not say or the task has gone: on a loaded machine a process that is only
+    slow is told from one that is stuck by this."""
+    try:
+        with open(f"{proc}/{pid}/schedstat", "rb") as f:
+            return int(f.read().split()[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 def parse_nspid(text: str) -> tuple[int, ...]:
     """The pids on the `NSpid:` line of a /proc status or pidfd fdinfo text, outermost namespace first;
     () when there is none or the process has gone (a pidfd's fdinfo then says -1)."""
