@@ -4,7 +4,7 @@
 
 Four `detlaunch --layer direct --nnodes 3 --spares 1` on 127.0.0.1-4, one rank each (a script that never
 imports torch: the figure is detlaunch's own, the ranks' start is nearly nothing). Once the three ranks
-run and the spare has joined (and 2 heartbeats more: the membership reaches it), node 2 is lost, two ways:
+run and the spare has joined, node 2 is lost, two ways:
 
 - closed link: its detlaunch is SIGKILLed (its PID namespace, and its rank, die with it);
 - silent: its supervisor (pid 1 of its PID namespace) is SIGSTOPped: its link goes quiet and the chief
@@ -111,9 +111,7 @@ def lost_node(tmp: Path, how: str, heartbeat: float, *, nnodes: int, lost: int, 
     survivors = set(range(nnodes + 1)) - {lost}
     try:
         out.until(lambda: len(out.started(0)) == nnodes and out.said(nnodes, "joined the job"))
-        # The chief shares the membership at most once a heartbeat: a chief lost within a heartbeat of the spare's
-        # joining leaves the others without it, and the spare leaves (docs/RESTARTS.md, "Not yet"). Not timed.
-        time.sleep(2 * heartbeat)
+        # No wait for the chief's next share of the membership: a spare that joined has the last one at once.
         lost_at = time.clock_gettime(time.CLOCK_MONOTONIC)
         if how == "closed link":
             nodes[lost].send_signal(signal.SIGKILL)

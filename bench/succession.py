@@ -4,7 +4,7 @@
 
 Five `detlaunch --layer direct --nnodes 4 --spares 1`, one rank each (a script that never imports torch:
 the figure is detlaunch's own, the ranks' start is nearly nothing). Once the four ranks run and the spare
-has joined (and 2 heartbeats more: the membership reaches it), the chief (node 0) is lost, two ways:
+has joined, the chief (node 0) is lost, two ways:
 
 - closed link: its detlaunch is SIGKILLed (its PID namespace, and its rank, die with it); the nodes run
   on 127.0.0.1-5, or each in a network namespace of its own with `--netns`;

@@ -158,6 +158,31 @@ def test_a_worker_keeps_the_chiefs_membership_and_joins_its_successor_with_the_j
     loop.close()
 
 
+def test_a_spare_that_joins_after_a_share_has_the_last_membership_at_once(tmp_path: Any) -> None:
+    """The next share may be a heartbeat away and the chief lost before it: a spare that joined in between must
+    know the successor all the same. Later shares reach it as what changed, like every other node."""
+    loop, port, tmp = EventLoop(), free_port(), str(tmp_path)
+    chief = ChiefLink(loop, dataclasses.replace(settings(0, port, tmp), spares=1), Events(), Events())
+    w1, w2 = (worker_link(loop, settings(n, port, tmp), Events()) for n in (1, 2))
+    run_until(loop, lambda: w1.joined and w2.joined)
+    shared = Membership(nodes=("127.0.0.1", "127.0.0.2", "127.0.0.3"), live=(0, 1, 2), attempt=1)
+    chief.share(shared)
+    run_until(loop, lambda: w1.membership == shared and w2.membership == shared)
+    spare = worker_link(loop, dataclasses.replace(settings(3, port, tmp), node_addr="127.0.0.4"), Events())
+    run_until(loop, lambda: spare.membership == shared)  # no share since it joined
+    assert spare.membership is not None and spare.membership.successor() == 1
+    told: list[Any] = []
+    assert spare.connection is not None
+    spare.connection.on_message = lambda conn, m: (told.append(m), spare.on_message(conn, m))  # type: ignore[func-returns-value]
+    shared = dataclasses.replace(shared, spares=((3, "127.0.0.4"),))
+    chief.share(shared)
+    run_until(loop, lambda: spare.membership == shared and w1.membership == shared)
+    assert [type(m) for m in told] == [MembersChange]
+    for link in (chief, w1, w2, spare):
+        link.close()
+    loop.close()
+
+
 class Recorder(Events):
     """Events that take keyword arguments too (an emitter's details)."""
 

@@ -52,7 +52,7 @@ def test_without_the_option_a_hang_is_reported_once_and_the_job_goes_on(monkeypa
     monkeypatch.setattr(hangs_module, "REPORT_AFTER", 0.05)
     job = Job(None)
     job.answers["progress"] = STALE
-    job.hangs.registered(0)
+    job.hangs.started(0)
     job.loop.run_until(lambda: "stacks" in job.asked, 5, "the stacks")
     for _ in range(5):
         job.loop.run_once(timeout=0.06)
@@ -66,7 +66,7 @@ def test_without_the_option_a_hang_is_reported_once_and_the_job_goes_on(monkeypa
 
 def test_hang_timeout_0_watches_nothing() -> None:
     job = Job(0.0)
-    job.hangs.registered(0)
+    job.hangs.started(0)
     assert job.hangs.watch is None and job.loop.next_timeout() is None
     job.close()
 
@@ -90,7 +90,7 @@ def test_auto_learns_says_so_then_stops_a_hang_at_the_learned_limit(monkeypatch:
     job = Job("auto")
     assert job.hangs.facts() == {"hang_timeout": "auto: learning"}
     job.hangs.learner = TimeoutLearner(factor=5.0, floor=0.3, warmup=1)
-    job.hangs.registered(0)
+    job.hangs.started(0)
     job.loop.run_until(lambda: job.events, 5, "a learned limit")
     assert job.events[0][0] is EventKind.HANG_TIMEOUT_LEARNED and job.events[0][1]["timeout"] >= 0.3
     assert job.hangs.facts() == {"hang_timeout": f"auto: {job.hangs.limit():g} s learned"}

@@ -72,7 +72,7 @@ def test_a_node_whose_ranks_have_not_started_yet_is_not_hung(tmp_path: Path) -> 
     assert watch.deadline() == 119.0
     node = NodeProgress(str(tmp_path))
     assert node.starting()
-    node.registered(2, 109.5)
+    node.started_rank(2, 109.5)
     assert not node.starting()
 
 
@@ -86,7 +86,7 @@ def test_a_rank_that_beats_is_judged_by_its_beats_alone() -> None:
 def test_node_progress_reads_the_heartbeat_and_the_wrappers_output_mark(tmp_path: Path) -> None:
     path = create_progress_file(str(tmp_path), 3)
     node = NodeProgress(str(tmp_path))
-    node.registered(3, time.monotonic() - 50)
+    node.started_rank(3, time.monotonic() - 50)
     assert node.ages([3], time.monotonic())[0][1] == pytest.approx(50, abs=1)  # nothing yet: since its start
     OutputMark(path).touch()
     out = read_progress(path, OUTPUT_RECORD)
@@ -100,7 +100,7 @@ def test_a_ranks_exit_is_progress_and_an_ended_rank_is_still_watched(tmp_path: P
     create_progress_file(str(tmp_path), 0)
     node = NodeProgress(str(tmp_path))
     now = time.monotonic()
-    node.registered(0, now - 50)
+    node.started_rank(0, now - 50)
     node.exited(0, now - 2)
     assert node.watched([]) == [0] and node.watched([4]) == [0, 4]
     assert node.ages(node.watched([]), now)[0][1] == pytest.approx(2, abs=0.5)
@@ -209,7 +209,7 @@ def test_the_chief_asks_for_progress_at_the_deadline_and_rearms_while_a_rank_mov
     moving = {"nodes": [{"node": 0, "ages": [[0, 0.0]]}]}
     answers: dict[str, dict[str, object]] = {"progress": moving, "stacks": JOB_STACKS}
     hangs = policy(loop, asked, failed, answers)
-    hangs.registered(0)
+    hangs.started(0)
     for _ in range(3):  # each check: a rank moved just now, so the timer is set again
         loop.run_once(timeout=1)
     assert asked == ["progress"] * 3 and failed == []
@@ -228,7 +228,7 @@ def test_no_hang_watch_on_a_worker_or_without_a_timeout() -> None:
     loop = EventLoop()
     for kw in ({"is_chief": False}, {"hang_timeout": 0.0}):
         hangs = policy(loop, [], [], {}, **kw)
-        hangs.registered(0)
+        hangs.started(0)
         assert hangs.watch is None and loop.next_timeout() is None
     loop.close()
 

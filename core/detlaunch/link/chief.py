@@ -184,6 +184,7 @@ class ChiefLink:
             conn.send(Welcome(mac=auth.chief_mac(self.secret, self.job_id, node, m.nonce), attempt=self.attempt,
                               hold=True))
             self.spares.joined(node, conn, addr)
+            self.sharing.welcome(conn)
             self._stop_listening_if_complete()
             return
         self.nodes[node] = conn
@@ -192,6 +193,7 @@ class ChiefLink:
         self.addrs[node] = addr
         conn.send(Welcome(mac=auth.chief_mac(self.secret, self.job_id, node, m.nonce), attempt=self.attempt,
                           hold=self.holding))
+        self.sharing.welcome(conn)
         if self.stop_message is not None:  # joined after the job was stopped
             conn.send(self.stop_message)
         self.events.trace(f"node {node} joined the job")

@@ -117,10 +117,12 @@ class HangPolicy:
         else:
             stop()
 
-    def registered(self, rank: int) -> None:
-        """A rank of this node started. The chief's watch starts with its first rank: before that, the
-        launcher is still starting (torch's import alone takes seconds), and --start-timeout watches."""
-        self.progress.registered(rank, self.loop.clock())
+    def started(self, rank: int) -> None:
+        """A rank of this node started (its process runs: a warm rank's wrapper registers before its
+        template has forked it, maybe while the template still imports torch). The chief's watch starts
+        with its first rank: before that, the launcher or the template is still starting (torch's import
+        alone takes seconds, many under load), and --start-timeout watches."""
+        self.progress.started_rank(rank, self.loop.clock())
         self.collector.load()
         if self.is_chief and self.hang_timeout != 0 and self.watch is None:
             self.watch = ProgressWatch(self.limit(), self.loop.clock())

@@ -73,7 +73,7 @@ class NodeProgress:
         self.started: dict[int, float] = {}
         self.ended: dict[int, float] = {}
 
-    def registered(self, rank: int, now: float) -> None:
+    def started_rank(self, rank: int, now: float) -> None:
         self.started[rank] = now
 
     def exited(self, rank: int, now: float) -> None:

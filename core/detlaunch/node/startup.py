@@ -199,10 +199,18 @@ class Startup:
                             "(is detlaunch running on that node, with the same --ssh-port?)")
         elif isinstance(h.link, WorkerLink):
             return  # joined: the chief, waiting for the whole job, decides when to give up
-        elif h.phase is Phase.RUNNING and len(h.ranks.ranks) < h.plan.expected_ranks:
-            h.fail(StartFailed(f"only {len(h.ranks.ranks)} of {h.plan.expected_ranks} rank(s) started "
-                               f"on node {h.node} within {timeout:g} s (--start-timeout): "
-                               "are the other nodes up?", h.node, time.time()))
+        elif h.phase is Phase.RUNNING and self._started_ranks() < h.plan.expected_ranks:
+            started, registered = self._started_ranks(), len(h.ranks.ranks)
+            why = (f"{registered - started} wait for the rank template's imports" if registered > started
+                   else "are the other nodes up?")
+            h.fail(StartFailed(f"only {started} of {h.plan.expected_ranks} rank(s) started "
+                               f"on node {h.node} within {timeout:g} s (--start-timeout): {why}",
+                               h.node, time.time()))
+
+    def _started_ranks(self) -> int:
+        """This node's ranks whose process started (or ended): a warm rank's wrapper registers first and then
+        waits for the template to fork it."""
+        return sum(1 for e in self.host.ranks.ranks.values() if e.rank_pid or e.status is not None)
 
     def close_probes(self) -> None:
         for probe in self.probes:

@@ -267,12 +267,12 @@ class NodeSupervisor:
     def _on_registered(self, entry: RankEntry) -> None:
         self.trace(f"rank {entry.rank} registered (wrapper pid {entry.peer_pid})")
         self.events.emit(EventKind.RANK_REGISTERED, entry.rank, host=self.ranks.host, pid=entry.peer_pid)
-        if entry.rank is not None:
-            self.hangs.registered(entry.rank)
-            self.stragglers.registered()
+        self.stragglers.registered()
 
     def _on_rank_started(self, entry: RankEntry) -> None:
         self.events.emit(EventKind.RANK_STARTED, entry.rank, pid=entry.rank_pid)
+        if entry.rank is not None:
+            self.hangs.started(entry.rank)
         if entry.rank_pid:
             self.driver.release.remember(entry.rank_pid)  # its pids as nvidia-smi may show them, after its end
 
