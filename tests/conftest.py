@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 import pwd
+import resource
 import secrets
 import signal
 import subprocess
@@ -84,6 +85,44 @@ def _audit(event: str, args: tuple[Any, ...]) -> None:
 
 
 sys.addaudithook(_audit)
+
+
+# The suite is CPU-bound on 2 cores (torch's import in every launcher, template and rank): the CPU-seconds a test's
+# processes took, not its wall time, are what the suite's time is made of. Each test's, from its processes' rusage
+# (those reaped by the time it ends: every job's, through the subreaping detlaunch), in the summary.
+_CPU_AT = pytest.StashKey[float]()
+_cpu_of: dict[str, float] = {}
+
+
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    item.stash[_CPU_AT] = _children_cpu()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    if call.when == "teardown" and _CPU_AT in item.stash:
+        item.user_properties.append(("children_cpu_s", _children_cpu() - item.stash[_CPU_AT]))
+    yield
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    for key, value in report.user_properties:  # (reaches the xdist controller with the report)
+        if key == "children_cpu_s" and report.when == "teardown":
+            _cpu_of[report.nodeid] = float(value)
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if not _cpu_of or sum(_cpu_of.values()) < 1.0:
+        return
+    terminalreporter.write_sep("=", f"most CPU-seconds (its processes'; {sum(_cpu_of.values()):.0f} CPU-s in all)")
+    for nodeid, cpu in sorted(_cpu_of.items(), key=lambda kv: -kv[1])[:25]:
+        terminalreporter.write_line(f"{cpu:7.1f}s {nodeid}")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -309,6 +309,8 @@ class ChiefLink:
         sight (the tick closes one that never ends). A node that never dialed: nothing to wait for."""
         if self.end_in_sight is None:
             self.end_in_sight = time.monotonic()
+        if len(self.finished) < len(self.nodes):
+            return False  # (the count first: asked after every batch of 1024 nodes' goodbyes, O(1) each)
         cutoff = self.end_in_sight
         joining = any(p.opened <= cutoff for p in self.pending) and self.missing_nodes()  # (no node pending: no sort)
         return self.nodes.keys() <= self.finished and not joining
