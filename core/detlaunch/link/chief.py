@@ -302,18 +302,15 @@ class ChiefLink:
             conn.send(Answer(key=key, data=data))
 
     def ready_to_finish(self) -> bool:
-        """Every node that joined has said goodbye or was lost, and no node is halfway through joining
-        (it would find the secret gone). A handshake in progress is waited for only while a node of the
-        job has not joined yet (once every node is here, an unauthenticated connection can be nobody's:
-        a flood of them never delays the end), and only one begun before the attempt's end was first in
-        sight (the tick closes one that never ends). A node that never dialed: nothing to wait for."""
+        """Every node that joined said goodbye or was lost, and none is halfway through joining (it would find the
+        secret gone): a handshake begun before the end was first in sight, while a node of the job has not joined
+        yet (a flood of unauthenticated connections never delays the end; the tick closes one that never ends)."""
         if self.end_in_sight is None:
             self.end_in_sight = time.monotonic()
-        if len(self.finished) < len(self.nodes):
-            return False  # (the count first: asked after every batch of 1024 nodes' goodbyes, O(1) each)
-        cutoff = self.end_in_sight
-        joining = any(p.opened <= cutoff for p in self.pending) and self.missing_nodes()  # (no node pending: no sort)
-        return self.nodes.keys() <= self.finished and not joining
+        if len(self.finished) < len(self.nodes) or not self.nodes.keys() <= self.finished:
+            return False  # (the count first: asked after every batch of goodbyes, O(1) until the last)
+        cutoff = self.end_in_sight  # (no node pending: no sort)
+        return not (any(p.opened <= cutoff for p in self.pending) and self.missing_nodes())
 
     def lost_nodes(self) -> list[int]:
         """Nodes whose connection is gone: their new detlaunch must join again before another attempt starts."""
