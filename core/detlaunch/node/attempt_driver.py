@@ -108,6 +108,7 @@ class AttemptDriver:
         if isinstance(h.link, ChiefLink):
             self._grow(decision.next_attempt)
             h.link.restart(decision.next_attempt, decision.delay)  # lost nodes are forgotten: they may rejoin
+            self.fill_from_spares()  # now: the spares' joins overlap the backoff and the last attempt's release
         self.begin_backoff(decision.next_attempt, decision.delay)
         return True
 
