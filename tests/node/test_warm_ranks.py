@@ -210,11 +210,11 @@ def test_the_hang_watch_starts_with_the_ranks_not_while_their_template_imports(l
                                                                               tmp_path: Path) -> None:
     """The wrappers register at once and wait for the template's imports (torch's take seconds, many under
     load): a rank that has not started yet is starting, not hung, and --start-timeout watches it."""
-    (tmp_path / "slow_import.py").write_text("import time\ntime.sleep(6)\n")
+    (tmp_path / "slow_import.py").write_text("import time\ntime.sleep(10)\n")
     (tmp_path / "fields.py").write_text(FIELDS)
     path = ":".join(p for p in (str(tmp_path), os.environ.get("PYTHONPATH")) if p)
     r = launcher.run("--layer", "direct", "--nproc-per-node", "2", "--master-port", str(free_port()),
-                     "--hang-timeout", "2", "--preload", "slow_import,wave", "fields.py", str(tmp_path),
+                     "--hang-timeout", "4", "--preload", "slow_import,wave", "fields.py", str(tmp_path),
                      cwd=tmp_path, env={"PYTHONPATH": path}, timeout=90)
     assert r.returncode == 0, r.output
     assert sorted(line.split("] ", 1)[1] for line in r.stdout.splitlines()) == ["rank 0 warm", "rank 1 warm"]
