@@ -133,7 +133,7 @@ def test_nothing_outlives_a_sigkill_of_an_ordinary_users_detlaunch(
         try:
             wait_until(lambda: not processes_of(uid), timeout=20, what="the user's processes to end")
         except AssertionError:
-            left = [(p, Path(f"/proc/{p}/stat").read_text()[:120]) for p in processes_of(uid)]
+            left = [(p, psutil.Process(p).status()) for p in processes_of(uid) if psutil.pid_exists(p)]
             raise AssertionError(f"processes of the user left: {left}") from None
     finally:
         for pid in processes_of(uid):  # by PID, so that userdel can remove the user

@@ -221,6 +221,21 @@ def test_the_hang_watch_starts_with_the_ranks_not_while_their_template_imports(l
     assert "no progress" not in r.stderr, r.stderr
 
 
+def test_ranks_still_waiting_for_their_template_at_the_start_timeout_are_said_so(launcher: Launcher,
+                                                                                  tmp_path: Path) -> None:
+    """--start-timeout watches the ranks until their processes start: registered wrappers whose template still
+    imports are not started ranks, and the line says what they wait for."""
+    (tmp_path / "slow_import.py").write_text("import time\ntime.sleep(8)\n")
+    (tmp_path / "fields.py").write_text(FIELDS)
+    path = ":".join(p for p in (str(tmp_path), os.environ.get("PYTHONPATH")) if p)
+    r = launcher.run("--layer", "direct", "--nproc-per-node", "2", "--master-port", str(free_port()),
+                     "--start-timeout", "4", "--preload", "slow_import,wave", "fields.py", str(tmp_path),
+                     cwd=tmp_path, env={"PYTHONPATH": path}, timeout=90)
+    assert r.returncode != 0 and r.stdout == "", r.output
+    assert "only 0 of 2 rank(s) started on node 0 within 4 s (--start-timeout): 2 wait for the rank template's " \
+        "imports" in r.stderr, r.stderr
+
+
 def test_a_template_that_cannot_be_used_means_cold_ranks_said_once(launcher: Launcher, tmp_path: Path) -> None:
     """A preload that starts a thread (as one that initialised CUDA would have state forks cannot share),
     and one that fails to import: every rank starts cold, the job ends 0, one line says why."""

@@ -199,8 +199,8 @@ class Startup:
                             "(is detlaunch running on that node, with the same --ssh-port?)")
         elif isinstance(h.link, WorkerLink):
             return  # joined: the chief, waiting for the whole job, decides when to give up
-        elif h.phase is Phase.RUNNING and self._started_ranks() < h.plan.expected_ranks:
-            started, registered = self._started_ranks(), len(h.ranks.ranks)
+        elif h.phase is Phase.RUNNING and (started := self._started_ranks()) < h.plan.expected_ranks:
+            registered = len(h.ranks.ranks)
             why = (f"{registered - started} wait for the rank template's imports" if registered > started
                    else "are the other nodes up?")
             h.fail(StartFailed(f"only {started} of {h.plan.expected_ranks} rank(s) started "
