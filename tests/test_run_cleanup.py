@@ -19,7 +19,7 @@ from support import pyenv_lock
 from support.helpers import wait_until
 from support.paths import ROOT
 from support.reaper import marked
-from support.slurm_cluster import missing_tools, processes_in_namespaces
+from support.slurm_cluster import hold_namespace, missing_tools, processes_in_namespaces
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -73,11 +73,19 @@ def test_a_stopped_pytest_leaves_no_daemon_and_no_job(real_processes: None, tmp_
                               "-o", "markers=job", "--rootdir", str(tmp_path), str(tmp_path / "test_inner.py")],
                              cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                              start_new_session=True)
+    holding: list[int] = []
     try:
         wait_until(lambda: ready.exists() and ready.stat().st_size, 120, "the inner run's cluster and job")
         held = json.loads(ready.read_text())
-        in_nodes = processes_in_namespaces(set(held["namespaces"]))
+        in_nodes = processes_in_namespaces(set(held["namespaces"]))  # the inner run holds them: still its nodes'
         assert all(alive(p) for p in held["daemons"]) and in_nodes, held
+        for pid in in_nodes:  # held here too: once the inner run is gone its numbers may not name another's
+            try:
+                name, fd = hold_namespace(pid)
+            except OSError:
+                continue  # it has gone: another process of the node holds the same namespace
+            holding.append(fd)
+            assert name in held["namespaces"], (name, held)
         inner.send_signal(how)  # pytest alone: what it started is left to the run's own cleanup
         out = inner.communicate(timeout=60)[0].decode(errors="replace")
     finally:
@@ -91,10 +99,15 @@ def test_a_stopped_pytest_leaves_no_daemon_and_no_job(real_processes: None, tmp_
                     or any(alive(p) for p in [*held["daemons"], *in_nodes, held["srun"]])
                     or Path(held["root"]).exists())
 
-    wait_until(all_gone, 60, f"the inner run's processes and folders to go:\n{out}")
+    try:
+        wait_until(all_gone, 60, f"the inner run's processes and folders to go:\n{out}")
+    finally:
+        for fd in holding:
+            os.close(fd)
     if how == signal.SIGTERM:  # stopped like Ctrl-C: the fixture itself stopped the cluster
         assert "KeyboardInterrupt" in out and "pytest got SIGTERM" in out, out
         assert "reaper.py: the test run left" not in out, out
+        assert "outlived it" not in out, out  # its teardown found no process it had to kill, of its own or another's
 
 
 def test_only_a_stale_pyenv_rehash_lock_this_run_left_is_taken_away(tmp_path: Path) -> None:
@@ -107,3 +120,29 @@ def test_only_a_stale_pyenv_rehash_lock_this_run_left_is_taken_away(tmp_path: Pa
     assert not pyenv_lock.remove_if_left_by_this_run(1600.0, lock, now=2000.0) and lock.exists()  # older than the run
     assert not pyenv_lock.remove_if_left_by_this_run(1000.0, lock, now=1550.0) and lock.exists()  # a rehash may hold it
     assert pyenv_lock.remove_if_left_by_this_run(1000.0, lock, now=2000.0) and not lock.exists()  # stale, and ours
+
+
+def test_a_held_namespace_keeps_its_number_from_the_next_one_made(real_processes: None) -> None:
+    """The SLURM cluster names its nodes' processes by their mount namespace. The kernel gives a freed namespace's
+    number to the next namespace made, of any kind: a detlaunch node of another test, which the cluster's stop then
+    SIGKILLed as its own leftover (CI saw two nodes of other tests die without a word). A held one keeps its number."""
+    def in_a_namespace() -> subprocess.Popen[bytes]:
+        p = subprocess.Popen(["unshare", "--mount", "--propagation", "private", "sleep", "60"], start_new_session=True)
+        own = os.readlink("/proc/self/ns/mnt")
+        wait_until(lambda: alive(p.pid) and os.readlink(f"/proc/{p.pid}/ns/mnt") != own, 10, "unshare's exec")
+        return p
+
+    first = in_a_namespace()
+    name, fd = hold_namespace(first.pid)
+    first.kill()
+    first.wait()
+    try:
+        later = [in_a_namespace() for _ in range(3)]
+        try:
+            assert name not in {os.readlink(f"/proc/{p.pid}/ns/mnt") for p in later}, name
+        finally:
+            for p in later:
+                p.kill()
+                p.wait()
+    finally:
+        os.close(fd)

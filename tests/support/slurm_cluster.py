@@ -75,7 +75,10 @@ def _alive(pid: int) -> bool:
 
 
 def processes_in_namespaces(namespaces: set[str]) -> list[int]:
-    """Live PIDs in any of these mount namespaces (``mnt:[N]``, as /proc/PID/ns/mnt reads)."""
+    """Live PIDs in any of these mount namespaces (``mnt:[N]``, as /proc/PID/ns/mnt reads).
+
+    Only while each namespace is held (hold_namespace): the kernel hands a freed namespace's number to the
+    next namespace made, of any kind, at once; a detlaunch of another test makes one for every node."""
     found = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit() or not namespaces:
@@ -88,6 +91,16 @@ def processes_in_namespaces(namespaces: set[str]) -> list[int]:
         if _alive(int(entry)):
             found.append(int(entry))
     return found
+
+
+def hold_namespace(pid: int) -> tuple[str, int]:
+    """The mount namespace of `pid` and a descriptor that keeps it (and so its number) from being freed."""
+    fd = os.open(f"/proc/{pid}/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        return os.readlink(f"/proc/self/fd/{fd}"), fd
+    except OSError:
+        os.close(fd)
+        raise
 
 
 def _tail(path: Path, lines: int = 15) -> str:
@@ -120,6 +133,7 @@ class SlurmCluster:
         self.env = {**os.environ, "SLURM_CONF": str(self.conf), key: value}
         self.job_env: dict[str, str] = {}  # a test's additions for the jobs it submits (see run())
         self.node_namespaces: set[str] = set()  # the nodes' mount namespaces: every process of a node is in one
+        self.held: list[int] = []  # a descriptor of each, until stop() has checked them (hold_namespace)
 
     # -- files -------------------------------------------------------------------------------
 
@@ -240,7 +254,9 @@ PartitionName=main Nodes={",".join(NODES)} Default=YES MaxTime=INFINITE State=UP
         self._wait("two idle SLURM nodes", lambda: self.idle_nodes() == len(NODES), timeout)
         for d in self.daemons:
             if d.name.startswith("slurmd-"):
-                self.node_namespaces.add(os.readlink(f"/proc/{d.proc.pid}/ns/mnt"))
+                name, fd = hold_namespace(d.proc.pid)
+                self.node_namespaces.add(name)
+                self.held.append(fd)
 
     def stop(self, timeout: float = 20) -> None:
         """Cancel every job, stop each daemon by PID, and make sure nothing of the cluster is left."""
@@ -259,6 +275,9 @@ PartitionName=main Nodes={",".join(NODES)} Default=YES MaxTime=INFINITE State=UP
             except ProcessLookupError:
                 pass
         self.daemons.clear()
+        for fd in self.held:  # only now: until here a freed number could name another test's namespace
+            os.close(fd)
+        self.held.clear()
         if leftovers:
             raise AssertionError(f"processes of the SLURM cluster outlived it (killed): {leftovers}")
 
