@@ -81,6 +81,24 @@ def test_nothing_outlives_the_job(launcher: Launcher, tmp_path: Path, layer: str
     # the fixture: no process of the job, daemons included, is alive on any node
 
 
+def test_a_supervisor_killed_from_outside_is_said_so_and_nothing_outlives_it(launcher: Launcher,
+                                                                             tmp_path: Path) -> None:
+    """The node's supervisor SIGKILLed by something else (the OOM killer, another program): it cannot say a word
+    itself, so the detlaunch the user started says it, and exits 137; its daemons die with the namespace."""
+    (job,) = start(launcher, tmp_path, "direct", 1, {})
+    for rank in (0, 1):
+        job.wait_for_output(f"[rank={rank}] rank {rank} sleeping", timeout=120)
+    supervisor = job.supervisor_pid()
+    assert supervisor != job.proc.pid
+    os.kill(supervisor, signal.SIGKILL)
+    r = job.wait(timeout=60)
+    assert r.returncode == 137, r.output
+    assert f"detlaunch: warning: the job's supervisor (pid {supervisor}) was killed by SIGKILL, not by detlaunch: " \
+           "the kernel (its OOM killer: see dmesg) or a process outside the job; everything the job ran on this " \
+           "node ended with it" in r.stderr.splitlines(), r.output
+    # the fixture: no process of the job is alive
+
+
 def processes_of(uid: int) -> list[int]:
     """Live (not zombie) processes of `uid`."""
     found = []

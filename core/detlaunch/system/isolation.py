@@ -143,8 +143,8 @@ def run_isolated(body: Callable[[], int], *, warn: Callable[[str], None],
             except Unavailable as e:  # it may have unshared before it failed: back first, then the child
                 _libc.setns(ns, CLONE_NEWPID)
                 why = e
-                return _in_child(without_ns(lambda: unisolated(why)))
-            return _in_child(without_ns(init))
+                return _in_child(without_ns(lambda: unisolated(why)), warn)
+            return _in_child(without_ns(init), warn)
         finally:  # also when the fork never came: this process's children are in its own namespace again
             _libc.setns(ns, CLONE_NEWPID)  # allowed: _own_pid_namespace tried it
             os.close(ns)
@@ -164,9 +164,9 @@ def run_isolated(body: Callable[[], int], *, warn: Callable[[str], None],
             warn(f"cannot isolate the job in a PID namespace ({e.strerror}) although a moment ago it "
                  f"could: run it again; see detlaunch doctor")
             return INTERNAL
-        return _in_child(init)
+        return _in_child(init, warn)
 
-    return _in_child(lambda: _in_own_session(make_namespaces_and_run))
+    return _in_child(lambda: _in_own_session(make_namespaces_and_run), warn)
 
 
 def _in_own_session(run: Callable[[], int]) -> int:
@@ -189,8 +189,11 @@ def _own_pid_namespace() -> int | None:
     return fd
 
 
-def _in_child(run: Callable[[], int]) -> int:
-    """Run `run` in a child that dies with this process; relay stop signals to it; its exit code."""
+def _in_child(run: Callable[[], int], warn: Callable[[str], None]) -> int:
+    """Run `run` in a child that dies with this process; relay stop signals to it; its exit code.
+
+    A child killed by a signal was killed from outside the job (the supervisor handles every stop signal it
+    relays): `warn` says so, since it could not say anything itself."""
     # Held until the child's supervisor catches them: as pid 1 an unhandled signal would be ignored.
     signal.pthread_sigmask(signal.SIG_BLOCK, RELAYED)
     alive_r, alive_w = os.pipe()
@@ -224,6 +227,11 @@ def _in_child(run: Callable[[], int]) -> int:
         for s, handler in old.items():
             signal.signal(s, handler)
         os.close(alive_w)
+    if os.WIFSIGNALED(status):
+        name = signal.Signals(os.WTERMSIG(status)).name if os.WTERMSIG(status) in signal.valid_signals() else \
+            f"signal {os.WTERMSIG(status)}"
+        warn(f"the job's supervisor (pid {pid}) was killed by {name}, not by detlaunch: the kernel (its OOM killer: "
+             f"see dmesg) or a process outside the job; everything the job ran on this node ended with it")
     return _shell_code(status)
 
 
