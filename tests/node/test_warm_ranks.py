@@ -14,7 +14,9 @@ import importlib.util
 import json
 import os
 import re
+import signal
 import textwrap
+import time
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +25,8 @@ from detlaunch.planning.cluster import ClusterInfo
 from detlaunch.planning.warm_ranks import launcher_env, mentions_torch, why_cold
 from detlaunch.rank import faultdump, warm
 from detlaunch.testing.loaded_layer import LoadedLayer, clean_env
-from support.helpers import free_port, rank_lines
+from detlaunch.testing.runner import MARKER_VAR, processes_with_marker
+from support.helpers import free_port, rank_lines, wait_until
 from support.jobs import SCRIPTS, Launcher
 
 pytestmark = pytest.mark.timeout(120)
@@ -234,6 +237,34 @@ def test_ranks_still_waiting_for_their_template_at_the_start_timeout_are_said_so
     assert r.returncode != 0 and r.stdout == "", r.output
     assert "only 0 of 2 rank(s) started on node 0 within 4 s (--start-timeout): 2 wait for the rank template's " \
         "imports" in r.stderr, r.stderr
+
+
+def test_a_job_stopped_while_its_template_imports_stops_at_once(launcher: Launcher, tmp_path: Path) -> None:
+    """SIGTERM while the ranks' wrappers wait for their template's imports (a minute here): they start no rank,
+    and the job ends at once as stopped, not after the 30 s grace with its ranks SIGKILLed; nothing is left
+    (the fixture), not even a rank the template forks once its imports are done."""
+    began = tmp_path / "began"
+    (tmp_path / "slow_import.py").write_text(f"import time\nopen({str(began)!r}, 'w').close()\ntime.sleep(60)\n")
+    (tmp_path / "fields.py").write_text(FIELDS)
+    path = ":".join(p for p in (str(tmp_path), os.environ.get("PYTHONPATH")) if p)
+    job = launcher.start("--layer", "direct", "--nproc-per-node", "2", "--master-port", str(free_port()),
+                         "--preload", "slow_import,wave", "fields.py", str(tmp_path), cwd=tmp_path,
+                         env={"PYTHONPATH": path})
+    marker = f"{MARKER_VAR}={launcher.marker_value}"
+
+    def wrappers() -> int:
+        return sum(b"run_wrapper.py" in Path(f"/proc/{pid}/cmdline").read_bytes()
+                   for pid in processes_with_marker(marker) if Path(f"/proc/{pid}").exists())
+
+    wait_until(lambda: began.exists() and wrappers() == 2, 60, "the template importing, both wrappers up")
+    asked = time.monotonic()
+    job.send_signal(signal.SIGTERM)
+    r = job.wait(60)
+    took = time.monotonic() - asked
+    assert r.returncode == 143 and r.stdout == "", r.output
+    assert took < 15, (took, r.output)  # the grace period is 30 s
+    assert "SIGKILLed" not in r.stderr and all(f"detlaunch:   rank {rank} (node 0): killed by SIGTERM (stopped by "
+                                                "detlaunch)" in r.stderr.splitlines() for rank in (0, 1)), r.stderr
 
 
 def test_a_template_that_cannot_be_used_means_cold_ranks_said_once(launcher: Launcher, tmp_path: Path) -> None:

@@ -145,7 +145,18 @@ def fork_rank(listener: socket.socket, conn: socket.socket) -> int:
         os._exit(1)
     if rank == 0:
         listener.close()
+        go = b""
+        try:
+            while len(go) < len(warm.GO):
+                data = conn.recv(len(warm.GO) - len(go))
+                if not data:
+                    break
+                go += data
+        except OSError:
+            pass
         conn.close()
+        if go != warm.GO:  # its wrapper has left (a stop before it had the pid): no rank to run, nobody to tell
+            os._exit(0)
         return 0
     try:
         conn.sendall(warm.request_bytes({"pid": rank}))

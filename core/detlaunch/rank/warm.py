@@ -27,6 +27,8 @@ if TYPE_CHECKING:  # never at run time
 
 SOCKET_NAME = "template.sock"  # in the node's run dir, next to the supervisor's
 WAIT = 600.0  # seconds the wrapper waits for the template's answer (it may still be importing)
+GO = b"go\n"  # the wrapper has the forked rank's pid: the rank may run its script (ask, template.fork_rank)
+STOPPED = "a stop signal came before the rank template answered"
 # Interpreter options a template can share with its ranks (it is started with the same ones); any
 # other (-c, -I, -P, -S, -i, -x, combined letters) makes the command one that starts cold.
 FLAGS = frozenset({"-u", "-B", "-O", "-OO", "-b", "-bb", "-q", "-s", "-E"})
@@ -98,12 +100,19 @@ def env_difference(template: dict[str, str], rank: dict[str, str], site_dir: str
     return ""
 
 
-def ask(path: str, command: list[str], fds: tuple[int, int, int], reset: tuple[int, ...]) -> tuple[int, str]:
+def ask(path: str, command: list[str], fds: tuple[int, int, int], reset: tuple[int, ...], wake: int = -1,
+        stops: frozenset[int] = frozenset()) -> tuple[int, str]:
     """Ask the template at `path` to fork the rank running `command` with this process's environment, cwd,
     umask, limits and signal mask, and `fds` as its stdin, stdout and stderr: (pid, '') or (0, why not).
-    `reset`: the signals a cold rank gets at their default action (the ones this process ignores, it keeps)."""
+    `reset`: the signals a cold rank gets at their default action (the ones this process ignores, it keeps).
+
+    The template may still be importing (seconds; many under load). A stop signal meanwhile must not wait for
+    it: a byte on `wake` (signal.set_wakeup_fd's, a signal number) in `stops` ends the wait with (0, STOPPED).
+    A rank the template forks runs only once it has our go, sent with its pid in hand: one it forks for an
+    asker that has left sees the connection close, and ends before its script starts (template.fork_rank)."""
     import _signal as signal
     import resource  # only a warm start needs them
+    import select
 
     umask = os.umask(0)
     os.umask(umask)
@@ -126,17 +135,30 @@ def ask(path: str, command: list[str], fds: tuple[int, int, int], reset: tuple[i
         fd_bytes = b"".join(fd.to_bytes(4, sys.byteorder) for fd in fds)
         sock.sendmsg([from_wrapper], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fd_bytes)])
         answer = b""
+        poller = select.poll()
+        for fd in (sock.fileno(), wake):
+            if fd >= 0:
+                poller.register(fd, select.POLLIN)
         while not answer.endswith(b"\n"):
-            data = sock.recv(4096)
-            if not data:
-                return 0, "the rank template ended before it answered"
-            answer += data
+            ready = [fd for fd, _ in poller.poll(WAIT * 1000)]
+            if not ready:
+                return 0, f"the rank template did not answer within {WAIT:g} s"
+            if sock.fileno() in ready:  # an answer first: with its pid in hand, a stop goes to the rank
+                data = sock.recv(4096)
+                if not data:
+                    return 0, "the rank template ended before it answered"
+                answer += data
+            elif any(signum in stops for signum in os.read(wake, 64)):
+                return 0, STOPPED
+        reply = decode(answer)
+        pid = int(reply.get("pid") or 0)
+        if pid:
+            sock.sendall(GO)
     except OSError as e:
         return 0, f"the rank template cannot be reached: {e.strerror or e}"
     finally:
         sock.close()
-    reply = decode(answer)
-    return int(reply.get("pid") or 0), str(reply.get("why") or "")
+    return pid, str(reply.get("why") or "")
 
 
 def ignored_signals() -> list[int]:

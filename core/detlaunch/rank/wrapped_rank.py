@@ -133,6 +133,10 @@ class RankEnd:
             pass
 
 
+class StoppedBeforeStart(Exception):
+    """A stop signal came while the rank template was still importing: the rank is not started at all."""
+
+
 class WrappedRank(RankEnd):
     """The rank's process, its output streams, and its report: the wrapper's whole job."""
 
@@ -237,6 +241,9 @@ class WrappedRank(RankEnd):
             signal.signal(signum, self.on_signal)
         try:
             self.start()
+        except StoppedBeforeStart:  # it ends as stopped by the signal, at once: nothing of its own ran
+            self.status, self.ended_at = self.pending_signal or signal.SIGTERM, time.time()
+            return self.finish()
         except OSError as e:
             return self.cannot_start(e)
         self.tell_started()
@@ -251,15 +258,15 @@ class WrappedRank(RankEnd):
             fcntl.fcntl(out_w, fcntl.F_SETPIPE_SZ, PIPE_SIZE)
         except OSError:  # over the user's pipe quota: read as soon as anything arrives
             self.gather = 0
-        if self.template:
-            self.pid = self.start_warm(out_w, err_w)
         actions = [(os.POSIX_SPAWN_DUP2, out_w, 1), (os.POSIX_SPAWN_DUP2, err_w, 2),
                    (os.POSIX_SPAWN_CLOSE, out_w), (os.POSIX_SPAWN_CLOSE, err_w)]
         try:
+            if self.template:
+                self.pid = self.start_warm(out_w, err_w)
             if not self.pid:
                 self.pid = os.posix_spawnp(self.command[0], self.command, os.environ, file_actions=actions,
                                            setpgroup=0, setsigdef=FORWARDED_SIGNALS + (signal.SIGPIPE,))
-        except OSError:
+        except (OSError, StoppedBeforeStart):
             for fd in (out_r, err_r):
                 os.close(fd)
             raise
@@ -276,7 +283,19 @@ class WrappedRank(RankEnd):
             from . import warm
         except ImportError:  # by file
             import warm  # type: ignore[no-redef]
-        pid, _why = warm.ask(self.template, self.command, (0, out_w, err_w), FORWARDED_SIGNALS + (signal.SIGPIPE,))
+        wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)  # a stop signal ends the wait (warm.ask)
+        old = signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
+        try:
+            if self.pending_signal in stopping.STOP_SIGNALS:  # before the wake fd was there to take it
+                raise StoppedBeforeStart
+            pid, why = warm.ask(self.template, self.command, (0, out_w, err_w), FORWARDED_SIGNALS + (signal.SIGPIPE,),
+                                wake_r, stopping.STOP_SIGNALS)
+        finally:
+            signal.set_wakeup_fd(old)
+            os.close(wake_r)
+            os.close(wake_w)
+        if why == warm.STOPPED:
+            raise StoppedBeforeStart
         self.warm = pid > 0
         return pid or None
 

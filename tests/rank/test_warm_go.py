@@ -1,0 +1,77 @@
+"""A rank forked from the rank template runs its script only once its wrapper has its pid (warm.ask's go).
+
+A wrapper stopped while the template still imports leaves at once (warm.STOPPED); the template answers its
+request later, and the rank it forks then must not run the job's script: its wrapper is gone, nobody would
+report or stop it, and after a restart it would run beside the next attempt. A real template process here,
+without preloads, asked by warm.ask in this process.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from detlaunch.node.rank_template import TEMPLATE_PATH, TITLE_ROOM
+from detlaunch.rank import stopping, warm
+from support.helpers import wait_until
+
+pytestmark = pytest.mark.timeout(60)
+SCRIPT = "import sys\nopen(sys.argv[1], 'w').close()\n"
+
+
+@pytest.fixture
+def template(tmp_path: Path, real_processes: None) -> Iterator[str]:
+    """A rank template serving on a socket in `tmp_path`: the socket's path."""
+    path = str(tmp_path / "template.sock")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(8)
+    env = {k: v for k, v in os.environ.items() if k != "DETLAUNCH_PRELOAD"}
+    proc = subprocess.Popen([sys.executable, TEMPLATE_PATH, str(listener.fileno()), sys.executable, TITLE_ROOM],
+                            pass_fds=[listener.fileno()], env=env, cwd=tmp_path, start_new_session=True)
+    listener.close()
+    try:
+        yield path
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+
+
+def test_a_rank_forked_for_a_wrapper_stopped_meanwhile_never_runs_its_script(tmp_path: Path, template: str) -> None:
+    script = tmp_path / "touch.py"
+    script.write_text(SCRIPT)
+    wake_r, wake_w = os.pipe()
+    null = os.open(os.devnull, os.O_RDWR)
+    try:
+        os.write(wake_w, bytes([signal.SIGTERM]))  # the stop came while it waited: it leaves with its request sent
+        assert warm.ask(template, [sys.executable, str(script), str(tmp_path / "stopped")], (null, null, null), (),
+                        wake_r, stopping.STOP_SIGNALS) == (0, warm.STOPPED)
+        pid, why = warm.ask(template, [sys.executable, str(script), str(tmp_path / "asked")], (null, null, null), ())
+        assert pid > 0 and why == "", why  # the template answered the first request before this one
+        wait_until((tmp_path / "asked").exists, 20, "the asked rank's script")
+    finally:
+        for fd in (wake_r, wake_w, null):
+            os.close(fd)
+    assert not (tmp_path / "stopped").exists()
+
+
+def test_a_signal_that_is_no_stop_does_not_end_the_wait(tmp_path: Path, template: str) -> None:
+    script = tmp_path / "touch.py"
+    script.write_text(SCRIPT)
+    wake_r, wake_w = os.pipe()
+    null = os.open(os.devnull, os.O_RDWR)
+    try:
+        os.write(wake_w, bytes([signal.SIGUSR1]))
+        pid, why = warm.ask(template, [sys.executable, str(script), str(tmp_path / "ran")], (null, null, null), (),
+                            wake_r, stopping.STOP_SIGNALS)
+        assert pid > 0 and why == "", why
+        wait_until((tmp_path / "ran").exists, 20, "its script")
+    finally:
+        for fd in (wake_r, wake_w, null):
+            os.close(fd)
