@@ -43,35 +43,32 @@ def template(tmp_path: Path, real_processes: None) -> Iterator[str]:
         proc.wait()
 
 
-def test_a_rank_forked_for_a_wrapper_stopped_meanwhile_never_runs_its_script(tmp_path: Path, template: str) -> None:
+def ask_with(template: str, tmp_path: Path, name: str, wake_with: int | None) -> tuple[int, str]:
+    """warm.ask for a rank that creates tmp_path/name, a signal number already waiting on its wake pipe."""
     script = tmp_path / "touch.py"
     script.write_text(SCRIPT)
     wake_r, wake_w = os.pipe()
     null = os.open(os.devnull, os.O_RDWR)
     try:
-        os.write(wake_w, bytes([signal.SIGTERM]))  # the stop came while it waited: it leaves with its request sent
-        assert warm.ask(template, [sys.executable, str(script), str(tmp_path / "stopped")], (null, null, null), (),
-                        wake_r, stopping.STOP_SIGNALS) == (0, warm.STOPPED)
-        pid, why = warm.ask(template, [sys.executable, str(script), str(tmp_path / "asked")], (null, null, null), ())
-        assert pid > 0 and why == "", why  # the template answered the first request before this one
-        wait_until((tmp_path / "asked").exists, 20, "the asked rank's script")
+        if wake_with is not None:
+            os.write(wake_w, bytes([wake_with]))
+        return warm.ask(template, [sys.executable, str(script), str(tmp_path / name)], (null, null, null), (),
+                        wake_r, stopping.STOP_SIGNALS)
     finally:
         for fd in (wake_r, wake_w, null):
             os.close(fd)
+
+
+def test_a_rank_forked_for_a_wrapper_stopped_meanwhile_never_runs_its_script(tmp_path: Path, template: str) -> None:
+    # the stop came while it waited: it leaves with its request sent
+    assert ask_with(template, tmp_path, "stopped", signal.SIGTERM) == (0, warm.STOPPED)
+    pid, why = ask_with(template, tmp_path, "asked", None)
+    assert pid > 0 and why == "", why  # the template answered the first request before this one
+    wait_until((tmp_path / "asked").exists, 20, "the asked rank's script")
     assert not (tmp_path / "stopped").exists()
 
 
 def test_a_signal_that_is_no_stop_does_not_end_the_wait(tmp_path: Path, template: str) -> None:
-    script = tmp_path / "touch.py"
-    script.write_text(SCRIPT)
-    wake_r, wake_w = os.pipe()
-    null = os.open(os.devnull, os.O_RDWR)
-    try:
-        os.write(wake_w, bytes([signal.SIGUSR1]))
-        pid, why = warm.ask(template, [sys.executable, str(script), str(tmp_path / "ran")], (null, null, null), (),
-                            wake_r, stopping.STOP_SIGNALS)
-        assert pid > 0 and why == "", why
-        wait_until((tmp_path / "ran").exists, 20, "its script")
-    finally:
-        for fd in (wake_r, wake_w, null):
-            os.close(fd)
+    pid, why = ask_with(template, tmp_path, "ran", signal.SIGUSR1)
+    assert pid > 0 and why == "", why
+    wait_until((tmp_path / "ran").exists, 20, "its script")
