@@ -133,8 +133,3 @@ def env_files(env: Mapping[str, str], cwd: str) -> list[str]:
 def spawn_env(config: Config, cwd: str) -> dict[str, str]:
     """Every variable the nodes get: deepspeed's env files, then --export (which wins)."""
     return {**env_file_values(env_files(config.env, cwd)), **exported(config.options.get("export"), config.env)}
-
-
-def is_this_host(addr: str, local_addrs: Sequence[str]) -> bool:
-    """Node 0 runs here, without ssh, when its address is this machine's own name or one of its addresses."""
-    return addr in ("localhost", "127.0.0.1", "::1") or addr in local_addrs
