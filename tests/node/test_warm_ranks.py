@@ -253,8 +253,13 @@ def test_a_job_stopped_while_its_template_imports_stops_at_once(launcher: Launch
     marker = f"{MARKER_VAR}={launcher.marker_value}"
 
     def wrappers() -> int:
-        return sum(b"run_wrapper.py" in Path(f"/proc/{pid}/cmdline").read_bytes()
-                   for pid in processes_with_marker(marker) if Path(f"/proc/{pid}").exists())
+        found = 0
+        for pid in processes_with_marker(marker):
+            try:
+                found += b"run_wrapper.py" in Path(f"/proc/{pid}/cmdline").read_bytes()
+            except OSError:
+                continue  # it has gone
+        return found
 
     wait_until(lambda: began.exists() and wrappers() == 2, 60, "the template importing, both wrappers up")
     asked = time.monotonic()
