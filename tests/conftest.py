@@ -117,7 +117,23 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
             _cpu_of[report.nodeid] = float(value)
 
 
+def _oom_kills() -> int | None:
+    """How many processes the kernel's OOM killer has killed since boot (None: not said here)."""
+    try:
+        with open("/proc/vmstat") as f:
+            return next((int(line.split()[1]) for line in f if line.startswith("oom_kill ")), None)
+    except OSError:
+        return None
+
+
+_OOM_AT_START = _oom_kills()
+
+
 def pytest_terminal_summary(terminalreporter: Any) -> None:
+    oom_now = _oom_kills()
+    if _OOM_AT_START is not None and oom_now is not None and oom_now > _OOM_AT_START:  # a job's silent deaths, said
+        terminalreporter.write_sep("=", f"the kernel's OOM killer killed {oom_now - _OOM_AT_START} process(es) "
+                                        "during this run (dmesg says which)")
     if not _cpu_of or sum(_cpu_of.values()) < 1.0:
         return
     terminalreporter.write_sep("=", f"most CPU-seconds (its processes'; {sum(_cpu_of.values()):.0f} CPU-s in all)")
