@@ -99,6 +99,16 @@ def test_a_supervisor_killed_from_outside_is_said_so_and_nothing_outlives_it(lau
     # the fixture: no process of the job is alive
 
 
+def test_how_a_supervisor_that_died_of_a_signal_is_said() -> None:
+    """SIGKILL from outside points at the OOM killer; a crash names its signal; a stop detlaunch relayed says
+    nothing here (isolation._in_child: the supervisor reports its own stop)."""
+    from detlaunch.system.isolation import _killed_line
+
+    assert "was killed by SIGKILL, not by detlaunch: the kernel (its OOM killer" in _killed_line(7, signal.SIGKILL)
+    assert _killed_line(7, signal.SIGSEGV) == ("the job's supervisor (pid 7) died of SIGSEGV; everything the job "
+                                               "ran on this node ended with it")
+
+
 def processes_of(uid: int) -> list[int]:
     """Live (not zombie) processes of `uid`."""
     found = []

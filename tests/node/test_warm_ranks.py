@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 from detlaunch.planning.cluster import ClusterInfo
 from detlaunch.planning.warm_ranks import launcher_env, mentions_torch, why_cold
-from detlaunch.rank import faultdump, warm
+from detlaunch.rank import faultdump, stopping, warm
 from detlaunch.testing.loaded_layer import LoadedLayer, clean_env
 from detlaunch.testing.runner import MARKER_VAR, processes_with_marker
 from support.helpers import free_port, rank_lines, wait_until
@@ -252,16 +252,19 @@ def test_a_job_stopped_while_its_template_imports_stops_at_once(launcher: Launch
                          env={"PYTHONPATH": path})
     marker = f"{MARKER_VAR}={launcher.marker_value}"
 
-    def wrappers() -> int:
+    def waiting_wrappers() -> int:
+        """Wrappers that take SIGTERM themselves (their handlers are in: before that it kills them)."""
         found = 0
         for pid in processes_with_marker(marker):
             try:
-                found += b"run_wrapper.py" in Path(f"/proc/{pid}/cmdline").read_bytes()
+                wrapper = b"run_wrapper.py" in Path(f"/proc/{pid}/cmdline").read_bytes()
             except OSError:
                 continue  # it has gone
+            status = stopping.read_status(pid) if wrapper else None
+            found += status is not None and stopping.disposition(status, signal.SIGTERM) == stopping.CAUGHT
         return found
 
-    wait_until(lambda: began.exists() and wrappers() == 2, 60, "the template importing, both wrappers up")
+    wait_until(lambda: began.exists() and waiting_wrappers() == 2, 60, "the template importing, both wrappers up")
     asked = time.monotonic()
     job.send_signal(signal.SIGTERM)
     r = job.wait(60)

@@ -26,8 +26,8 @@ SCRIPT = "import sys\nopen(sys.argv[1], 'w').close()\n"
 
 
 @pytest.fixture
-def template(tmp_path: Path, real_processes: None) -> Iterator[str]:
-    """A rank template serving on a socket in `tmp_path`: the socket's path."""
+def template(tmp_path: Path, real_processes: None) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """A rank template serving on a socket in `tmp_path`: the socket's path, and the process."""
     path = str(tmp_path / "template.sock")
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(path)
@@ -37,7 +37,7 @@ def template(tmp_path: Path, real_processes: None) -> Iterator[str]:
                             pass_fds=[listener.fileno()], env=env, cwd=tmp_path, start_new_session=True)
     listener.close()
     try:
-        yield path
+        yield path, proc
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait()
@@ -59,16 +59,22 @@ def ask_with(template: str, tmp_path: Path, name: str, wake_with: int | None) ->
             os.close(fd)
 
 
-def test_a_rank_forked_for_a_wrapper_stopped_meanwhile_never_runs_its_script(tmp_path: Path, template: str) -> None:
-    # the stop came while it waited: it leaves with its request sent
-    assert ask_with(template, tmp_path, "stopped", signal.SIGTERM) == (0, warm.STOPPED)
-    pid, why = ask_with(template, tmp_path, "asked", None)
+def test_a_rank_forked_for_a_wrapper_stopped_meanwhile_never_runs_its_script(
+        tmp_path: Path, template: tuple[str, subprocess.Popen[bytes]]) -> None:
+    path, proc = template
+    proc.send_signal(signal.SIGSTOP)  # busy (importing, as it may be): the stop comes before its answer
+    try:
+        assert ask_with(path, tmp_path, "stopped", signal.SIGTERM) == (0, warm.STOPPED)
+    finally:
+        proc.send_signal(signal.SIGCONT)  # it answers the request now, for an asker that has left
+    pid, why = ask_with(path, tmp_path, "asked", None)
     assert pid > 0 and why == "", why  # the template answered the first request before this one
     wait_until((tmp_path / "asked").exists, 20, "the asked rank's script")
     assert not (tmp_path / "stopped").exists()
 
 
-def test_a_signal_that_is_no_stop_does_not_end_the_wait(tmp_path: Path, template: str) -> None:
-    pid, why = ask_with(template, tmp_path, "ran", signal.SIGUSR1)
+def test_a_signal_that_is_no_stop_does_not_end_the_wait(tmp_path: Path,
+                                                        template: tuple[str, subprocess.Popen[bytes]]) -> None:
+    pid, why = ask_with(template[0], tmp_path, "ran", signal.SIGUSR1)
     assert pid > 0 and why == "", why
     wait_until((tmp_path / "ran").exists, 20, "its script")

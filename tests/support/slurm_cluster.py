@@ -260,24 +260,26 @@ PartitionName=main Nodes={",".join(NODES)} Default=YES MaxTime=INFINITE State=UP
 
     def stop(self, timeout: float = 20) -> None:
         """Cancel every job, stop each daemon by PID, and make sure nothing of the cluster is left."""
-        if any(d.name == "slurmctld" and d.proc.poll() is None for d in self.daemons):
-            subprocess.run([_tool("scancel"), "--full", "--user", str(os.getuid())], env=self.env,
-                           capture_output=True, timeout=10)
-            self.jobs(settle=5)
-        for d in reversed(self.daemons):  # nodes, then the controller, then munge
-            self._stop(d, timeout)
-        # Job steps (slurmstepd and what it runs) leave slurmd's process group and are reparented,
-        # but stay in the node's mount namespace; srun's tasks also carry the cluster's marker.
-        leftovers = self._leftovers(settle=5)
-        for pid in leftovers:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        self.daemons.clear()
-        for fd in self.held:  # only now: until here a freed number could name another test's namespace
-            os.close(fd)
-        self.held.clear()
+        try:
+            if any(d.name == "slurmctld" and d.proc.poll() is None for d in self.daemons):
+                subprocess.run([_tool("scancel"), "--full", "--user", str(os.getuid())], env=self.env,
+                               capture_output=True, timeout=10)
+                self.jobs(settle=5)
+            for d in reversed(self.daemons):  # nodes, then the controller, then munge
+                self._stop(d, timeout)
+            # Job steps (slurmstepd and what it runs) leave slurmd's process group and are reparented,
+            # but stay in the node's mount namespace; srun's tasks also carry the cluster's marker.
+            leftovers = self._leftovers(settle=5)
+            for pid in leftovers:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            self.daemons.clear()
+        finally:
+            for fd in self.held:  # only now: until here a freed number could name another test's namespace
+                os.close(fd)
+            self.held.clear()
         if leftovers:
             raise AssertionError(f"processes of the SLURM cluster outlived it (killed): {leftovers}")
 

@@ -153,6 +153,7 @@ class WrappedRank(RankEnd):
         self.status: int | None = None
         self.ended_at = 0.0
         self.pending_signal: int | None = None
+        self.stop_pending = 0  # the first stop signal that came before the rank existed (pending_signal: the last)
         self.kill_deadline: float | None = None
         self.killed = False  # SIGKILL sent: nothing is left to escalate to
         self.tail = b""
@@ -182,6 +183,8 @@ class WrappedRank(RankEnd):
         self.asked_to_stop = True
         if self.pid is None:
             self.pending_signal = signum
+            if signum in stopping.STOP_SIGNALS and not self.stop_pending:
+                self.stop_pending = signum
         elif self.status is None:
             self.pass_on(signum)
 
@@ -242,7 +245,7 @@ class WrappedRank(RankEnd):
         try:
             self.start()
         except StoppedBeforeStart:  # it ends as stopped by the signal, at once: nothing of its own ran
-            self.status, self.ended_at = self.pending_signal or signal.SIGTERM, time.time()
+            self.status, self.ended_at = self.stop_pending or signal.SIGTERM, time.time()
             return self.finish()
         except OSError as e:
             return self.cannot_start(e)
@@ -286,7 +289,7 @@ class WrappedRank(RankEnd):
         wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)  # a stop signal ends the wait (warm.ask)
         old = signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
         try:
-            if self.pending_signal in stopping.STOP_SIGNALS:  # before the wake fd was there to take it
+            if self.stop_pending:  # before the wake fd was there to take it
                 raise StoppedBeforeStart
             pid, why = warm.ask(self.template, self.command, (0, out_w, err_w), FORWARDED_SIGNALS + (signal.SIGPIPE,),
                                 wake_r, stopping.STOP_SIGNALS)
@@ -294,7 +297,7 @@ class WrappedRank(RankEnd):
             signal.set_wakeup_fd(old)
             os.close(wake_r)
             os.close(wake_w)
-        if why == warm.STOPPED:
+        if why == warm.STOPPED or (not pid and self.stop_pending):  # no rank, and none to start cold now
             raise StoppedBeforeStart
         self.warm = pid > 0
         return pid or None
@@ -307,7 +310,9 @@ class WrappedRank(RankEnd):
             except OSError:  # the supervisor is gone already: the rank must not outlive it
                 self.supervisor = None
                 self.stop_rank()
-        if self.pending_signal is not None:
+        if self.stop_pending:
+            self.pass_on(self.stop_pending)
+        if self.pending_signal is not None and self.pending_signal != self.stop_pending:
             self.pass_on(self.pending_signal)
 
     def watch(self) -> None:

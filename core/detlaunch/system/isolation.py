@@ -192,8 +192,8 @@ def _own_pid_namespace() -> int | None:
 def _in_child(run: Callable[[], int], warn: Callable[[str], None]) -> int:
     """Run `run` in a child that dies with this process; relay stop signals to it; its exit code.
 
-    A child killed by a signal was killed from outside the job (the supervisor handles every stop signal it
-    relays): `warn` says so, since it could not say anything itself."""
+    A child killed by a signal this process did not relay died of something else (SIGKILL from outside the
+    job, a crash): `warn` says so, since it could not say anything itself."""
     # Held until the child's supervisor catches them: as pid 1 an unhandled signal would be ignored.
     signal.pthread_sigmask(signal.SIG_BLOCK, RELAYED)
     alive_r, alive_w = os.pipe()
@@ -219,7 +219,8 @@ def _in_child(run: Callable[[], int], warn: Callable[[str], None]) -> int:
                     pass
             os._exit(code)
     os.close(alive_r)
-    old = {s: signal.signal(s, lambda signum, _frame: _relay(pid, signum)) for s in RELAYED}
+    relayed: set[int] = set()
+    old = {s: signal.signal(s, lambda signum, _frame: _relay(pid, signum, relayed)) for s in RELAYED}
     signal.pthread_sigmask(signal.SIG_UNBLOCK, RELAYED)
     try:
         _, status = os.waitpid(pid, 0)
@@ -227,15 +228,21 @@ def _in_child(run: Callable[[], int], warn: Callable[[str], None]) -> int:
         for s, handler in old.items():
             signal.signal(s, handler)
         os.close(alive_w)
-    if os.WIFSIGNALED(status):
-        name = signal.Signals(os.WTERMSIG(status)).name if os.WTERMSIG(status) in signal.valid_signals() else \
-            f"signal {os.WTERMSIG(status)}"
-        warn(f"the job's supervisor (pid {pid}) was killed by {name}, not by detlaunch: the kernel (its OOM killer: "
-             f"see dmesg) or a process outside the job; everything the job ran on this node ended with it")
+    if os.WIFSIGNALED(status) and os.WTERMSIG(status) not in relayed:
+        warn(_killed_line(pid, os.WTERMSIG(status)))
     return _shell_code(status)
 
 
-def _relay(pid: int, signum: int) -> None:
+def _killed_line(pid: int, signum: int) -> str:
+    if signum == signal.SIGKILL:
+        return (f"the job's supervisor (pid {pid}) was killed by SIGKILL, not by detlaunch: the kernel (its OOM "
+                "killer: see dmesg) or a process outside the job; everything the job ran on this node ended with it")
+    name = signal.Signals(signum).name if signum in signal.valid_signals() else f"signal {signum}"
+    return f"the job's supervisor (pid {pid}) died of {name}; everything the job ran on this node ended with it"
+
+
+def _relay(pid: int, signum: int, relayed: set[int]) -> None:
+    relayed.add(signum)
     try:
         os.kill(pid, signum)
     except ProcessLookupError:
