@@ -209,16 +209,22 @@ def test_a_restart_resumes_warm_and_a_killed_template_means_cold_ranks(launcher:
     assert re.search(r"attempt 2: rank-failed .* rank 0 on node 0 .* exited with code 11$", r.stderr, re.M), r.stderr
 
 
+def slow_template(tmp_path: Path, body: str) -> tuple[list[str], dict[str, str]]:
+    """A 2-rank direct job whose template preloads `slow_import` (its import runs `body`, with time imported),
+    for fields.py: its options and environment."""
+    (tmp_path / "slow_import.py").write_text(f"import time\n{body}\n")
+    (tmp_path / "fields.py").write_text(FIELDS)
+    path = ":".join(p for p in (str(tmp_path), os.environ.get("PYTHONPATH")) if p)
+    return (["--layer", "direct", "--nproc-per-node", "2", "--master-port", str(free_port()),
+             "--preload", "slow_import,wave"], {"PYTHONPATH": path})
+
+
 def test_the_hang_watch_starts_with_the_ranks_not_while_their_template_imports(launcher: Launcher,
                                                                               tmp_path: Path) -> None:
     """The wrappers register at once and wait for the template's imports (torch's take seconds, many under
     load): a rank that has not started yet is starting, not hung, and --start-timeout watches it."""
-    (tmp_path / "slow_import.py").write_text("import time\ntime.sleep(10)\n")
-    (tmp_path / "fields.py").write_text(FIELDS)
-    path = ":".join(p for p in (str(tmp_path), os.environ.get("PYTHONPATH")) if p)
-    r = launcher.run("--layer", "direct", "--nproc-per-node", "2", "--master-port", str(free_port()),
-                     "--hang-timeout", "4", "--preload", "slow_import,wave", "fields.py", str(tmp_path),
-                     cwd=tmp_path, env={"PYTHONPATH": path}, timeout=90)
+    args, env = slow_template(tmp_path, "time.sleep(10)")
+    r = launcher.run(*args, "--hang-timeout", "4", "fields.py", str(tmp_path), cwd=tmp_path, env=env, timeout=90)
     assert r.returncode == 0, r.output
     assert sorted(line.split("] ", 1)[1] for line in r.stdout.splitlines()) == ["rank 0 warm", "rank 1 warm"]
     assert "no progress" not in r.stderr, r.stderr
@@ -228,12 +234,8 @@ def test_ranks_still_waiting_for_their_template_at_the_start_timeout_are_said_so
                                                                                   tmp_path: Path) -> None:
     """--start-timeout watches the ranks until their processes start: registered wrappers whose template still
     imports are not started ranks, and the line says what they wait for."""
-    (tmp_path / "slow_import.py").write_text("import time\ntime.sleep(8)\n")
-    (tmp_path / "fields.py").write_text(FIELDS)
-    path = ":".join(p for p in (str(tmp_path), os.environ.get("PYTHONPATH")) if p)
-    r = launcher.run("--layer", "direct", "--nproc-per-node", "2", "--master-port", str(free_port()),
-                     "--start-timeout", "4", "--preload", "slow_import,wave", "fields.py", str(tmp_path),
-                     cwd=tmp_path, env={"PYTHONPATH": path}, timeout=90)
+    args, env = slow_template(tmp_path, "time.sleep(8)")
+    r = launcher.run(*args, "--start-timeout", "4", "fields.py", str(tmp_path), cwd=tmp_path, env=env, timeout=90)
     assert r.returncode != 0 and r.stdout == "", r.output
     assert "only 0 of 2 rank(s) started on node 0 within 4 s (--start-timeout): 2 wait for the rank template's " \
         "imports" in r.stderr, r.stderr
@@ -244,12 +246,8 @@ def test_a_job_stopped_while_its_template_imports_stops_at_once(launcher: Launch
     and the job ends at once as stopped, not after the 30 s grace with its ranks SIGKILLed; nothing is left
     (the fixture), not even a rank the template forks once its imports are done."""
     began = tmp_path / "began"
-    (tmp_path / "slow_import.py").write_text(f"import time\nopen({str(began)!r}, 'w').close()\ntime.sleep(60)\n")
-    (tmp_path / "fields.py").write_text(FIELDS)
-    path = ":".join(p for p in (str(tmp_path), os.environ.get("PYTHONPATH")) if p)
-    job = launcher.start("--layer", "direct", "--nproc-per-node", "2", "--master-port", str(free_port()),
-                         "--preload", "slow_import,wave", "fields.py", str(tmp_path), cwd=tmp_path,
-                         env={"PYTHONPATH": path})
+    args, env = slow_template(tmp_path, f"open({str(began)!r}, 'w').close()\ntime.sleep(60)")
+    job = launcher.start(*args, "fields.py", str(tmp_path), cwd=tmp_path, env=env)
     marker = f"{MARKER_VAR}={launcher.marker_value}"
 
     def waiting_wrappers() -> int:

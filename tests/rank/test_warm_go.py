@@ -71,6 +71,22 @@ def test_a_rank_forked_for_a_wrapper_stopped_meanwhile_never_runs_its_script(
     assert pid > 0 and why == "", why  # the template answered the first request before this one
     wait_until((tmp_path / "asked").exists, 20, "the asked rank's script")
     assert not (tmp_path / "stopped").exists()
+    wait_until(lambda: not forks_waiting(proc.pid), 20, "the rank forked for the wrapper that left to end")
+
+
+def forks_waiting(template: int) -> list[int]:
+    """Ranks forked by the template that have not had their go: still in its session (a rank leaves it, setsid,
+    once it has its go), other than the template itself."""
+    found = []
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[3]) == template and int(entry) != template and fields[0] not in (b"Z", b"X"):
+            found.append(int(entry))
+    return found
 
 
 def test_a_signal_that_is_no_stop_does_not_end_the_wait(tmp_path: Path,

@@ -145,15 +145,10 @@ def fork_rank(listener: socket.socket, conn: socket.socket) -> int:
         os._exit(1)
     if rank == 0:
         listener.close()
-        go = b""
         try:
-            while len(go) < len(warm.GO):
-                data = conn.recv(len(warm.GO) - len(go))
-                if not data:
-                    break
-                go += data
+            go = conn.recv(len(warm.GO), socket.MSG_WAITALL)  # short only at the connection's end
         except OSError:
-            pass
+            go = b""
         conn.close()
         if go != warm.GO:  # its wrapper has left (a stop before it had the pid): no rank to run, nobody to tell
             os._exit(0)
