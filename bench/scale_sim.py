@@ -16,8 +16,10 @@ So what is measured is the real chief:
   (the `stop` message each worker's link hands to its events), wall clock of one machine;
 - RSS: the chief's supervisor with every node joined, less before any joined, per node;
 - plan: `--dry-run` of a 1024-host --hosts list, hostfile and SLURM hostlist (a step's variables), start to exit;
-- `--spares-case`: 1024 nodes and 32 spares (--spares), one worker's detlaunch dies: from its loss to every node of
-  the next attempt told its places (the chief's "go"), a spare in the lost node's place (measure_spares);
+- `--spares-case`: 1024 nodes and 32 spares (--spares), one worker's detlaunch dies: from its loss to every node and
+  waiting spare told the new membership (a spare's address in the lost node's place: when the kernel received it
+  at that node's socket, and when its simulating process had handled it), and to every node of the next attempt
+  told to start it (the chief's restart, or its "go" after a hold) (measure_spares);
 - `--chief-case [--stopped-peer]`: 1024 nodes and 32 spares, nodes 0 and 1 real, the chief's detlaunch killed:
   from its loss found to every node served by node 1, its successor, and told the next attempt's go; with a
   stopped peer (node 2, SIGSTOPped first), that no other node waits for (measure_chief).
@@ -36,6 +38,7 @@ import select
 import signal
 import socket
 import statistics
+import struct
 import subprocess
 import sys
 import tempfile
@@ -59,6 +62,25 @@ def host(i: int) -> str:
 # -- a simulating process: many WorkerLinks on one EventLoop ----------------------------------------
 
 
+SO_TIMESTAMPNS = 35  # Linux's option (the socket module has no name for it)
+
+
+class StampedSocket(socket.socket):
+    """A simulated node's link socket that keeps the kernel's receive time of the last bytes read (SO_TIMESTAMPNS):
+    when the chief's message reached this node, not when its simulating process (256 nodes' turns, on cores
+    shared with the chief and three other such processes) got round to it."""
+
+    received_at = 0.0
+
+    def recv(self, size: int, flags: int = 0) -> bytes:
+        data, ancillary, _, _ = self.recvmsg(size, 64, flags)
+        for level, kind, raw in ancillary:
+            if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS:
+                seconds, nanoseconds = struct.unpack("qq", raw[:16])
+                self.received_at = seconds + nanoseconds / 1e9
+        return data
+
+
 class SimLink(WorkerLink):
     """The real worker link, telling its simulated node when the chief's membership came (a node's supervisor
     reads it only when the chief is lost: it needs no news of it)."""
@@ -67,6 +89,17 @@ class SimLink(WorkerLink):
         super().on_message(conn, m)
         if isinstance(m, Members | MembersChange):
             self.events.has_membership()
+
+    def _welcomed(self, conn: Any, m: Any) -> None:
+        """Its socket, from now on, a StampedSocket (the real connection reads it as any socket)."""
+        from detlaunch.system.eventloop import Priority
+
+        self.loop.remove(conn.sock)
+        old = conn.sock
+        conn.sock = StampedSocket(old.family, old.type, old.proto, fileno=old.detach())
+        conn.sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+        self.loop.add_reader(conn.sock, Priority.PROBE, conn.on_readable)
+        super()._welcomed(conn, m)
 
 
 class SimNode(NoQuestionsNoOrders):  # the chief asks a simulated node nothing, restarts nothing
@@ -80,7 +113,9 @@ class SimNode(NoQuestionsNoOrders):  # the chief asks a simulated node nothing, 
         self.link: Any = None
         self.spare, self.lost = spare, False  # the spares case: a spare waits; a node is lost
         self.place: int | None = None  # the place a spare was sent to
-        self.go_at: float | None = None  # when the chief's "go" of the next attempt came, with its places
+        self.go_at: float | None = None  # when the chief said start the next attempt (its restart or "go")
+        self.told_at: float | None = None  # when a membership with a spare's address in a place reached it
+        self.handled_at: float | None = None  # and when its simulating process got round to it
         self.members: tuple[int, ...] | None = None
         self.chief_lost_at: float | None = None  # the chief case: when this node found the chief lost
         self.rejoined_at: float | None = None  # and when its successor welcomed it
@@ -103,7 +138,14 @@ class SimNode(NoQuestionsNoOrders):  # the chief asks a simulated node nothing, 
             self.sim.on_rejoined()
 
     def has_membership(self) -> None:
-        """The chief shared its membership: say when every node of this process has one naming every node and spare."""
+        """The chief shared its membership: say when every node of this process has one naming every node and spare,
+        and when every node and waiting spare has one with a spare's address in a lost node's place."""
+        m = self.link.membership
+        if self.told_at is None and self.sim.said_members and m.used_spares and not self.lost and self.place is None \
+                and all(host(s) in m.nodes for s in m.used_spares):
+            self.handled_at = time.time()
+            self.told_at = self.link.connection.sock.received_at or self.handled_at
+            self.sim.told += 1
         self.sim.on_membership()
 
     def made_spare(self, number: int) -> None:
@@ -125,15 +167,20 @@ class SimNode(NoQuestionsNoOrders):  # the chief asks a simulated node nothing, 
             self.sim.loop.call_later(0.0 if self.sim.restarts else 0.5, lambda: self.link.finish(failure, []))
 
     def chief_restart(self, attempt: int, delay: float | None) -> None:
-        pass  # it waits for the chief's go (a node was lost)
+        if delay is not None and self.go_at is None:  # no node is waited for: this is the start (else: its go)
+            self.chief_go(attempt)
 
     def chief_go(self, attempt: int) -> None:
-        self.go_at, self.members = time.time(), self.link.members
+        if self.go_at is None:
+            self.go_at, self.members = time.time(), self.link.members
+            self.sim.went += 1
         self.sim.on_go()
 
     def promoted(self, place: int) -> None:
         """A spare sent to a lost node's place: it joins again as that node (as node/spare.py's detlaunch does)."""
         self.place = place
+        self.sim.to_tell -= self.told_at is None  # it is the news
+        self.sim.to_go += 1
         number = self.made_spare_as if self.made_spare_as is not None else self.node
         self.link = self.sim.new_link(self, place, promoted_from=number, chief=self.sim.successor_addr)
 
@@ -166,8 +213,11 @@ class Simulation:
         self.restarts = places > 0
         self.places, self.spares, self.follow = places, spares, follow
         self.successor_addr = "127.0.0.1"
-        self.said_members = self.said_rejoined = False
+        self.said_members = self.said_rejoined = self.said_told = False
+        self.told, self.to_tell = 0, count  # nodes told a spare's place; of every node and spare not lost or sent
         self.nodes = [SimNode(self, n, spare=self.restarts and n >= places) for n in range(first, first + count)]
+        self.went = 0  # nodes told to start the next attempt (the counts: O(1) a node, not a look at all 256)
+        self.to_go = sum(1 for n in self.nodes if not n.spare)  # of those in it (on_go checks)
         self.joined = self.stopped = 0
         self.said_go = False
         for sim_node in self.nodes:
@@ -193,6 +243,11 @@ class Simulation:
         if not self.said_members and all(complete(n) for n in self.nodes):
             self.said_members = True
             self.say({"membership": time.time()})
+        if self.said_members and not self.said_told and self.told == self.to_tell:  # (counts: O(1) a node)
+            self.said_told = True
+            told = [n for n in self.nodes if n.told_at]
+            self.say({"membership_told": max(n.told_at or 0 for n in told),
+                      "membership_handled": max(n.handled_at or 0 for n in told)})
 
     def on_rejoined(self) -> None:
         """The chief case: every node of this process welcomed by the successor (or made a spare on the way)."""
@@ -204,7 +259,7 @@ class Simulation:
 
     def on_go(self) -> None:
         """Every node of this process in the next attempt has the chief's go: say when the last one came."""
-        if not self.said_go and all(n.go_at for n in self.nodes if n.in_job):
+        if not self.said_go and self.went >= self.to_go and all(n.go_at for n in self.nodes if n.in_job):
             self.said_go = True
             told = [n for n in self.nodes if n.in_job]
             self.say({"go": max(n.go_at or 0 for n in told), "told": len(told),
@@ -230,6 +285,8 @@ class Simulation:
         elif line.startswith("lose"):  # a worker node's detlaunch dies: its connection closes, unannounced
             node = next(n for n in reversed(self.nodes) if not n.spare)
             node.lost = True
+            self.to_tell -= 1
+            self.to_go -= 1
             self.say({"lost_at": time.time(), "node": node.node})
             node.link.connection.sock.close()
             node.link.close()
@@ -276,13 +333,19 @@ def chief_processes(chief: subprocess.Popen[bytes]) -> tuple[list[psutil.Process
 
 
 _UNREAD: dict[int, bytes] = {}  # what a simulating process said past the last line read, by its pipe's fd
+_UNWANTED: dict[int, list[dict[str, Any]]] = {}  # messages read while another was wanted, by its pipe's fd
 
 
 def read_json(pipe: Any, want: str, timeout: float) -> dict[str, Any]:
-    """The next message of a simulating process that has `want`, read from its pipe's fd itself: a buffered
-    readline() after select() would leave a second line in its buffer, unseen by select() (two lines said
-    together: "stopped", then "go")."""
+    """The next message of a simulating process that has `want` (one read while another was wanted first),
+    read from its pipe's fd itself: a buffered readline() after select() would leave a second line in its
+    buffer, unseen by select() (two lines said together: "stopped", then "go")."""
     fd = pipe.fileno()
+    kept = _UNWANTED.setdefault(fd, [])
+    for message in kept:
+        if want in message:
+            kept.remove(message)
+            return message
     deadline = time.monotonic() + timeout
     while True:
         while b"\n" in _UNREAD.get(fd, b""):
@@ -292,6 +355,8 @@ def read_json(pipe: Any, want: str, timeout: float) -> dict[str, Any]:
                 print("  sim:", message["error"], file=sys.stderr)
             elif want in message:
                 return dict(message)
+            else:
+                kept.append(message)
         ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
         if not ready:
             raise RuntimeError(f"timed out waiting for {want!r}")
@@ -421,7 +486,7 @@ def start_job(nodes: int, spares: int, per_process: int, heartbeat: float, tmp: 
 def last_words(proc: subprocess.Popen[bytes], who: str) -> None:
     """What a real node said, for a failure's diagnosis."""
     if proc.stderr is not None:
-        lines = proc.stderr.read().decode(errors="replace").splitlines()[-30:]
+        lines = proc.stderr.read().decode(errors="replace").splitlines()[-int(os.environ.get("SIM_LINES", "30")):]
         print("\n".join(f"  {who}: {line}" for line in lines), file=sys.stderr)
 
 
@@ -433,10 +498,11 @@ def stop_reals(reals: list[subprocess.Popen[bytes]]) -> None:
 
 def measure_spares(nodes: int, spares: int, per_process: int, heartbeat: float, tmp: Path) -> dict[str, Any]:
     """The spares case: `nodes` worker nodes and `spares` spares, all joined; one worker's detlaunch dies (its
-    connection closes). Timed from that to the last node of the next attempt told its places (the chief's
-    "go", with the membership): the chief sees the loss, stops its rank, every node says goodbye, the chief
-    restarts, sends a spare to the place, the spare joins again as that node, the chief plans its part for
-    the new cluster and tells every node."""
+    connection closes). Timed from that to the last node and waiting spare told the new membership (the chief
+    sees the loss, sends a spare to the place and tells every node, with the stop), and to the last node of
+    the next attempt told to start it: the chief stops its rank, every node says goodbye, the spare joins
+    again as that node meanwhile, the chief restarts (or, the spare not there yet, holds the nodes and says go
+    once it has joined)."""
     reals: list[subprocess.Popen[bytes]] = []
     sims: list[subprocess.Popen[str]] = []
     failed = False
@@ -447,10 +513,15 @@ def measure_spares(nodes: int, spares: int, per_process: int, heartbeat: float, 
         sims[0].stdin.write("lose\n")
         sims[0].stdin.flush()
         lost = read_json(sims[0].stdout, "lost_at", 60)
+        said = [read_json(sim.stdout, "membership_told", 120) for sim in sims]
         told = [read_json(sim.stdout, "go", 120) for sim in sims]
         line = chief.stdout.readline()  # the next attempt's rank
         return {"nodes": nodes, "spares": spares, "lost_node": lost["node"],
-                "lost_to_every_node_told_ms": round(1000 * (max(t["go"] for t in told) - lost["lost_at"]), 1),
+                "lost_to_membership_told_ms": round(1000 * (max(m["membership_told"] for m in said)
+                                                            - lost["lost_at"]), 1),
+                "lost_to_membership_handled_ms": round(1000 * (max(m["membership_handled"] for m in said)
+                                                               - lost["lost_at"]), 1),
+                "lost_to_next_attempt_ordered_ms": round(1000 * (max(t["go"] for t in told) - lost["lost_at"]), 1),
                 "nodes_told": sum(t["told"] for t in told), "places_named_in_go": max(t["members"] for t in told),
                 "next_attempt_rank_started": b"ready" in line, "load": os.getloadavg()[0]}
     except Exception:
@@ -460,7 +531,7 @@ def measure_spares(nodes: int, spares: int, per_process: int, heartbeat: float, 
         stop_reals(reals)
         if reals:
             end_simulation(reals[0], sims, 30)
-        if failed and reals:
+        if (failed or os.environ.get('SIM_TRACE')) and reals:
             last_words(reals[0], "chief")
 
 
@@ -592,8 +663,13 @@ def main(argv: list[str]) -> int:
     if args.simulate:
         first, count, job, port, heartbeat, *more = args.simulate
         places, spares, follow = [int(v) for v in more] + [0] * (3 - len(more))
-        Simulation(int(first), int(count), job, int(port), float(heartbeat), os.environ["DETLAUNCH_JOB_SECRET"],
-                   places, spares, bool(follow)).run()
+        sim = Simulation(int(first), int(count), job, int(port), float(heartbeat), os.environ["DETLAUNCH_JOB_SECRET"],
+                   places, spares, bool(follow))
+        if os.environ.get("SIM_PROFILE"):
+            import cProfile
+            cProfile.runctx("sim.run()", globals(), {"sim": sim}, f"/tmp/simprof.{first}")
+        else:
+            sim.run()
         return 0
     if args.spares_case or args.chief_case:
         nodes = args.nodes[-1] if args.nodes != [256, 1024] else 1024
@@ -606,7 +682,8 @@ def main(argv: list[str]) -> int:
                     runs.append(measure_chief(nodes, args.spares, args.per_process, args.heartbeat, Path(tmp),
                                               args.stopped_peer))
             print(json.dumps(runs[-1]), flush=True)
-        keys = ["lost_to_every_node_told_ms"] if args.spares_case else [
+        keys = ["lost_to_membership_told_ms", "lost_to_membership_handled_ms",
+                "lost_to_next_attempt_ordered_ms"] if args.spares_case else [
             "detected_to_every_node_served_s", "detected_to_every_node_told_go_s"]
         print(json.dumps({f"median_{k}": statistics.median(r[k] for r in runs) for k in keys}), flush=True)
         return 0

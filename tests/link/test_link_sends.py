@@ -13,7 +13,7 @@ import time
 import pytest
 from detlaunch.link.fdlimit import SPARE, ensure_open_files
 from detlaunch.link.messages import WORKER, RankExit, encode
-from detlaunch.link.wire import HEARTBEAT, MAX_UNSENT, PeerConnection
+from detlaunch.link.wire import HEARTBEAT, MAX_UNSENT, PeerConnection, together
 from detlaunch.outcome import RankStatus
 from detlaunch.system.eventloop import EventLoop, Priority
 
@@ -79,6 +79,26 @@ def test_what_could_not_be_sent_at_once_arrives_whole_and_in_order() -> None:
     assert [json.loads(raw)["i"] for raw in received.splitlines()] == list(range(300))
     loop.run_once(timeout=0.01)
     assert not conn.unsent and not conn.writing and closed == []
+    conn.close()
+    theirs.close()
+    loop.close()
+
+
+def test_what_is_sent_together_waits_for_the_end_and_goes_out_in_one_write() -> None:
+    """wire.together: a lost node's stop and the membership naming its replacement reach each node in one write
+    (nothing is sent inside; everything, in order, at the end)."""
+    loop = EventLoop()
+    conn, theirs, closed = connection(loop)
+    theirs.setblocking(False)
+    with together([conn]):
+        conn.send_encoded(b'{"t": "a"}')
+        conn.send_encoded(b'{"t": "b"}')
+        with pytest.raises(BlockingIOError):
+            theirs.recv(1 << 16)  # nothing yet
+        assert conn.held
+    assert not conn.held and theirs.recv(1 << 16) == b'{"t": "a"}\n{"t": "b"}\n' and closed == []
+    conn.send_encoded(b'{"t": "c"}')  # after it, at once as ever
+    assert theirs.recv(1 << 16) == b'{"t": "c"}\n'
     conn.close()
     theirs.close()
     loop.close()

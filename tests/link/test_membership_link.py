@@ -1,7 +1,8 @@
 """The job link's side of a job whose nodes change, in one event loop on loopback (no process started):
 a job that shrinks tells every node the places of the next attempt; a lost node's new detlaunch from a
 new address takes its place, and its address is planned with from then on; one whose place is taken or
-dropped is made a spare; a spare sent to a place that never joins there frees the place."""
+dropped is made a spare; a spare sent to a place that never joins there frees the place; a spare sent as
+a node is lost joins while the attempt stops, and the restart needs no go."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from detlaunch.link import places
 from detlaunch.link.chief import ChiefLink
 from detlaunch.link.worker import LinkState, WorkerLink
 from detlaunch.node.replan import replanned
+from detlaunch.outcome import Failure, FailureKind
 from detlaunch.planning.cluster import ClusterInfo
 from detlaunch.system.eventloop import EventLoop
 from support.helpers import free_port
@@ -151,7 +153,7 @@ def test_a_node_sent_away_before_any_rank_started_frees_its_place_at_once_for_th
 
     assert replanned(Plan(BASE), BASE, chief, replan, lambda _: None) is None  # type: ignore[arg-type]
 
-    assert chief.dismiss(2, "slow or broken in the preflight", lost=False)
+    assert places.dismiss(chief, 2, "slow or broken in the preflight", lost=False)
     run_until(loop, lambda: w2.state is LinkState.ENDED)
     assert "was replaced: slow or broken in the preflight" in str(e2.seen)  # its end, with the reason
     assert chief.missing_nodes() == [2] and "node_lost" not in chief_events.names()  # no loss: nothing failed
@@ -164,5 +166,67 @@ def test_a_node_sent_away_before_any_rank_started_frees_its_place_at_once_for_th
     moved = replanned(Plan(BASE), BASE, chief, replan, lambda _: None)  # type: ignore[arg-type]
     assert moved is not None and seen[-1].node_addrs == ("127.0.0.1", "127.0.0.2", "127.0.0.4")
     for link in (w1, w2, spare, spare_as_2, chief):
+        link.close()
+    loop.close()
+
+
+def spare_sent_as_node_1_is_lost(tmp: str) -> tuple[EventLoop, int, ChiefLink, Events, WorkerLink, Events, WorkerLink,
+                                                   Events]:
+    """Nodes 1 and 2 and spare 3 joined; node 1's detlaunch dies mid-attempt, and the chief (as its supervisor
+    does, attempt_driver.replace_now) stops the attempt and sends the spare to node 1's place in one write.
+    Returns once the spare, as node 1, has joined."""
+    loop, port = EventLoop(), free_port()
+    chief_events, e2 = Events(), Events()
+    chief = ChiefLink(loop, dataclasses.replace(settings(0, port, tmp), spares=1), chief_events, chief_events)
+    w1, w2 = worker_link(loop, settings(1, port, tmp), Events()), worker_link(loop, settings(2, port, tmp), e2)
+    spare = worker_link(loop, dataclasses.replace(settings(2, port, tmp), node=3, node_addr="127.0.0.4"), Events())
+    run_until(loop, lambda: "joined" in chief_events.names() and 3 in chief.spares.waiting)
+    assert w1.connection is not None
+    w1.connection.sock.close()
+    run_until(loop, lambda: "node_lost" in chief_events.names())
+    w1.close()
+    with chief.together():
+        chief.failed(Failure("lost node 1 (127.0.0.2)", 1, at=0.0, kind=FailureKind.NODE_LOST))
+        assert chief.promote_spare(1, set()) == (3, "127.0.0.4")
+    run_until(loop, lambda: spare.state is LinkState.ENDED)
+    spare_events = Events()
+    spare_as_1 = worker_link(loop, dataclasses.replace(settings(1, port, tmp), node_addr="127.0.0.4",
+                                                       promoted_from=3), spare_events)
+    run_until(loop, lambda: spare_as_1.joined)
+    return loop, port, chief, chief_events, w2, e2, spare_as_1, spare_events
+
+
+def test_a_spare_sent_as_a_node_is_lost_joins_as_the_attempt_stops_and_the_restart_needs_no_go(tmp_path: Any) -> None:
+    loop, _, chief, chief_events, w2, e2, spare_as_1, spare_events = spare_sent_as_node_1_is_lost(str(tmp_path))
+    # Welcomed for the next attempt and held; not told to stop the attempt it never ran.
+    assert (spare_as_1.attempt, spare_as_1.hold) == (2, True) and "chief_verdict" not in spare_events.names()
+    assert chief.addr_of(1) == "127.0.0.4" and chief.spares.coming == {} and chief.joining_next == {1: 3}
+    run_until(loop, lambda: "chief_verdict" in e2.names())
+    assert not chief.ready_to_finish()  # node 2 has not said goodbye
+    w2.finish(None, [])
+    run_until(loop, chief.ready_to_finish)  # the spare owes this attempt nothing
+    chief.restart(2, 0.0)
+    assert not chief.holding and chief.missing_nodes() == [] and chief.joining_next == {}
+    run_until(loop, lambda: "chief_restart" in e2.names() and "chief_restart" in spare_events.names())
+    assert e2.seen[-1] == spare_events.seen[-1] == ("chief_restart", 2, 0.0)  # no go follows: it starts now
+    assert chief_events.names().count("joined") == 1  # (the first start's): nothing waits for the place
+    for link in (w2, spare_as_1, chief):
+        link.close()
+    loop.close()
+
+
+def test_a_spare_joined_for_the_next_attempt_and_lost_before_it_leaves_its_place_to_be_waited_for(
+        tmp_path: Any) -> None:
+    loop, _, chief, chief_events, w2, _, spare_as_1, _ = spare_sent_as_node_1_is_lost(str(tmp_path))
+    assert spare_as_1.connection is not None
+    spare_as_1.connection.sock.close()
+    run_until(loop, lambda: "spare_lost" in chief_events.names())
+    assert chief_events.seen[-1][:3] == ("spare_lost", 3, "127.0.0.4") and "node 1's place" in chief_events.seen[-1][3]
+    assert chief.missing_nodes() == [1] and chief.joining_next == {}
+    w2.finish(None, [])
+    run_until(loop, chief.ready_to_finish)
+    chief.restart(2, 0.0)
+    assert chief.holding and chief.missing_nodes() == [1]  # the next attempt waits for node 1's place again
+    for link in (w2, spare_as_1, chief):
         link.close()
     loop.close()

@@ -7,6 +7,7 @@ secret."""
 from __future__ import annotations
 
 import dataclasses
+import random
 from types import SimpleNamespace
 from typing import Any
 
@@ -63,6 +64,22 @@ def test_a_lost_node_among_1024_is_a_change_of_a_few_dozen_bytes() -> None:
     delta = change(big, lost)
     assert delta is not None and applied(big, delta) == lost
     assert len(encode(MembersChange(c=delta))) < 1200 < 15_000 < len(encode(Members(m=lost)))
+
+
+def test_a_change_applies_as_the_sets_it_names_whatever_it_holds() -> None:
+    """applied() keeps `live` sorted by inserting and deleting: it reads as (live | joined in range) - left for any
+    change, a node named twice, joined and left at once, out of range, or not live at all."""
+    rng = random.Random(7)
+    for _ in range(300):
+        live = tuple(sorted(rng.sample(range(8), rng.randint(0, 8))))
+        joined = tuple(rng.choice(range(-2, 11)) for _ in range(rng.randint(0, 4)))
+        left = tuple(rng.choice(range(-1, 10)) for _ in range(rng.randint(0, 4)))
+        m = Membership(nodes=tuple(f"10.0.0.{i}" for i in range(8)), live=live)
+        same = change(m, m)
+        assert same is not None
+        c = dataclasses.replace(same, joined=joined, left=left)
+        want = tuple(sorted(({*live} | {n for n in joined if 0 <= n < 8}) - {*left}))
+        assert applied(m, c).live == want, (live, joined, left)
 
 
 def test_the_successor_is_the_lowest_live_node_but_the_chief() -> None:

@@ -131,3 +131,44 @@ def test_a_node_on_a_host_excluded_at_the_start_is_replaced_before_the_first_att
     assert "detlaunch: spare node 2 (127.0.0.3) takes the place of node 1 (127.0.0.2)" in rc.stderr, rc.stderr
     assert rank_lines(rs.stdout, 1), rs.output  # the spare ran rank 1, in the first attempt
     assert "detlaunch: 1 attempt(s):" in rc.stderr and "attempt 1: finished" in rc.stderr, rc.stderr
+
+
+SLOW_STOP = """\
+import os, signal, sys, time
+rank, attempt = int(os.environ["RANK"]), int(os.environ["DETLAUNCH_RESTART_COUNT"]) + 1
+if attempt == 2:
+    print(f"rank {rank} attempt 2 runs", flush=True)
+    sys.exit(0)
+def checkpoint_then_exit(signum, frame):
+    time.sleep(6)  # a checkpoint written on the way out
+    sys.exit(143)
+signal.signal(signal.SIGTERM, checkpoint_then_exit)
+print(f"rank {rank} ready", flush=True)
+time.sleep(300)
+"""
+
+
+def test_the_spare_is_sent_at_the_loss_and_joins_while_the_attempt_stops(launcher: Launcher, tmp_path: Path) -> None:
+    """Not once the attempt has stopped: the chief's rank takes 6 s to stop here (a checkpoint on SIGTERM), and
+    the spare, sent as node 1 is lost, has joined in its place before that: the next attempt waits for no one."""
+    script = tmp_path / "slow_stop.py"
+    script.write_text(SLOW_STOP)
+    common = ["--layer", "direct", "--nnodes", "2", "--nproc-per-node", "1", "--master-addr", "127.0.0.1",
+              "--spares", "1", "--master-port", str(free_port()), "--max-node-restarts", "1", "--restart-backoff", "0",
+              "--job-id", f"early-{tmp_path.name[-12:].strip('_')}-{os.getpid()}"]
+    chief, lost, spare = (launcher.start(*common, "--node-rank", str(n), "--node-addr", f"127.0.0.{n + 1}",
+                                         str(script)) for n in range(3))
+    spare.wait_for_output("detlaunch: spare node 2: joined the job; it runs no rank", timeout=60)
+    chief.wait_for_output("rank 0 ready", timeout=60)
+    lost.wait_for_output("rank 1 ready", timeout=60)
+    lost.send_signal(signal.SIGKILL)
+    rc, rp = chief.wait(120), spare.wait(60)
+    assert (rc.returncode, rp.returncode) == (0, 0), rc.output + rp.output
+    said = [line.removeprefix("detlaunch: ") for line in rc.stderr.splitlines()]
+    sent = said.index("spare node 2 (127.0.0.3) takes the place of node 1 (127.0.0.2)")
+    failed = next(i for i, line in enumerate(said) if line.startswith("attempt 1 failed (lost node 1 (127.0.0.2)"))
+    assert sent < failed, rc.stderr  # sent at the loss, before the attempt had stopped
+    assert not [line for line in said if line.startswith("waiting for")], rc.stderr  # nothing to wait for
+    assert "detlaunch: joined the job at attempt 2: waiting for the other nodes" in rp.stderr, rp.stderr
+    assert rank_lines(rp.stdout, 1) == ["rank 1 attempt 2 runs"], rp.output
+    assert "rank 0 attempt 2 runs" in rank_lines(rc.stdout, 0), rc.output

@@ -15,12 +15,12 @@ The messages are in messages.py; the connections in wire.py.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import time
 from typing import Any, Protocol
 
-import detlaunch.exit_codes as exit_codes
 from detlaunch.errors import LaunchError
 from detlaunch.link import auth, places
 from detlaunch.link.membership import Membership
@@ -46,8 +46,8 @@ from detlaunch.link.messages import (
 from detlaunch.link.settings import LinkSettings
 from detlaunch.link.sharing import MembershipSharing
 from detlaunch.link.spares import SparePool
-from detlaunch.link.wire import HEARTBEAT, HEARTBEAT_MISSES, PeerConnection
-from detlaunch.outcome import Failure, FailureKind, RankStatus
+from detlaunch.link.wire import HEARTBEAT, HEARTBEAT_MISSES, PeerConnection, together
+from detlaunch.outcome import Failure, RankStatus
 from detlaunch.planning.addresses import bind_host
 from detlaunch.system.eventloop import EventLoop, Priority, Timer
 from detlaunch.system.jobdir import SECRET_ENV, SECRET_FILE, create_secret
@@ -119,13 +119,14 @@ class ChiefLink:
         self.holding = False
         self.end_in_sight: float | None = None  # when ready_to_finish was first asked, this attempt
         self.sharing = MembershipSharing()  # the membership told to every node (share)
+        self.joining_next: dict[int, int] = {}  # place -> spare joined there as its attempt stops (places.joins_next)
         self.went_whole = True  # the last go was on every place (or there was none): see go()
         self.asking: tuple[int | None, bytes] = (None, b"")  # the last question asked of the nodes, encoded
-        self._listen()
+        self.listen()
         self.timer: Timer | None = loop.call_later(self.heartbeat, self.tick)
 
     # -- admission ---------------------------------------------------------------------------------
-    def _listen(self) -> None:
+    def listen(self) -> None:
         self.paused = None
         if not self.listening and places.anyone_to_admit(self) and self.listener.fileno() >= 0:
             self.loop.add_reader(self.listener, Priority.CHILD_OUTPUT, self.on_accept)
@@ -137,7 +138,7 @@ class ChiefLink:
             self.loop.remove(self.listener)
             self.listening = False
         if for_seconds is not None and self.paused is None:
-            self.paused = self.loop.call_later(for_seconds, self._listen)
+            self.paused = self.loop.call_later(for_seconds, self.listen)
 
     def on_accept(self) -> None:
         while True:
@@ -170,9 +171,11 @@ class ChiefLink:
         if ok and returned:  # its place is another's or empty: it joins again as a spare (link/places.py)
             assert isinstance(m, Auth)
             places.enlist(self, conn, m)
-            self._listen()  # for it, as that spare
+            self.listen()  # for it, as that spare
             return
-        if not ok or node is None or node in self.nodes:
+        # A spare sent to a node's place as the node was lost: it joins while that attempt stops, for the next.
+        early = ok and isinstance(m, Auth) and places.joins_next(self, m.node, m.spare)
+        if not ok or node is None or (node in self.nodes and not early):
             self.events.trace(f"refused a link connection (node {node!r}): bad credentials or duplicate")
             conn.close()
             return
@@ -187,18 +190,20 @@ class ChiefLink:
             self.sharing.welcome(conn)
             self._stop_listening_if_complete()
             return
+        if early:  # held until the restart; its lost predecessor still counts in the attempt that stops
+            self.joining_next[node] = m.spare or 0
         self.nodes[node] = conn
         self.spares.arrived(node)
         self._stop_listening_if_complete()
         self.addrs[node] = addr
-        conn.send(Welcome(mac=auth.chief_mac(self.secret, self.job_id, node, m.nonce), attempt=self.attempt,
-                          hold=self.holding))
+        conn.send(Welcome(mac=auth.chief_mac(self.secret, self.job_id, node, m.nonce),
+                          attempt=self.attempt + 1 if early else self.attempt, hold=self.holding or early))
         self.sharing.welcome(conn)
-        if self.stop_message is not None:  # joined after the job was stopped
+        if self.stop_message is not None and not early:  # joined after the job was stopped
             conn.send(self.stop_message)
-        self.events.trace(f"node {node} joined the job")
+        self.events.trace(f"node {node} joined the job" + (" for the next attempt" if early else ""))
         self.events.node_joined(node, self.addrs[node])
-        if len(self.nodes) >= len(self.expected) and not self.missing_nodes():  # (the count first: O(1) a join)
+        if not early and len(self.nodes) >= len(self.expected) and not self.missing_nodes():  # (count first: O(1))
             self.events.joined()
 
     def _stop_listening_if_complete(self) -> None:
@@ -230,16 +235,20 @@ class ChiefLink:
     def on_close(self, conn: PeerConnection) -> None:
         self.pending.discard(conn)
         if self.paused is None:
-            self._listen()  # a pending slot is free again
+            self.listen()  # a pending slot is free again
         node = conn.node
         if self.spares.owns(conn):
             self.spares.closed(conn, conn.why or "its detlaunch closed the connection")
             return
+        if node is not None and self.nodes.get(node) is conn and node in self.joining_next:
+            places.lost_early(self, node, conn.why or "its detlaunch closed the connection")
+            return
         if node is None or node in self.finished or self.nodes.get(node) is not conn:
             return
-        self._lost(node, conn.why or "its detlaunch closed the connection without saying goodbye")
+        self.lost(node, conn.why or "its detlaunch closed the connection without saying goodbye")
 
-    def _lost(self, node: int, why: str) -> None:
+    def lost(self, node: int, why: str) -> None:
+        """Node `node` is lost: its questions go unanswered, its supervisor decides."""
         self.finished.add(node)
         self.questions.node_gone(node)
         self.events.node_lost(node, self.addr_of(node), why)
@@ -259,7 +268,7 @@ class ChiefLink:
                 continue
             if conn.silent_for() > silence:
                 conn.close()
-                self._lost(node, f"no heartbeat for {silence:g} s")
+                self.lost(node, f"no heartbeat for {silence:g} s")
             else:
                 conn.send_encoded(HEARTBEAT)
         self.spares.tick(silence)
@@ -276,6 +285,10 @@ class ChiefLink:
         """The job failed (here or anywhere): every node stops, with this verdict (so far)."""
         self.stop_message = Stop(failure=failure)
         self._to_every_node(self.stop_message)
+
+    def together(self) -> contextlib.AbstractContextManager[None]:
+        """What is sent to the nodes inside goes to each in one write (wire.together)."""
+        return together(self.nodes.values())
 
     def _to_every_node(self, message: Message) -> None:
         encoded = encode(message)  # once, for every node
@@ -325,15 +338,18 @@ class ChiefLink:
         lost = self.lost_nodes()
         for node in lost:
             del self.nodes[node]
-        hold = bool(self.missing_nodes())  # lost nodes, or places a shrunk job takes back (membership.py)
+        # Held for go: lost nodes, or places a shrunk job takes back (membership.py), or a spare that joined as the
+        # last attempt stopped while the job runs on fewer than all places (it learns which from the go).
+        hold = bool(self.missing_nodes()) or bool(self.joining_next) and places.shrunk(self)
         self.attempt, self.holding = attempt, hold
         self.end_in_sight = None
+        self.joining_next = {}  # nodes of this attempt now, like the others
         self._to_every_node(Restart(attempt=attempt, delay=None if hold else delay))
         self.finished = set()
         self.remote_ranks = {}
         self.stop_message = None
         if hold:
-            self._listen()
+            self.listen()
 
     def forget_lost(self) -> list[int]:
         """Between attempts, nodes were lost (returned): forget them and listen for them again, as restart()
@@ -347,7 +363,7 @@ class ChiefLink:
             self.holding = True
             self._to_every_node(Restart(attempt=self.attempt, delay=None))
         if lost:
-            self._listen()
+            self.listen()
         return lost
 
     def go(self) -> None:
@@ -361,31 +377,12 @@ class ChiefLink:
             self._to_every_node(Go(attempt=self.attempt, members=None if every and self.went_whole else members))
             self.went_whole = every
 
-    def dismiss(self, node: int, why: str, lost: bool = True) -> bool:
-        """Send a live worker node away (replaced by a spare): it gets the job's end with `why` as its verdict.
-        lost: it counts as lost here (a straggler: the next attempt gives its place to a spare); else its place
-        is free at once and nothing failed (the preflight's, no rank started: a spare goes there now). False:
-        not joined."""
-        conn = self.nodes.get(node)
-        if conn is None or conn.closed or node in self.finished:
-            return False
-        what = f"node {node} ({self.addr_of(node)}) was replaced: {why}"
-        conn.send(End(failure=Failure(what, exit_codes.FAILED, at=time.time(), kind=FailureKind.NODE_LOST)))
-        conn.close_when_sent()
-        if lost:
-            self._lost(node, why)
-            return True
-        del self.nodes[node]  # missing: its place is waited for (its connection's close is no loss)
-        self.questions.node_gone(node)
-        self._listen()
-        return True
-
     def promote_spare(self, place: int, excluded: set[str]) -> tuple[int, str] | None:
         """Send a waiting spare (on no host in `excluded`) to take lost node `place`'s place (it joins again as
         that node): the spare's number and address, or None when no spare waits."""
         promoted = self.spares.promote(place, excluded)
         if promoted is not None:
-            self._listen()  # for the spare's new connection, as node `place`
+            self.listen()  # for the spare's new connection, as node `place`
         return promoted
 
     def finish(self, failure: Failure | None, ranks: list[RankStatus]) -> None:

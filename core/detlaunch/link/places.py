@@ -11,17 +11,21 @@ Functions of the chief's link, kept out of its class.
 
 from __future__ import annotations
 
-from typing import Protocol
+import time
+from typing import Any, Protocol
 
+import detlaunch.exit_codes as exit_codes
 from detlaunch.link import auth
-from detlaunch.link.messages import Auth, Welcome
+from detlaunch.link.messages import Auth, End, Welcome
 from detlaunch.link.spares import SparePool
 from detlaunch.link.wire import PeerConnection
+from detlaunch.outcome import Failure, FailureKind
 from detlaunch.planning import membership
 
 
-class Traces(Protocol):
+class Events(Protocol):
     def trace(self, message: str) -> None: ...
+    def spare_lost(self, node: int, addr: str, why: str) -> None: ...
 
 
 class ChiefLink(Protocol):
@@ -30,13 +34,22 @@ class ChiefLink(Protocol):
     expected: set[int]
     places: frozenset[int]
     nodes: dict[int, PeerConnection]
+    finished: set[int]
+    joining_next: dict[int, int]
     spares: SparePool
     secret: str
     job_id: str
     attempt: int
 
     @property
-    def events(self) -> Traces: ...
+    def events(self) -> Events: ...
+
+    @property
+    def questions(self) -> Any: ...  # chief.ChiefQuestions
+
+    def listen(self) -> None: ...
+    def lost(self, node: int, why: str) -> None: ...
+    def addr_of(self, node: int) -> str: ...
 
 
 def members(link: ChiefLink) -> tuple[int, ...]:
@@ -47,6 +60,11 @@ def members(link: ChiefLink) -> tuple[int, ...]:
 def dropped(link: ChiefLink) -> set[int]:
     """Worker places that run no attempt now (the job shrank)."""
     return set(link.places - link.expected)
+
+
+def shrunk(link: ChiefLink) -> bool:
+    """The next attempt runs on fewer than every place (a node that had no go would take every one)."""
+    return bool(link.places - link.expected)
 
 
 def drop(link: ChiefLink, places: set[int]) -> None:
@@ -90,3 +108,41 @@ def enlist(link: ChiefLink, conn: PeerConnection, m: Auth) -> None:
                       hold=True, spare=number))
     conn.close_when_sent()
     link.events.trace(f"node {m.node} ({addr}) came back after its place was taken: it joins as spare {number}")
+
+
+def joins_next(link: ChiefLink, node: int, spare: int | None) -> bool:
+    """The spare `spare` was sent to node `node`'s place as that node was lost, and joins while the node's attempt
+    stops (attempt_driver.replace_now): it is admitted now, for the next attempt, held until the restart. The
+    lost node still counts in the attempt that stops (its place holds it until ChiefLink.restart)."""
+    return spare is not None and link.spares.coming.get(node) == spare and node in link.nodes \
+        and node in link.finished
+
+
+def lost_early(link: ChiefLink, node: int, why: str) -> None:
+    """A spare that joined in node `node`'s place for the next attempt was lost before it began: the place is
+    empty again (the restart waits for it, and another spare may go)."""
+    spare = link.joining_next.pop(node)
+    del link.nodes[node]
+    link.listen()
+    link.events.spare_lost(spare, link.addr_of(node), f"{why} (it had joined in node {node}'s place for the next "
+                                                      "attempt)")
+
+
+def dismiss(link: ChiefLink, node: int, why: str, lost: bool = True) -> bool:
+    """Send a live worker node away (replaced by a spare): it gets the job's end with `why` as its verdict.
+    lost: it counts as lost here (a straggler: the next attempt gives its place to a spare); else its place
+    is free at once and nothing failed (the preflight's, no rank started: a spare goes there now). False:
+    not joined."""
+    conn = link.nodes.get(node)
+    if conn is None or conn.closed or node in link.finished:
+        return False
+    what = f"node {node} ({link.addr_of(node)}) was replaced: {why}"
+    conn.send(End(failure=Failure(what, exit_codes.FAILED, at=time.time(), kind=FailureKind.NODE_LOST)))
+    conn.close_when_sent()
+    if lost:
+        link.lost(node, why)
+        return True
+    del link.nodes[node]  # missing: its place is waited for (its connection's close is no loss)
+    link.questions.node_gone(node)
+    link.listen()
+    return True

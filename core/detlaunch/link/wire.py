@@ -13,9 +13,10 @@ ends the connection, saying why.
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 
 from detlaunch.link.messages import Heartbeat, Malformed, Message, NotAMessage, UnknownKind, decode, encode
 from detlaunch.system.eventloop import EventLoop, Priority
@@ -48,6 +49,7 @@ class PeerConnection:
         self.writing = False  # the loop calls flush when the socket takes more
         self.why = ""  # why the connection closed, when this side closed it for a reason
         self.closing = False  # close once everything queued is sent (close_when_sent)
+        self.held = False  # queue, do not send yet (together)
         sock.setblocking(False)
         # Unproven peers are served after everything else; a node of the job is raised on joining.
         loop.add_reader(sock, Priority.PROBE, self.on_readable)
@@ -70,7 +72,7 @@ class PeerConnection:
         if len(self.unsent) > MAX_UNSENT:
             self.why = f"it left {len(self.unsent)} bytes of the link unread (stopped, or hung)"
             self.close(notify=True)
-        elif not self.writing:
+        elif not self.writing and not self.held:
             self.flush()
 
     def flush(self) -> None:
@@ -143,3 +145,20 @@ class PeerConnection:
 
     def silent_for(self) -> float:
         return time.monotonic() - self.last_heard
+
+
+@contextlib.contextmanager
+def together(connections: Iterable[PeerConnection]) -> Iterator[None]:
+    """What is sent on these connections inside goes to each peer in one write: a lost node's stop and the
+    membership naming its replacement reach 1024 nodes in 1024 system calls, not 2048, and neither waits for
+    the other's round."""
+    held = [c for c in connections if not c.closed and not c.held]
+    for conn in held:
+        conn.held = True
+    try:
+        yield
+    finally:
+        for conn in held:
+            conn.held = False
+            if not conn.closed and not conn.writing:
+                conn.flush()

@@ -65,7 +65,7 @@ class AttemptHost(Protocol):
     def trace(self, message: str) -> None: ...
 
     def last_attempt_end(self) -> AttemptEnd:
-        """How the attempt that just ended ended, as the restart policy reads it."""
+        """How the attempt that just ended ended, as the restart policy reads it (or would, were it over now)."""
 
     def stopped_why(self) -> str:
         """Why the job ended while no attempt ran (a signal, a failure during the backoff)."""
@@ -152,6 +152,9 @@ class AttemptDriver:
             cancel_timer(self.backoff_timer)  # a node was lost during the backoff: wait for the chief's go
             self.backoff_timer = None
             h.say(f"the chief holds attempt {attempt} until every lost node is back")
+        elif h.phase is Phase.BACKOFF and delay is not None and self.backoff_timer is None:
+            # Joined, held, while the last attempt stopped (a spare in a lost node's place): it starts with the others.
+            self.backoff_timer = h.loop.call_later(delay, lambda: self.next_attempt(attempt))
 
     def chief_go(self, attempt: int) -> None:
         """Worker: every node is back after a lost one: attempt `attempt` starts now."""
@@ -197,13 +200,33 @@ class AttemptDriver:
         if only_excluded:
             missing = [n for n in missing if h.link.addr_of(n) in excluded]
         for node in missing:
-            lost_addr = h.link.addr_of(node)
-            promoted = h.link.promote_spare(node, excluded)
-            if promoted is None:
+            if not self._promote(node, excluded):
                 return
-            spare, addr = promoted
-            h.say(f"spare node {spare} ({addr}) takes the place of node {node} ({lost_addr})")
-            h.events.emit(EventKind.SPARE_PROMOTED, node=node, spare=spare, host=addr, replaces=lost_addr)
+
+    def replace_now(self, node: int) -> bool:
+        """Chief: node `node` was lost as its attempt ran, and a restart for a lost node is what the policy would
+        decide: a waiting spare is sent to its place now, while the attempt stops, not once it has. Its join
+        overlaps the stop (link/places.joins_next: held until the restart, which then needs no go), and every
+        node is to be told the new membership at once (with the stop: True, a spare was sent)."""
+        h = self.host
+        link = h.link
+        if not isinstance(link, ChiefLink) or not link.spares.waiting or node in link.spares.coming \
+                or not h.attempts.would_restart(h.last_attempt_end()):
+            return False
+        return self._promote(node, self._excluded())
+
+    def _promote(self, node: int, excluded: set[str]) -> bool:
+        """A waiting spare (on no host in `excluded`) to node `node`'s place, said and logged. False: none waits."""
+        h = self.host
+        assert isinstance(h.link, ChiefLink)
+        lost_addr = h.link.addr_of(node)
+        promoted = h.link.promote_spare(node, excluded)
+        if promoted is None:
+            return False
+        spare, addr = promoted
+        h.say(f"spare node {spare} ({addr}) takes the place of node {node} ({lost_addr})")
+        h.events.emit(EventKind.SPARE_PROMOTED, node=node, spare=spare, host=addr, replaces=lost_addr)
+        return True
 
     # -- a job that may shrink (--nnodes MIN:MAX, planning/membership.py) ----------------------------------
     def _shrink(self, attempt: int) -> bool:
@@ -242,7 +265,8 @@ class AttemptDriver:
             return
         excluded = self._excluded()
         ready = sum(1 for n in link.spares.waiting if link.spares.addrs.get(n) not in excluded)
-        back = membership.grow(dropped, ready - len(link.lost_nodes()))  # the lost nodes' places come first
+        lost = [n for n in link.lost_nodes() if n not in link.spares.coming]  # (a spare on its way: not waiting)
+        back = membership.grow(dropped, ready - len(lost))  # the lost nodes' places come first
         if back:
             places.take_back(link, back)
             ids = places.members(link)

@@ -162,7 +162,7 @@ class LinkEvents:
 
         def dismiss() -> None:  # after the straggler's line
             h.driver.exclude(node, link.addr_of(node), why, at_once=True)  # out at once, not after two losses
-            link.dismiss(node, why)
+            places.dismiss(link, node, why)
 
         h.loop.call_later(0, dismiss)
         return True
@@ -181,7 +181,7 @@ class LinkEvents:
         def swap() -> None:  # after the preflight's line
             self.swapping.discard(node)
             h.driver.exclude(node, link.addr_of(node), why, at_once=True)
-            if link.dismiss(node, why, lost=False):
+            if places.dismiss(link, node, why, lost=False):
                 h.startup.link_up = False  # nothing starts before the spare is there
                 h.succession.changed()
                 h.driver.fill_from_spares()
@@ -205,8 +205,11 @@ class LinkEvents:
         h.driver.exclude(node, addr, why)
         if h.phase is Phase.BACKOFF and h.plan.restarts.enabled:
             h.driver.lost_between_attempts(node, addr, why)
-        elif h.phase.active:
-            h.fail(NodeLost(node, addr, why, time.time()))
+        elif h.phase.active and isinstance(h.link, ChiefLink):
+            with h.link.together():  # the stop and the membership naming its replacement: one write to each node
+                h.fail(NodeLost(node, addr, why, time.time()))
+                if h.driver.replace_now(node):
+                    h.succession.share_now()
 
     # -- a worker's link (WorkerEvents) --------------------------------------------------------------
     def chief_verdict(self, failure: Failure | None) -> None:

@@ -152,6 +152,7 @@ class Succession:
         self.next: Takeover | None = None  # the chief was lost: what the next supervisor takes over
         self.share_timer: Timer | None = None
         self.shared_at = float("-inf")
+        self.replaced_shared_at = float("-inf")  # share_now
         self.majority_timer: Timer | None = None  # successor: until a majority joins (--start-timeout)
         self.grace_timer: Timer | None = None  # successor: a majority joined; for the last attempt's others
         self.fallback_timer: Timer | None = None  # follower: for its successor's welcome
@@ -172,6 +173,18 @@ class Succession:
             delay = max(0.0, self.shared_at + h.plan.heartbeat - h.loop.clock())
             self.share_timer = h.loop.call_later(delay, self._share)
 
+    def share_now(self) -> None:
+        """Chief: a spare was sent to a lost node's place: every node is told now, not up to a heartbeat later;
+        but not twice within a heartbeat (a rack lost at once: the rest go together, in the next share)."""
+        now = self.host.loop.clock()
+        if now - self.replaced_shared_at < self.host.plan.heartbeat:
+            self.changed()
+            return
+        self.replaced_shared_at = now
+        cancel_timer(self.share_timer)
+        self.share_timer = None
+        self._share()
+
     def _share(self) -> None:
         self.share_timer = None
         h, link = self.host, self.host.link
@@ -187,7 +200,9 @@ class Succession:
         link = h.link
         assert isinstance(link, ChiefLink)
         c = h.plan.cluster
-        nodes = tuple((c.chief_addr if n == 0 else link.addrs.get(n)) or "" for n in range(c.num_nodes))
+        coming = {place: link.spares.addrs.get(spare) for place, spare in link.spares.coming.items()}  # sent there
+        nodes = tuple((c.chief_addr if n == 0 else coming.get(n) or link.addrs.get(n)) or ""
+                      for n in range(c.num_nodes))
         try:
             out, losses = spares.read_exclusions(h.plan.exclude_hosts)
         except Exception:  # noqa: BLE001 - a file that cannot be read now: the successor reads it itself

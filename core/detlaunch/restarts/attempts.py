@@ -42,6 +42,10 @@ class Attempts:
         self.decision = self.policy.decide(self.history, self.rng)
         return self.decision
 
+    def would_restart(self, end: AttemptEnd) -> bool:
+        """Were the attempt that runs to end this way, the policy would restart the job (nothing recorded)."""
+        return self.policy.decide([*self.history, end], random.Random(0)).restart
+
     def stopped_waiting(self, why: str) -> RestartDecision:
         """The job was stopped between attempts (`why`): the next one never starts."""
         self.decision = RestartDecision(False, f"{why} before attempt {self.number + 1} started: not restarting")
