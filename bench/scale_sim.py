@@ -81,6 +81,22 @@ class StampedSocket(socket.socket):
         return data
 
 
+class TimedSelector:
+    """The simulating process's selector, keeping when its last poll returned: what a node read in that batch was
+    there by then, however long the nodes before it in the batch took (with StampedSocket's receive time, the
+    earlier of the two bounds is the node's)."""
+
+    def __init__(self, selector: Any) -> None:
+        self.selector, self.polled_at = selector, 0.0
+        for name in ("register", "unregister", "modify", "get_key", "get_map", "close"):  # (no lookup a call)
+            setattr(self, name, getattr(selector, name))
+
+    def select(self, timeout: float | None = None) -> Any:
+        ready = self.selector.select(timeout)
+        self.polled_at = time.time()
+        return ready
+
+
 class SimLink(WorkerLink):
     """The real worker link, telling its simulated node when the chief's membership came (a node's supervisor
     reads it only when the chief is lost: it needs no news of it)."""
@@ -88,7 +104,7 @@ class SimLink(WorkerLink):
     def on_message(self, conn: Any, m: Any) -> None:
         super().on_message(conn, m)
         if isinstance(m, Members | MembersChange):
-            self.events.has_membership()
+            self.events.has_membership(m)
 
     def _welcomed(self, conn: Any, m: Any) -> None:
         """Its socket, from now on, a StampedSocket (the real connection reads it as any socket)."""
@@ -137,14 +153,18 @@ class SimNode(NoQuestionsNoOrders):  # the chief asks a simulated node nothing, 
             self.rejoined_at = time.time()
             self.sim.on_rejoined()
 
-    def has_membership(self) -> None:
+    def has_membership(self, told: Members | MembersChange) -> None:
         """The chief shared its membership: say when every node of this process has one naming every node and spare,
-        and when every node and waiting spare has one with a spare's address in a lost node's place."""
-        m = self.link.membership
-        if self.told_at is None and self.sim.said_members and m.used_spares and not self.lost and self.place is None \
-                and all(host(s) in m.nodes for s in m.used_spares):
+        and when every node and waiting spare has one with a spare's address in a lost node's place (read from
+        the change when it is one: a few entries, not 1025 places)."""
+        if isinstance(told, MembersChange):
+            sent = {host(s) for s in told.c.used_spares}
+            news = any(addr in sent for _, addr in told.c.moved)
+        else:
+            news = bool(told.m.used_spares) and all(host(s) in told.m.nodes for s in told.m.used_spares)
+        if self.told_at is None and self.sim.said_members and news and not self.lost and self.place is None:
             self.handled_at = time.time()
-            self.told_at = self.link.connection.sock.received_at or self.handled_at
+            self.told_at = min(self.link.connection.sock.received_at or self.handled_at, self.sim.selector.polled_at)
             self.sim.told += 1
         self.sim.on_membership()
 
@@ -209,6 +229,7 @@ class Simulation:
         from detlaunch.system.eventloop import EventLoop, Priority
 
         self.loop = EventLoop()
+        self.selector = self.loop._selector = TimedSelector(self.loop._selector)  # type: ignore[assignment]
         self.job_id, self.port, self.heartbeat, self.env = job_id, port, heartbeat, {"DETLAUNCH_JOB_SECRET": secret}
         self.restarts = places > 0
         self.places, self.spares, self.follow = places, spares, follow
@@ -243,7 +264,7 @@ class Simulation:
         if not self.said_members and all(complete(n) for n in self.nodes):
             self.said_members = True
             self.say({"membership": time.time()})
-        if self.said_members and not self.said_told and self.told == self.to_tell:  # (counts: O(1) a node)
+        if self.said_members and not self.said_told and self.told == self.to_tell > 0:  # (counts: O(1) a node)
             self.said_told = True
             told = [n for n in self.nodes if n.told_at]
             self.say({"membership_told": max(n.told_at or 0 for n in told),
