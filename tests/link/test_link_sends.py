@@ -12,8 +12,9 @@ import time
 
 import pytest
 from detlaunch.link.fdlimit import SPARE, ensure_open_files
-from detlaunch.link.messages import WORKER, RankExit, encode
-from detlaunch.link.wire import HEARTBEAT, MAX_UNSENT, PeerConnection, together
+from detlaunch.link.membership import Membership
+from detlaunch.link.messages import CHIEF, WORKER, Challenge, Members, RankExit, encode
+from detlaunch.link.wire import HEARTBEAT, MAX_UNAUTHENTICATED, MAX_UNSENT, PeerConnection, together
 from detlaunch.outcome import RankStatus
 from detlaunch.system.eventloop import EventLoop, Priority
 
@@ -101,6 +102,35 @@ def test_what_is_sent_together_waits_for_the_end_and_goes_out_in_one_write() -> 
     assert theirs.recv(1 << 16) == b'{"t": "c"}\n'
     conn.close()
     theirs.close()
+    loop.close()
+
+
+def test_what_follows_the_line_that_authenticates_is_not_counted_as_unauthenticated() -> None:
+    """A worker joining a chief of 1024 nodes reads the welcome and a ~20 KB membership in one recv: the bytes
+    after the welcome are a trusted peer's (before, the whole read counted: the connection closed in silence
+    and the node hung in DIALING, 22-224 of 1024 in bench/scale_sim --chief-case). Before it, the bound holds,
+    line by line, and its close is said."""
+    loop = EventLoop()
+    got: list[object] = []
+    closed: list[PeerConnection] = []
+
+    def on_message(conn: PeerConnection, m: object) -> None:
+        got.append(m)
+        conn.trusted()  # as the welcome's MAC, checked, does
+
+    a, b = socket.socketpair()
+    PeerConnection(loop, a, CHIEF, on_message, closed.append)
+    big = Membership(nodes=tuple(f"10.1.{i // 250}.{i % 250}" for i in range(1025)), live=tuple(range(1025)))
+    b.sendall(encode(Challenge(job="j", nonce="n")) + b"\n" + encode(Members(m=big)) + b"\n")
+    loop.run_once(timeout=1)
+    assert got == [Challenge(job="j", nonce="n"), Members(m=big)] and closed == []
+    c, d = socket.socketpair()
+    flood = PeerConnection(loop, c, CHIEF, lambda _c, _m: None, closed.append)  # never authenticated
+    d.sendall((HEARTBEAT + b"\n") * (MAX_UNAUTHENTICATED // len(HEARTBEAT) + 1))
+    loop.run_once(timeout=1)
+    assert closed == [flood] and flood.why == f"it sent over {MAX_UNAUTHENTICATED} bytes before authenticating"
+    for s in (a, b, c, d):
+        s.close()
     loop.close()
 
 

@@ -38,6 +38,7 @@ class PeerConnection:
         self.loop, self.sock, self.peer_side = loop, sock, peer_side
         self.on_message, self.on_close = on_message, on_close
         self.buffer = b""
+        self.unauthenticated = 0  # bytes of lines read before the one that authenticated the peer
         self.closed = False
         self.opened = time.monotonic()
         self.last_heard = time.monotonic()
@@ -110,13 +111,24 @@ class PeerConnection:
                 return
             self.last_heard = time.monotonic()
             self.buffer += data
-            if not self.authed and len(self.buffer) > MAX_UNAUTHENTICATED:
-                self.close()  # not a node of this job: an auth message is a few hundred bytes
-                return
             while b"\n" in self.buffer and not self.closed:
                 raw, self.buffer = self.buffer.split(b"\n", 1)
+                if not self.authed:  # counted line by line: what follows the line that authenticates is not
+                    self.unauthenticated += len(raw) + 1  # (the chief's welcome, then a 20 KB membership)
+                    if self._too_much_unauthenticated(0):
+                        return
                 if raw != HEARTBEAT:
                     self._receive(raw)
+            if not self.closed and not self.authed and self._too_much_unauthenticated(len(self.buffer)):
+                return  # (a line not ended yet)
+
+    def _too_much_unauthenticated(self, unended: int) -> bool:
+        """Not a node of this job (an auth message is a few hundred bytes): closed, saying so."""
+        if self.unauthenticated + unended <= MAX_UNAUTHENTICATED:
+            return False
+        self.why = f"it sent over {MAX_UNAUTHENTICATED} bytes before authenticating"
+        self.close(notify=True)
+        return True
 
     def _receive(self, raw: bytes) -> None:
         """The one place a peer's line is read (see the module's docstring for what a bad one costs)."""
