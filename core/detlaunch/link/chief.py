@@ -340,7 +340,7 @@ class ChiefLink:
             del self.nodes[node]
         # Held for go: lost nodes, or places a shrunk job takes back (membership.py), or a spare that joined as the
         # last attempt stopped while the job runs on fewer than all places (it learns which from the go).
-        hold = bool(self.missing_nodes()) or bool(self.joining_next) and places.shrunk(self)
+        hold = bool(self.missing_nodes()) or bool(self.joining_next) and bool(places.dropped(self))
         self.attempt, self.holding = attempt, hold
         self.end_in_sight = None
         self.joining_next = {}  # nodes of this attempt now, like the others

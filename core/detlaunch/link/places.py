@@ -62,11 +62,6 @@ def dropped(link: ChiefLink) -> set[int]:
     return set(link.places - link.expected)
 
 
-def shrunk(link: ChiefLink) -> bool:
-    """The next attempt runs on fewer than every place (a node that had no go would take every one)."""
-    return bool(link.places - link.expected)
-
-
 def drop(link: ChiefLink, places: set[int]) -> None:
     """The next attempt runs without these places: no node is waited for there."""
     link.expected -= places
