@@ -19,7 +19,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from support.helpers import free_port, rank_lines, wait_until
+from support.helpers import descendants_where, free_port, rank_lines, wait_until
 from support.jobs import SCRIPTS, Job, Launcher
 
 pytestmark = pytest.mark.timeout(240)
@@ -114,8 +114,7 @@ def test_the_supervisor_checks_peer_credentials(launcher: Launcher, other_user: 
 def supervisor_socket_of_job(detlaunch_pid: int) -> str:
     """The socket of a running detlaunch, from the environment of the launcher it started
     (below the supervisor, which runs as detlaunch's child in a PID namespace of its own)."""
-    launcher = next(p for p in psutil.Process(detlaunch_pid).children(recursive=True)
-                    if "DETLAUNCH_SUPERVISOR" in p.environ())
+    [launcher, *_] = descendants_where(detlaunch_pid, lambda p: "DETLAUNCH_SUPERVISOR" in p.environ())
     return str(launcher.environ()["DETLAUNCH_SUPERVISOR"])
 
 
@@ -208,10 +207,10 @@ def test_sshd_is_key_only_and_listens_only_on_its_node_address(launcher: Launche
 
     def listening_sshd() -> psutil.Process | None:
         assert worker.proc.poll() is None, worker.read()
-        sshd = next((p for p in psutil.Process(worker.proc.pid).children(recursive=True) if p.name() == "sshd"),
-                    None)
-        if sshd and any(c.status == psutil.CONN_LISTEN for c in sshd.net_connections()):
-            return sshd
+        for sshd in descendants_where(worker.proc.pid, lambda p: p.name() == "sshd"):
+            with contextlib.suppress(psutil.NoSuchProcess):  # a connection's child, gone
+                if any(c.status == psutil.CONN_LISTEN for c in sshd.net_connections()):
+                    return sshd
         return None
 
     sshd = wait_until(listening_sshd, 60, "the worker's sshd")

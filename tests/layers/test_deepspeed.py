@@ -36,7 +36,7 @@ from detlaunch_deepspeed.layer import (
     pdsh_ssh_args_append,
     script_end,
 )
-from support.helpers import free_port, rank_lines, report_line
+from support.helpers import descendants_where, free_port, rank_lines, report_line
 from support.jobs import EXAMPLES, ROOT, SCRIPTS, Launcher
 
 DS = str(EXAMPLES / "ds_allreduce.py")
@@ -448,14 +448,7 @@ time.sleep(float(sys.argv[1]))
 
 def launch_processes(root: int) -> list[psutil.Process]:
     """deepspeed.launcher.launch processes under `root`: what deepspeed's `pkill -f` looks for."""
-    found = []
-    for p in psutil.Process(root).children(recursive=True):
-        try:
-            if "deepspeed.launcher.launch" in " ".join(p.cmdline()):
-                found.append(p)
-        except psutil.NoSuchProcess:
-            pass
-    return found
+    return descendants_where(root, lambda p: "deepspeed.launcher.launch" in " ".join(p.cmdline()))
 
 
 @pytest.mark.timeout(400)

@@ -22,9 +22,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-import psutil
 import pytest
-from support.helpers import free_port, rank_lines
+from support.helpers import descendants_where, free_port, rank_lines
 from support.jobs import Launcher
 from test_restarts import DDP, train_args
 
@@ -64,9 +63,8 @@ def test_the_job_shrinks_lost_hosts_come_back_as_spares_and_it_grows_back_at_a_r
     chief.wait_for_output("rank 0 attempt 3 fails at step 3 (hang)", timeout=150)
     back1 = launcher.start(*node(1))  # node 1's host comes back: its place is taken, it waits as a spare
     back1.wait_for_output("detlaunch: spare node 4: joined the job", timeout=60)
-    rank0 = [p for p in psutil.Process(chief.proc.pid).children(recursive=True)  # not detlaunch, nor the wrapper
-             if "resume_ddp.py" in " ".join(p.cmdline()) and not {"detlaunch", "run_wrapper.py"} & {
-                 os.path.basename(a) for a in p.cmdline()[:3]}]
+    rank0 = descendants_where(chief.proc.pid, lambda p: "resume_ddp.py" in " ".join(p.cmdline()) and not {
+        "detlaunch", "run_wrapper.py"} & {os.path.basename(a) for a in p.cmdline()[:3]})  # not detlaunch, nor wrapper
     assert len(rank0) == 1, [p.cmdline() for p in rank0]
     rank0[0].send_signal(signal.SIGKILL)
     rc, r2, r1 = chief.wait(180), back2.wait(60), back1.wait(60)

@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TypeVar
 
+import psutil
 from detlaunch.testing import free_port as free_port  # the shipped ones, re-exported
 from detlaunch.testing.runner import rank_lines as rank_lines
 
@@ -37,6 +38,17 @@ def wait_until(probe: Callable[[], T | None], timeout: float, what: str) -> T:
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout} s waiting for {what}")
         time.sleep(0.05)
+
+
+def descendants_where(pid: int, keep: Callable[[psutil.Process], bool]) -> list[psutil.Process]:
+    """The processes below `pid` that `keep` accepts. A process that exits between the listing and the look (an
+    ssh-keygen, a short-lived helper of the job's) is none of them, not an error of the test."""
+    found = []
+    for proc in psutil.Process(pid).children(recursive=True):
+        with contextlib.suppress(psutil.NoSuchProcess, psutil.ZombieProcess):
+            if keep(proc):
+                found.append(proc)
+    return found
 
 
 @contextlib.contextmanager
