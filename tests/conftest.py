@@ -19,6 +19,7 @@ whatever of the run is still alive once pytest is gone, SIGKILL of pytest includ
 
 from __future__ import annotations
 
+import json
 import os
 import pwd
 import resource
@@ -136,6 +137,8 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
                                         "during this run (dmesg says which)")
     if not _cpu_of or sum(_cpu_of.values()) < 1.0:
         return
+    if os.environ.get("DETLAUNCH_TEST_CPU_JSON"):  # every test's, for a look at where the suite's time goes
+        Path(os.environ["DETLAUNCH_TEST_CPU_JSON"]).write_text(json.dumps(_cpu_of, indent=1))
     terminalreporter.write_sep("=", f"most CPU-seconds (its processes'; {sum(_cpu_of.values()):.0f} CPU-s in all)")
     for nodeid, cpu in sorted(_cpu_of.items(), key=lambda kv: -kv[1])[:25]:
         terminalreporter.write_line(f"{cpu:7.1f}s {nodeid}")

@@ -32,7 +32,7 @@ from support.jobs import SCRIPTS, Launcher
 pytestmark = pytest.mark.timeout(120)
 
 FIELDS = textwrap.dedent('''\
-    import ctypes, json, os, resource, signal, sys
+    import ctypes, gc, json, os, resource, signal, sys
     import __main__
     warm = "wave" in sys.modules  # --preload wave: only the template imported it
     died = ctypes.c_int()
@@ -51,10 +51,11 @@ FIELDS = textwrap.dedent('''\
         "line_buffering": [sys.stdout.line_buffering, sys.stderr.line_buffering],
         "cmdline": open("/proc/self/cmdline", "rb").read().replace(b"\\0", b" ").decode().split()[1:],
         "flags": str(sys.flags), "executable": sys.executable, "threads": len(os.listdir("/proc/self/task")),
+        "gc": [gc.isenabled(), gc.get_threshold()],
     }
     out = os.path.join(sys.argv[1], os.environ["RANK"] + ".json")
     with open(out, "w") as f:
-        json.dump({"warm": warm, "fields": fields}, f)
+        json.dump({"warm": warm, "frozen": gc.get_freeze_count(), "fields": fields}, f)
     print("rank", os.environ["RANK"], "warm" if warm else "cold")
 ''')
 # What differs between two jobs by nature (their private run dirs, ports), not between warm and cold.
@@ -95,6 +96,7 @@ def test_the_template_imports_torch_only_for_a_script_that_imports_it(tmp_path: 
         script.write_text(source)
         assert mentions_torch(("python", str(script))) is imports, source
     assert mentions_torch(("python", "-m", "anything"))
+
 
 
 @pytest.mark.parametrize(("layer", "slots", "env", "expected"), [
@@ -150,6 +152,8 @@ def test_a_warm_rank_sees_what_a_cold_rank_sees_field_by_field(launcher: Launche
     for rank in ("0", "1"):
         w, c = warm_ranks[rank], cold_ranks[rank]
         assert (w["warm"], c["warm"]) == (True, False)
+        # The template's objects (its imports') are frozen before the fork: the rank's collections skip them.
+        assert w["frozen"] > 10_000 and c["frozen"] == 0, (w["frozen"], c["frozen"])  # type: ignore[operator]
         wf, cf = dict(w["fields"]), dict(c["fields"])  # type: ignore[call-overload]
         for job in (wf, cf):
             job["argv"] = job["argv"][:1]

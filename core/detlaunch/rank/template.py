@@ -34,6 +34,7 @@ and sys.modules (torch is already there). docs/RESTARTS.md, "Warm ranks".
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
 import socket
@@ -132,9 +133,14 @@ def receive(conn: socket.socket) -> tuple[Request, list[int]]:
 
 def fork_rank(listener: socket.socket, conn: socket.socket) -> int:
     """Fork the rank through a middle process that tells the wrapper its pid and exits (it is re-parented
-    to the supervisor): 0 in the rank, its pid in the template."""
+    to the supervisor): 0 in the rank, its pid in the template.
+
+    gc.freeze() first (the gc module's advice for a fork without exec): the rank's collections then skip the
+    template's objects (torch's, ~1M), so they touch none of its pages, which stay shared, and its exit
+    costs a third of the CPU (torch 2.13 with torch._dynamo: 0.4 s, not 1.4)."""
     sys.stdout.flush()
     sys.stderr.flush()
+    gc.freeze()
     middle = os.fork()
     if middle:
         os.waitpid(middle, 0)
