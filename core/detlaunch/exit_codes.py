@@ -37,7 +37,8 @@ class ExitCode:
 
 
 TABLE = (
-    ExitCode(str(OK), "OK", "every rank exited 0"),
+    ExitCode(str(OK), "OK", "every rank exited 0 (one that crashed in Python's teardown after its work was done "
+             "counts: docs/RESTARTS.md)"),
     ExitCode(str(FAILED), "FAILED", "detlaunch's own failure: the job could not start, a node was lost, or a rank "
              "printed an uncaught traceback and had not exited 5 s later"),
     ExitCode(str(USAGE), "USAGE", "bad input: one line on stderr says what is wrong and what to do (`--debug` adds "

@@ -70,14 +70,19 @@ class ProcessEnd:
 def script_end_words(ended: str) -> str:
     """How a rank's script ended, in words ('' when it had not: rank.progress.script_end's values). Its
     Python had then started shutting down: the mark faultsite/sitecustomize.py writes says so, for real."""
+    if ended.startswith("exit "):
+        return f"its script had called sys.exit({ended.removeprefix('exit ')})"
     return {"finished": "its script had finished",
+            "finalizing": "its script and its atexit handlers had finished",
             "raised": "its script had ended with an uncaught exception"}.get(ended, "")
 
 
 def after_its_script(ended: str) -> str:
-    """The words for a signal that came after the rank's script had ended (a library's abort at exit)."""
+    """The words for a signal that came after the rank's script had ended (torch's abort while Python finalizes)."""
+    if ended == "finalizing":
+        return " after its script and its atexit handlers had finished (its work was done: Python was finalizing)"
     if ended == "finished":
-        return " after its script had finished (its work was done: Python was shutting down)"
+        return " after its script had finished (Python was running its atexit handlers)"
     words = script_end_words(ended)
     return f" after {words} (Python was shutting down)" if words else ""
 
@@ -102,6 +107,7 @@ class RankStatus:
     killed: bool = False  # detlaunch SIGKILLed it (and its wrapper), so no report could come
     log_error: str = ""  # its --log-dir file is incomplete, and why
     ended: str = ""  # its script had ended before it died ("finished", "raised": rank.progress.OutputMark.script_end)
+    teardown_signal: int | None = None  # exit 0, though this signal ended it while Python finalized
 
     @property
     def end(self) -> ProcessEnd | None:
@@ -118,6 +124,8 @@ class RankStatus:
             return "its wrapper was killed before it could report (counted as SIGKILL)"
         if self.end is None:
             return "still running"
+        if self.teardown_signal and self.exit_code == 0:
+            return f"exit 0 ({rank_protocol.teardown_words(self.teardown_signal)})"
         return self.end.describe() + (after_its_script(self.ended) if self.signal else "")
 
     def to_json(self) -> dict[str, Any]:

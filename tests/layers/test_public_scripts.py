@@ -5,11 +5,9 @@ tests'; the mnist-style script runs on one)."""
 
 from __future__ import annotations
 
-import signal
-
 import pytest
 from detlaunch.testing.runner import Completed
-from support.helpers import free_port, report_line
+from support.helpers import free_port
 from support.jobs import SCRIPTS, Launcher
 
 pytestmark = pytest.mark.timeout(300)
@@ -19,10 +17,9 @@ HVD = str(SCRIPTS / "hvd_synthetic.py")
 HVD_MNIST = str(SCRIPTS / "hvd_mnist.py")
 
 
-def run_job(launcher: Launcher, layer: str, nodes: int, script: str, *extra: str,
-            torch_exit_abort: bool = False) -> list[Completed]:
-    """Start one detlaunch per node (2 ranks each); return every node's end, all exited 0 (or, with
-    `torch_exit_abort`, ended by torch's abort at exit: see aborted_by_torch_at_exit)."""
+def run_job(launcher: Launcher, layer: str, nodes: int, script: str, *extra: str) -> list[Completed]:
+    """Start one detlaunch per node (2 ranks each); return every node's end, all exited 0 (torch's abort in a
+    rank's teardown after its work, about 1 run in 6 with gloo, does not fail the job: docs/RESTARTS.md)."""
     port = str(free_port())
     if layer in ("torchrun", "direct"):
         common = ["--layer", layer, "--nnodes", str(nodes), "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
@@ -35,30 +32,15 @@ def run_job(launcher: Launcher, layer: str, nodes: int, script: str, *extra: str
     jobs = [launcher.start(*common, *per_node[n], *extra, script) for n in reversed(range(nodes))]
     done = [job.wait(240) for job in jobs]
     for d in done:
-        assert d.returncode == 0 or (torch_exit_abort and aborted_by_torch_at_exit(d)), d.output
+        assert d.returncode == 0, d.output
     return done
-
-
-TORCH_EXIT_ABORT = "terminate called without an active exception"
-
-
-def aborted_by_torch_at_exit(d: Completed) -> bool:
-    """torch 2.13 with gloo sometimes aborts a rank at interpreter exit, its work done ("terminate called
-    without an active exception", SIGABRT; bare torchrun and deepspeed too, about 1 run in 6 on a loaded
-    machine; pytorch/pytorch#179291 was abandoned). Accepted only as detlaunch reports it: the rank's
-    script had finished (the end mark its Python wrote at shutdown) and torch's line is its last word."""
-    return (d.returncode == 128 + signal.SIGABRT
-            and report_line(d.stderr).endswith(" killed by SIGABRT after its script had finished (its work was "
-                                               "done: Python was shutting down)")
-            and f"detlaunch:   | {TORCH_EXIT_ABORT}" in d.stderr)
 
 
 @pytest.mark.parametrize("layer", ["torchrun", "deepspeed", "direct"])
 def test_a_ddp_tutorial_style_script(launcher: Launcher, layer: str, nodes: int = 2) -> None:
-    """Every rank trains and ends with the same weights; the job exits 0, or torch aborted a rank at exit
-    after that (its gloo teardown: not the script's, not detlaunch's; the rank's line below is its work)."""
+    """Every rank trains and ends with the same weights, and the job exits 0."""
     extra = ("--no-local-rank",) if layer == "deepspeed" else ()  # the script reads LOCAL_RANK, as tutorials do
-    out = "".join(d.stdout for d in run_job(launcher, layer, nodes, DDP, *extra, torch_exit_abort=True))
+    out = "".join(d.stdout for d in run_job(launcher, layer, nodes, DDP, *extra))
     world = 2 * nodes
     for rank in range(world):
         line = next(x for x in out.splitlines() if x.startswith(f"[rank={rank}] rank {rank}/{world} "))

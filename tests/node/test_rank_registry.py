@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import select
 import socket
 import stat
 import subprocess
@@ -12,68 +11,22 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
-from detlaunch.node.rank_registry import RankEntry, RankRegistry, RankRules
 from detlaunch.outcome import RankStatus
 from detlaunch.rank import protocol as rank_protocol
-from detlaunch.rank.connection import SupervisorConnection, recv_fds
+from detlaunch.rank.connection import SupervisorConnection
 from detlaunch.rank.options import UsageError
 from detlaunch.rank.wrapper import __file__ as WRAPPER
-from detlaunch.system.eventloop import EventLoop, Priority
+from detlaunch.system.eventloop import Priority
+from support.registry_node import Node, readable, serving
 
 pytestmark = pytest.mark.timeout(20)
 
 
-def readable(sock: socket.socket) -> bool:
-    return bool(select.select([sock], [], [], 0)[0])
-
-
-class Node:
-    def __init__(self, path: Path) -> None:
-        self.loop = EventLoop()
-        self.accepting = True
-        self.exits: list[RankStatus] = []
-        self.registered: list[RankEntry] = []
-        self.console = os.pipe()
-        rules = RankRules(job_id="job-1", node_rank=1, first_rank=2, local_slots=2, check_range=True)
-        self.registry = RankRegistry(self.loop, rules, "127.0.0.2", accepting=lambda: self.accepting,
-                                     welcome=lambda: {"log_dir": None, "console_ranks": [2]},
-                                     console_fds=self.console, on_registered=self.registered.append,
-                                     on_exit=self.exits.append, trace=lambda _m: None)
-        self.path = str(path)
-        self.registry.listen(self.path)
-
-    def serve_until(self, what: Any, timeout: float = 10) -> None:
-        self.loop.run_until(what, timeout, "the registry's answer")
-
-    def connect(self, rank: int, job: str = "job-1") -> tuple[SupervisorConnection | None, dict[str, Any]]:
-        """A wrapper's registration, answered by the registry in a thread-free way: serve, then read."""
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.connect(self.path)
-        sock.sendall(rank_protocol.encode({"t": "hello", "job": job, "rank": rank, "pid": os.getpid()}))
-        self.serve_until(lambda: readable(sock))  # the reply (or the close) has come
-        link = SupervisorConnection(sock)
-        data, fds = recv_fds(sock, 4096, 2)
-        link.buffer = data
-        reply = link.receive()
-        for fd in fds:
-            os.close(fd)
-        return link, reply
-
-    def close(self) -> None:
-        self.registry.close()
-        self.loop.close()
-        for fd in self.console:
-            os.close(fd)
-
-
 @pytest.fixture
 def node(tmp_path: Path) -> Iterator[Node]:
-    n = Node(tmp_path / "s.sock")
-    yield n
-    n.close()
+    yield from serving(tmp_path)
 
 
 def test_the_socket_is_the_users_only(node: Node) -> None:
@@ -167,12 +120,23 @@ def test_a_rank_that_ended_before_it_was_asked_to_stop_is_not_stopped_by_detlaun
 def test_how_the_ranks_script_ended_comes_with_its_report(node: Node) -> None:
     link, _ = node.connect(2)
     assert link is not None
-    link.send({**rank_protocol.exit_message(134, 6, [], 7.5), "ended": "finished"})
+    link.send({**rank_protocol.exit_message(134, 6, [], 7.5), "ended": "finalizing"})
     node.serve_until(lambda: node.exits)
     (status,) = node.exits
-    assert status.ended == "finished" and RankStatus.from_json(status.to_json()) == status
-    assert status.describe() == "killed by SIGABRT after its script had finished (its work was done: Python was " \
-                                "shutting down)"
+    assert status.ended == "finalizing" and RankStatus.from_json(status.to_json()) == status
+    assert status.describe() == ("killed by SIGABRT after its script and its atexit handlers had finished (its work "
+                                 "was done: Python was finalizing)")
+
+
+def test_a_crash_in_pythons_teardown_counted_as_finished_comes_as_exit_0_with_its_signal(node: Node) -> None:
+    link, _ = node.connect(2)
+    assert link is not None
+    link.send({**rank_protocol.exit_message(0, None, [], 7.5), "ended": "finalizing", "teardown_signal": 6})
+    node.serve_until(lambda: node.exits)
+    (status,) = node.exits
+    assert not status.failed and status.teardown_signal == 6 and RankStatus.from_json(status.to_json()) == status
+    assert status.describe() == ("exit 0 (killed by SIGABRT while Python finalized, after its script and its atexit "
+                                 "handlers had finished: counted as finished)")
 
 
 def test_garbage_closes_the_connection_without_a_report(node: Node) -> None:

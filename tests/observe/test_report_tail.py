@@ -152,25 +152,41 @@ def test_each_other_rank_is_marked_by_what_ended_it() -> None:
 
 
 def test_a_rank_killed_after_its_script_had_ended_says_so_plainly() -> None:
-    """torch 2.13 with gloo sometimes aborts a rank at exit after its work is done: the report says it was
-    killed after its script had finished (its Python was shutting down), not just "killed by SIGABRT"."""
-    done = RankStatus(rank=0, node_rank=0, exit_code=134, signal=6, wall=100.0, host="127.0.0.1", ended="finished")
+    """A rank killed after its script had ended: the report says how far it had come (here under
+    --strict-teardown, or in an atexit handler), not just "killed by SIGABRT"."""
+    done = RankStatus(rank=0, node_rank=0, exit_code=134, signal=6, wall=100.0, host="127.0.0.1", ended="finalizing")
     raised = RankStatus(rank=1, node_rank=0, exit_code=134, signal=6, wall=100.5, ended="raised")
     midway = RankStatus(rank=2, node_rank=0, exit_code=134, signal=6, wall=100.6)  # no mark: it died mid-script
-    by_code = RankStatus(rank=3, node_rank=0, exit_code=3, wall=100.7, ended="finished")  # sys.exit(3): its own code
+    by_code = RankStatus(rank=3, node_rank=0, exit_code=3, wall=100.7, ended="exit 3")  # sys.exit(3): its own code
+    in_atexit = RankStatus(rank=4, node_rank=0, exit_code=139, signal=11, wall=100.8, ended="finished")
+    after_exit = RankStatus(rank=5, node_rank=0, exit_code=134, signal=6, wall=100.9, ended="exit 3")
     failure = as_failure(RankEnded(done))
     assert failure is not None and failure.what == (
-        "rank 0 on node 0 (127.0.0.1) killed by SIGABRT after its script had finished (its work was done: Python "
-        "was shutting down)")
-    lines = [line for line in format_report(JobResult(134, (done, raised, midway, by_code), failure))
+        "rank 0 on node 0 (127.0.0.1) killed by SIGABRT after its script and its atexit handlers had finished (its "
+        "work was done: Python was finalizing)")
+    lines = [line for line in format_report(JobResult(134, (done, raised, midway, by_code, in_atexit, after_exit),
+                                                       failure))
              if line.startswith("detlaunch:   rank ")]
     assert lines == [
-        "detlaunch:   rank 0 (node 0): killed by SIGABRT after its script had finished (its work was done: Python "
-        "was shutting down) (root cause)",
+        "detlaunch:   rank 0 (node 0): killed by SIGABRT after its script and its atexit handlers had finished (its "
+        "work was done: Python was finalizing) (root cause)",
         "detlaunch:   rank 1 (node 0): killed by SIGABRT after its script had ended with an uncaught exception "
         "(Python was shutting down)",
         "detlaunch:   rank 2 (node 0): killed by SIGABRT",
-        "detlaunch:   rank 3 (node 0): exit 3"]
+        "detlaunch:   rank 3 (node 0): exit 3",
+        "detlaunch:   rank 4 (node 0): killed by SIGSEGV after its script had finished (Python was running its atexit "
+        "handlers)",
+        "detlaunch:   rank 5 (node 0): killed by SIGABRT after its script had called sys.exit(3) (Python was shutting "
+        "down)"]
+
+
+def test_a_finished_job_names_a_rank_counted_as_finished_after_a_crash_in_teardown() -> None:
+    forgiven = RankStatus(rank=1, node_rank=0, exit_code=0, wall=100.0, ended="finalizing", teardown_signal=6)
+    plain = RankStatus(rank=0, node_rank=0, exit_code=0, wall=100.0, ended="finalizing")
+    assert format_report(JobResult(0, (plain, forgiven), None, duration=2.5)) == [
+        "detlaunch: job finished: 2 rank(s) exited 0 in 2.50 s",
+        "detlaunch:   rank 1 (node 0): exit 0 (killed by SIGABRT while Python finalized, after its script and its "
+        "atexit handlers had finished: counted as finished)"]
 
 
 @pytest.mark.timeout(120)

@@ -66,3 +66,22 @@ def test_the_supervisor_starts_the_wrapper_as_an_imported_module_so_its_bytecode
     assert out.stdout == "[rank=0] hi\n"
     bad = subprocess.run([sys.executable, "-S", WRAPPER_PATH, "--rank"], capture_output=True, text=True)
     assert (bad.returncode, bad.stderr) == (2, "detlaunch rank wrapper: error: --rank needs a value\n")
+
+
+@pytest.mark.parametrize(("status", "ended", "strict", "forgiven"), [
+    (6, "finalizing", False, 6),  # SIGABRT once Python finalized, its work done
+    (6 | 0x80, "finalizing", False, 6),  # the same, with a core dumped
+    (11, "finalizing", False, 11),
+    (6, "finalizing", True, None),  # --strict-teardown
+    (6, "finished", False, None),  # in an atexit handler: not all done
+    (6, "exit 3", False, None),  # the script asked for a failure
+    (6, "raised", False, None),
+    (6, "", False, None),  # no mark: in the middle of its script
+    (9, "finalizing", False, None),  # SIGKILL comes from outside (the OOM killer)
+    (15, "finalizing", False, None),
+    (0, "finalizing", False, None),  # exit 0: nothing to forgive
+    (3 << 8, "finalizing", False, None),
+])
+def test_only_a_crash_once_python_finalizes_after_its_work_is_counted_as_finished(
+        status: int, ended: str, strict: bool, forgiven: int | None) -> None:
+    assert rank_protocol.teardown_signal(status, ended, strict) == forgiven

@@ -22,7 +22,7 @@ import psutil
 import pytest
 from detlaunch.progress import create_progress_file, read_progress
 from detlaunch.rank.faultdump import dying
-from detlaunch.rank.progress import ENDED_RECORD
+from detlaunch.rank.progress import ENDED_RAISED, ENDED_RECORD
 from detlaunch.stacks.groups import format_text, group_stacks
 from detlaunch.stacks.pyspy import (
     ProcessStack,
@@ -134,7 +134,7 @@ def test_a_ranks_stack_carries_the_end_of_its_script_from_its_progress_file(tmp_
     assert with_end(stack, 2, str(tmp_path)) == stack  # its script runs: no mark
     fd = os.open(path, os.O_WRONLY)
     try:  # as faultsite/sitecustomize.py writes it once the script has ended with an uncaught exception
-        os.pwrite(fd, struct.pack("@qqddq", 1, 1, 1.0, 2.0, 1), ENDED_RECORD)
+        os.pwrite(fd, struct.pack("@qqddq", 1, ENDED_RAISED | 1, 1.0, 2.0, 1), ENDED_RECORD)
     finally:
         os.close(fd)
     assert with_end(stack, 2, str(tmp_path)).ended == "raised"  # type: ignore[union-attr]

@@ -230,7 +230,8 @@ class RankRegistry:
                 rank=entry.rank, node_rank=self.rules.node_rank, exit_code=int(message["code"]),
                 signal=message.get("signal"), tail=tuple(message.get("tail") or ()), wall=wall, host=self.host,
                 stopped=entry.stopped and wall >= entry.stopped_at,  # it may have died on its own just before
-                log_error=str(message.get("log_error") or ""), ended=str(message.get("ended") or ""))
+                log_error=str(message.get("log_error") or ""), ended=str(message.get("ended") or ""),
+                teardown_signal=message.get("teardown_signal"))
             if self.releasing:  # its wrapper may hold its exit for a failure of its own: the stop is on already
                 self._release(entry)
             self.on_exit(entry.status)

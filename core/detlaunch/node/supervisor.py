@@ -254,7 +254,7 @@ class NodeSupervisor:
         ranks = self.plan.console_ranks
         welcome: dict[str, Any] = {"log_dir": log_dir, "console_ranks": list(ranks) if ranks is not None else None,
                                    "prefix": self.plan.prefix, "node": self.node, "host": self.ranks.host,
-                                   "hold": self.hangs.hold_time()}
+                                   "hold": self.hangs.hold_time(), "strict_teardown": self.plan.strict_teardown}
         if self.plan.not_progress:  # the wrapper does not mark these as progress (RankWrapper.not_progress)
             welcome["not_progress"] = list(self.plan.not_progress)
         if self.policy.enabled:  # the wrapper sets them in front of the rank, over torchrun's own count

@@ -43,6 +43,8 @@ def format_report(result: JobResult) -> list[str]:
         where = "" if result.node_rank == 0 else f" on node {result.node_rank}"
         lines.append(f"detlaunch: job finished: {len(result.ranks)} rank(s){where} exited 0 "
                      f"in {result.duration:.2f} s")
+        lines.extend(f"detlaunch:   rank {r.rank} (node {r.node_rank}): {r.describe()}"
+                     for r in result.ranks if r.teardown_signal)  # a crash in Python's teardown, counted as finished
         return lines
     if result.failure:
         lines.append(f"detlaunch: job failed: {result.failure.what}")

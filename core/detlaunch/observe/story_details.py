@@ -15,8 +15,8 @@ from detlaunch.outcome import JobResult, RankStatus
 
 
 def rank_exited(status: RankStatus) -> dict[str, Any]:
-    """The details of a rank's `rank_exited` event: its end (a signal's: no code), and `killed`, `lost` and `ended`,
-    each only when it is so."""
+    """The details of a rank's `rank_exited` event: its end (a signal's: no code), and `killed`, `lost`, `ended` and
+    `teardown_signal`, each only when it is so."""
     extra: dict[str, Any] = {"code": None if status.signal else status.exit_code, "signal": status.signal,
                              "wall": status.wall, "stopped": status.stopped}
     if status.killed:
@@ -25,6 +25,8 @@ def rank_exited(status: RankStatus) -> dict[str, Any]:
         extra["lost"] = True
     if status.ended:
         extra["ended"] = status.ended
+    if status.teardown_signal:
+        extra["teardown_signal"] = status.teardown_signal
     return extra
 
 

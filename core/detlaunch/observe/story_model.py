@@ -226,7 +226,8 @@ def rank_status(e: Event, host: str) -> RankStatus:
     return RankStatus(rank=int(e.rank or 0), node_rank=e.node,
                       exit_code=by_signal(int(sig)) if sig else int(code or 0), signal=int(sig) if sig else None,
                       wall=float(d.get("wall", e.time)), host=host, stopped=bool(d.get("stopped")),
-                      killed=bool(d.get("killed")), lost=bool(d.get("lost")), ended=str(d.get("ended") or ""))
+                      killed=bool(d.get("killed")), lost=bool(d.get("lost")), ended=str(d.get("ended") or ""),
+                      teardown_signal=int(d["teardown_signal"]) if d.get("teardown_signal") else None)
 
 
 def _failure(failure: Event | None, root: Event | None, exits: dict[tuple[int, int], RankStatus],

@@ -214,6 +214,10 @@ SUPERVISION = OptionGroup("supervision", (
            "auto: S learned from the job (5 x the longest interval between progress after a warm-up, at least "
            "60 s, kept across restarts). Default: after 10 minutes without progress, the stacks and suspects are "
            "printed once and the job goes on; 0: not watched at all"),
+    Option("--strict-teardown", action="store_true", supervision=True,
+           help="count a rank that a crash signal (SIGABRT, SIGSEGV...) ended while Python finalized, after its "
+           "script returned and its atexit handlers ran, as failed. By default it counts as finished, with a line "
+           "saying so: torch's gloo threads abort a rank so about 1 run in 6 (docs/RESTARTS.md)"),
     Option("--straggler-action", choices=("warn", "replace"), default="warn", supervision=True,
            help="a rank named a straggler (its detlaunch.section() times stay under --straggler-threshold of the "
            "other ranks' speed; without sections, the CPU-busy suspect): warn (a line, an event, a mark in "

@@ -35,7 +35,11 @@ SECTIONS_OFFSET = 192  # then the table of detlaunch.section()'s figures (rank/s
 SECTION_SLOT = 128  # one section: its name (written once), then its seqlocked figures
 MAX_SECTIONS = 32
 FILE_SIZE = SECTIONS_OFFSET + MAX_SECTIONS * SECTION_SLOT  # the three records and the sections' table
-SCRIPT_FINISHED, SCRIPT_RAISED = "finished", "raised"  # how a script ended (OutputMark.script_end)
+# How a script ended (OutputMark.script_end), besides "exit N" (sys.exit(N), N != 0):
+SCRIPT_FINISHED = "finished"  # it returned (or sys.exit(0)); Python then ran its atexit handlers
+SCRIPT_FINALIZING = "finalizing"  # the same, and every atexit handler had run: Python was finalizing
+SCRIPT_RAISED = "raised"  # an uncaught exception
+ENDED_RAISED, ENDED_FINALIZING = 1 << 8, 1 << 9  # the end record's flags beside the exit code (faultsite)
 READ_ATTEMPTS = 100
 
 
@@ -172,8 +176,9 @@ class OutputMark:
 
 def script_end(path: str) -> str:
     """How the rank's script ended, if its Python got as far as shutting down (faultsite/sitecustomize.py
-    marks it in the file's third record): SCRIPT_FINISHED, SCRIPT_RAISED (an uncaught exception), or ''
-    (no mark: its script runs, it died before its end, left by os._exit or exec, or DETLAUNCH_FAULTHANDLER=0)."""
+    marks it in the file's third record): SCRIPT_FINISHED, SCRIPT_FINALIZING (finished, and its atexit
+    handlers too), SCRIPT_RAISED (an uncaught exception), "exit N" (sys.exit(N)), or '' (no mark: its script
+    runs, it died before its end, left by os._exit or exec, or DETLAUNCH_FAULTHANDLER=0)."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError:
@@ -190,10 +195,14 @@ def _script_end(record: bytes) -> str:
     """The end record: written once, with one pwrite; whole when both counter copies are 1."""
     if len(record) != _RECORD.size:
         return ""
-    first, raised, _monotonic, _wall, last = _RECORD.unpack(record)
+    first, how, _monotonic, _wall, last = _RECORD.unpack(record)
     if first != 1 or last != 1:
         return ""
-    return SCRIPT_RAISED if raised else SCRIPT_FINISHED
+    if how & ENDED_RAISED:
+        return SCRIPT_RAISED
+    if how & 0xFF:
+        return f"exit {how & 0xFF}"
+    return SCRIPT_FINALIZING if how & ENDED_FINALIZING else SCRIPT_FINISHED
 
 
 def read_progress(path: str, record: int = 0) -> Beat | None:

@@ -6,6 +6,7 @@ One JSON object per line over the supervisor's Unix socket:
     supervisor -> wrapper   {"t": "ok", "log_dir": DIR|null, "console_ranks": [..]|null,
                              "prefix": "[rank={rank}] ", "node": N, "host": H, "hold": S,
                              "not_progress": [TEXT, ...] (only when a layer declares some),
+                             "strict_teardown": B (--strict-teardown: a crash in Python's teardown fails the rank),
                              "template": PATH (warm ranks only: the rank template's socket, rank/warm.py)}
                             + 2 fds (SCM_RIGHTS);
                             hold: after a failure of its own rank, the wrapper stays up to S seconds, until
@@ -19,8 +20,10 @@ One JSON object per line over the supervisor's Unix socket:
                              traceback and is still running: it may hang in atexit; see ends_traceback)
     wrapper -> supervisor   {"t": "exit", "code": C, "signal": S|null, "tail": [...], "wall": T,
                              "log_error": "rank-1.log is incomplete: ..." (only when the log failed),
-                             "ended": "finished"|"raised" (only when its script had ended before it
-                             died: Python was shutting down; progress.OutputMark.script_end)}
+                             "ended": "finished"|"finalizing"|"raised"|"exit N" (only when its script had
+                             ended before it died: Python was shutting down; progress.OutputMark.script_end),
+                             "teardown_signal": N (only when code 0 stands for a rank that signal N ended while
+                             Python finalized, its work done: wrapped_rank.RankEnd.teardown_signal)}
 
     client -> supervisor    {"t": "request", "what": "status", "args": {...}}   (control.py: another shell)
     supervisor -> client    {"t": "reply", "data": {...}}
@@ -36,6 +39,9 @@ go through json's own C encoder and scanner (``_json``), not the ``json`` packag
 """
 
 from __future__ import annotations
+
+import _signal
+import os
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # never at run time: typing alone costs the wrapper about 1 MB
@@ -55,6 +61,11 @@ TRACEBACK, RELEASE = "traceback", "release"
 REAPED = "reaped"  # supervisor -> wrapper: how a warm rank (not the wrapper's child: rank/template.py) ended
 REQUEST, REPLY = "request", "reply"  # a control client's question on the supervisor socket, and its answer
 TRACEBACK_HEADER = b"Traceback (most recent call last):"
+# The signals a process raises on itself when it crashes: one of them while Python finalizes, after the
+# script and its atexit handlers (torch's gloo threads: docs/RESTARTS.md, "A crash in Python's teardown"),
+# does not fail the rank unless --strict-teardown says so.
+CRASH_SIGNALS = {_signal.SIGABRT: "SIGABRT", _signal.SIGSEGV: "SIGSEGV", _signal.SIGBUS: "SIGBUS",
+                 _signal.SIGILL: "SIGILL", _signal.SIGFPE: "SIGFPE"}
 
 
 def encode(message: dict[str, Any]) -> bytes:
@@ -127,6 +138,27 @@ def ends_traceback(data: bytes) -> bool:
     return any(line[:1] not in (b" ", b"\t", b"") for line in lines)
 
 
+def teardown_signal(status: int, ended: str, strict: bool) -> int | None:
+    """The crash signal that ended a rank (`status`: its wait status) while its Python finalized, after its script
+    returned 0 and its atexit handlers ran (`ended` "finalizing": progress.script_end): such a rank counts as
+    finished, exit 0 (torch's gloo threads abort one so about 1 run in 6). None otherwise, or when `strict`
+    (--strict-teardown; docs/RESTARTS.md, "A crash in Python's teardown")."""
+    if strict or ended != "finalizing" or not os.WIFSIGNALED(status):
+        return None
+    return os.WTERMSIG(status) if os.WTERMSIG(status) in CRASH_SIGNALS else None
+
+
+def teardown_line(rank: int, signum: int) -> str:
+    """What the wrapper says on the rank's stderr of a crash it counts as finished (see teardown_signal)."""
+    return f"detlaunch: rank {rank} {teardown_words(signum)}, exit 0 (--strict-teardown counts it as failed)\n"
+
+
+def teardown_words(signum: int) -> str:
+    """A rank counted as finished although a crash signal ended it while Python finalized."""
+    return (f"killed by {CRASH_SIGNALS.get(signum, f'signal {signum}')} while Python finalized, after its script "
+            "and its atexit handlers had finished: counted as finished")
+
+
 def exit_message(code: int, signal: int | None, tail: list[str], wall: float) -> dict[str, Any]:
     return {"t": EXIT, "code": code, "signal": signal, "tail": tail, "wall": wall}
 
@@ -135,7 +167,7 @@ def status_to_json(s: Any) -> dict[str, Any]:
     """A RankStatus (outcome.py) as the job link carries it."""
     return {"rank": s.rank, "node": s.node_rank, "code": s.exit_code, "signal": s.signal,
             "tail": list(s.tail), "lost": s.lost, "host": s.host, "wall": s.wall, "stopped": s.stopped,
-            "killed": s.killed, "log_error": s.log_error, "ended": s.ended}
+            "killed": s.killed, "log_error": s.log_error, "ended": s.ended, "teardown_signal": s.teardown_signal}
 
 
 def status_fields(d: dict[str, Any]) -> dict[str, Any]:
@@ -146,4 +178,5 @@ def status_fields(d: dict[str, Any]) -> dict[str, Any]:
             "tail": tuple(str(t) for t in d.get("tail") or ()), "lost": bool(d.get("lost")),
             "host": str(d.get("host") or ""), "wall": float(d.get("wall") or 0.0),
             "stopped": bool(d.get("stopped")), "killed": bool(d.get("killed")),
-            "log_error": str(d.get("log_error") or ""), "ended": str(d.get("ended") or "")}
+            "log_error": str(d.get("log_error") or ""), "ended": str(d.get("ended") or ""),
+            "teardown_signal": None if d.get("teardown_signal") is None else int(d["teardown_signal"])}

@@ -316,8 +316,8 @@ if __name__ == "__main__":
     del _fds
     try:
         run(_request)
-    except SystemExit:
-        raise
+    except SystemExit as _exit:  # through sys.exit: the end mark notes its code (faultsite/sitecustomize.py)
+        sys.exit(_exit.code)
     except BaseException as _e:  # noqa: BLE001
         uncaught(_e)
         sys.exit(1)

@@ -66,6 +66,8 @@ class RankEnd:
     released: bool
     prefix: bytes
     outputs: dict[int, Output]
+    strict_teardown: bool  # --strict-teardown (see teardown_signal)
+    teardown: int | None | bool  # teardown_signal(): False until the rank's end is known
 
     def finish(self) -> int:
         self.report()
@@ -97,20 +99,38 @@ class RankEnd:
         return self.finish()
 
     def exit_code(self) -> tuple[int, int | None]:
+        """(exit code, signal) as detlaunch reports the rank's end: (0, None) for a crash in Python's teardown."""
         assert self.status is not None
+        if self.teardown_signal() is not None:
+            return 0, None
         code = os.waitstatus_to_exitcode(self.status)
         return rank_protocol.exit_code_of(code), (-code if code < 0 else None)
 
+    def teardown_signal(self) -> int | None:
+        """rank_protocol.teardown_signal of the rank's end, once it has ended."""
+        if self.teardown is False and self.status is not None:
+            ended = self.output_mark.script_end() if self.output_mark is not None else ""
+            self.teardown = rank_protocol.teardown_signal(self.status, ended, self.strict_teardown)
+        return None if self.teardown is False else self.teardown
+
     def report(self) -> None:
-        """Tell the supervisor how the rank ended (once; a log problem known by then goes with it)."""
-        if self.reported or not self.supervisor:
+        """Tell the supervisor how the rank ended (once; a log problem known by then goes with it); a crash in
+        Python's teardown counted as finished is said on the rank's stderr too."""
+        if self.reported:
             return
         self.reported = True
+        teardown = self.teardown_signal()
+        if teardown is not None:
+            self.outputs[2].write(self.prefix + rank_protocol.teardown_line(self.rank, teardown).encode())
+        if not self.supervisor:
+            return
         code, signum = self.exit_code()
         message = rank_protocol.exit_message(code, signum, rank_protocol.last_lines(self.tail), self.ended_at)
         ended = self.output_mark.script_end() if self.output_mark is not None else ""
         if ended:  # its script had ended before it died: Python was shutting down
             message["ended"] = ended
+        if teardown is not None:
+            message["teardown_signal"] = teardown
         if self.log is not None and self.log.error:
             message["log_error"] = self.log.error
         try:
@@ -163,6 +183,7 @@ class WrappedRank(RankEnd):
         self.not_progress: tuple[bytes, ...] = ()  # output that does not count as progress (RankWrapper.not_progress)
         self.traceback_started = self.told_traceback = False
         self.hold = 0.0  # seconds to stay after a failure of the rank's own, while the others' stacks are taken
+        self.strict_teardown, self.teardown = False, False  # see teardown_signal()
         self.asked_to_stop = False  # a signal came: the rank's end is not a failure of its own
         self.asked_once = False  # a stop signal was passed on: the next one is not (stopping.py)
         self.released = False  # the supervisor let it go already

@@ -128,6 +128,7 @@ def wrap(rank: int, command: list[str], opts: dict[str, Any]) -> int:
         rank=rank, node=node.get("node", ""), host=node.get("host") or socket.gethostname())
     wrapper = WrappedRank(rank, command, supervisor, console, log, opts["grace"], prefix.encode())
     wrapper.hold = float(node.get("hold") or 0)
+    wrapper.strict_teardown = bool(node.get("strict_teardown"))
     wrapper.template = str(node.get("template") or "")
     wrapper.not_progress = tuple(str(text).encode() for text in node.get("not_progress") or () if text)
     if supervisor and path:

@@ -3,7 +3,8 @@
 The rank wrapper put this folder first on PYTHONPATH and named a private file in
 DETLAUNCH_FAULTHANDLER_FILE. Here: register faulthandler for SIGRTMIN+7 into that file (unless the
 signal has a handler already), write a header line saying so; arrange for the rank's progress file
-(DETLAUNCH_PROGRESS_FILE) to be marked once the script has ended (`_mark_the_end`); arrange for a
+(DETLAUNCH_PROGRESS_FILE) to be marked once the script has ended and once its atexit handlers have run
+(`_mark_the_end`); arrange for a
 thread that answers detlaunch's questions to torch's Flight Recorder to start once the rank imports
 torch.distributed (`_listen_for_flight_questions`, see detlaunch/rank/flightrec.py); then undo the
 wrapper's changes (this folder off PYTHONPATH and sys.path, the variables gone: the rank's children do
@@ -11,8 +12,14 @@ not register) and import the sitecustomize this one shadows (the user's, or the 
 site would.
 """
 
+from __future__ import annotations
+
 import os
 import sys
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # never at run time: a rank's start pays for no typing import
+    from typing import NoReturn
 
 
 def _register() -> None:
@@ -34,46 +41,112 @@ def _register() -> None:
     os.write(fd, f"detlaunch-faulthandler pid={os.getpid()} signal={signum} main={_thread.get_ident():#x}\n".encode())
 
 
-def _mark_the_end() -> None:
-    """When the script has ended (returned, sys.exit, or an uncaught exception, its traceback printed) and
-    Python starts shutting down, write the progress file's end record (rank/progress.py: ENDED_RECORD),
-    so that a rank killed after that (SIGABRT from a library's destructor at exit) is reported as such.
+RAISED, FINALIZING = 1 << 8, 1 << 9  # the end record's flags beside the exit code (rank/progress.py: ENDED_*)
 
-    threading's atexit calls run first in Python's shutdown, before the atexit module's (a handler
-    that aborts) and the interpreter's teardown; only this process writes it (not a forked child that
-    returns through Python); os._exit, exec and a fatal signal before the end write nothing."""
+
+def _mark_the_end() -> None:
+    """Mark the rank's progress file (rank/progress.py: ENDED_RECORD) at two moments of Python's shutdown, so
+    that a rank killed after them (torch's gloo threads abort it while Python finalizes) is reported as such:
+
+    1. its script has ended (returned, sys.exit, or an uncaught exception, its traceback printed): threading's
+       atexit calls run first in Python's shutdown, before the atexit module's handlers;
+    2. every atexit handler the script registered has run too (logging's flush, a final save): this one was
+       registered before the script ran, so it runs after them. Only the interpreter's finalization (and the C
+       library's exit) is left: "finalizing", the only end detlaunch may count as finished despite a signal.
+
+    Each record holds the exit code the script asked for as far as Python shows it: 0 when it returned, N for
+    sys.exit(N), exit(N) or quit(N) (wrapped here, see `_ExitCode`), 1 and RAISED for an uncaught exception; a
+    rank forked from a rank template also reports a bare `raise SystemExit(N)` (template.py catches it).
+    Only this process writes it (not a forked child that returns through Python); os._exit, exec and a fatal
+    signal before the end write nothing."""
     path = os.environ.get("DETLAUNCH_PROGRESS_FILE")
     if not path:
         return
     pid = os.getpid()
+    exit_code = _ExitCode.install()
 
-    def ended() -> None:
+    def mark(flags: int) -> None:
         if os.getpid() != pid:
             return
         import struct
         import time
 
-        raised = hasattr(sys, "last_exc") or hasattr(sys, "last_value")  # set for an uncaught exception's traceback
+        if flags & FINALIZING:  # let a thread that waits for the GIL have it now, not once Python finalizes:
+            time.sleep(0)  # gloo's, releasing a finished collective, would then be ended (docs/RESTARTS.md)
+        if hasattr(sys, "last_exc") or hasattr(sys, "last_value"):  # set for an uncaught exception's traceback
+            flags |= RAISED | 1
+        else:
+            flags |= exit_code.code
         try:
             fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
         except OSError:
             return
-        try:  # progress.ENDED_RECORD: (1, 1 if it raised else 0, monotonic, wall, 1), as the heartbeat's record
-            os.pwrite(fd, struct.pack("@qqddq", 1, int(raised), time.monotonic(), time.time(), 1), 128)
+        try:  # progress.ENDED_RECORD: (1, flags | exit code, monotonic, wall, 1), as the heartbeat's record
+            os.pwrite(fd, struct.pack("@qqddq", 1, flags, time.monotonic(), time.time(), 1), 128)
         except OSError:
             pass
         finally:
             os.close(fd)
 
+    import atexit
     import threading
 
+    atexit.register(mark, FINALIZING)  # first registered: the last atexit handler to run
     register = getattr(threading, "_register_atexit", None)  # Python 3.9+
     if register is None:
-        import atexit
-
-        atexit.register(ended)  # after the script's own atexit handlers: later, but still before the teardown
+        atexit.register(mark, 0)  # after the script's own atexit handlers: later, but still before the teardown
     else:
-        register(ended)
+        register(mark, 0)
+
+
+class _ExitCode:
+    """The code the script passed to sys.exit, exit or quit (0 until then): Python keeps a SystemExit's code
+    to itself once the exception has ended the script, so the calls that raise it note it first. A script
+    that catches that SystemExit and goes on keeps the noted code: the strict reading, never a looser one."""
+
+    code = 0
+
+    @classmethod
+    def install(cls) -> type[_ExitCode]:
+        import builtins
+
+        real_exit = sys.exit
+
+        def exit(status: str | int | None = None) -> NoReturn:  # noqa: A001 - sys.exit's own name
+            cls.note(status)
+            real_exit(status)
+
+        exit.__doc__, exit.__wrapped__ = real_exit.__doc__, real_exit  # type: ignore[attr-defined]
+        sys.exit = exit
+        for name in ("exit", "quit"):  # site's Quitter objects (python -S has none)
+            quitter = getattr(builtins, name, None)
+            if quitter is not None and not isinstance(quitter, _NotingQuitter):
+                setattr(builtins, name, _NotingQuitter(quitter))
+        return cls
+
+    @classmethod
+    def note(cls, status: object) -> None:
+        """What the process's exit code will be, as Python computes it from a SystemExit's code."""
+        if status is None:
+            cls.code = 0
+        elif isinstance(status, int):
+            cls.code = status & 0xFF
+        else:  # a message: printed, exit code 1
+            cls.code = 1
+
+
+class _NotingQuitter:
+    """builtins.exit and quit, noting the code first (see _ExitCode); they print and repr as before."""
+
+    def __init__(self, quitter: object) -> None:
+        self._quitter = quitter
+
+    def __repr__(self) -> str:
+        return repr(self._quitter)
+
+    def __call__(self, code: object = None) -> None:
+        _ExitCode.note(code)
+        self._quitter(code)  # type: ignore[operator]
 
 
 class _FlightWatch:
