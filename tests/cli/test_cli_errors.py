@@ -227,7 +227,8 @@ def test_unusable_log_dir(launcher: Launcher, script: str, tmp_path: Path) -> No
     log_dir = tmp_path / "a-file" / "logs"
     check_one_line_error(launcher, ["--layer", "torchrun", "--master-port", str(free_port()),
                                     "--log-dir", str(log_dir), script],
-                         f"cannot create --log-dir {log_dir}: Not a directory; pick a writable directory")
+                         f"cannot use --log-dir {log_dir}: {tmp_path / 'a-file'} is not a directory; pick another "
+                         "--log-dir")
     assert list((launcher.tmpdir).iterdir()) == []  # nothing was started, no run directory
 
 

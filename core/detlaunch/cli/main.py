@@ -339,10 +339,12 @@ def discover(hooks: Hooks, config: Config, job: bool) -> ClusterInfo:
 
 def _prepare_log_dir(path: str) -> None:
     """Create --log-dir before anything starts: a bad one is one line here, not a crash mid-launch."""
+    from detlaunch.rank import log_files
+
     try:
-        os.makedirs(path, exist_ok=True)
+        log_files.make_log_dir(path)
     except OSError as e:
-        raise ConfigError(f"cannot create --log-dir {path}: {e.strerror}; pick a writable directory") from None
+        raise ConfigError(f"cannot use --log-dir {path}: {log_files.reason(e)}; pick another --log-dir") from None
     if not os.access(path, os.W_OK | os.X_OK):
         raise ConfigError(f"--log-dir {path} is not writable; pick a writable directory")
 

@@ -16,6 +16,7 @@ from detlaunch.errors import LaunchError
 from detlaunch.node.standby import Standby
 from detlaunch.outcome import ProcessEnd
 from detlaunch.planning.stage import Command
+from detlaunch.rank import log_files
 from detlaunch.rank.protocol import TAIL_BYTES
 from detlaunch.system import procs
 from detlaunch.system.eventloop import EventLoop, Priority
@@ -100,10 +101,10 @@ class ProcessTable:
         if self.log_dir:
             path = self.log_path(child)
             try:
-                os.makedirs(self.log_dir, exist_ok=True)
-                child.log_fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
+                log_files.make_log_dir(self.log_dir)
+                child.log_fd = log_files.open_log(path)
             except OSError as e:
-                self._log_failed(f"{path} could not be created: {os.strerror(e.errno or 0).lower()}")
+                self._log_failed(f"{path} could not be opened: {log_files.reason(e)}")
         os.set_blocking(out_r, False)
         self.loop.add_reader(out_r, Priority.CHILD_OUTPUT, lambda: self._read_output(child))
         self.children[pid] = child

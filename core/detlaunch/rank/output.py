@@ -9,6 +9,11 @@ from __future__ import annotations
 
 import os
 
+try:  # imported as detlaunch.rank.output
+    from . import log_files
+except ImportError:  # by file, from the wrapper's folder (python -S run_wrapper.py)
+    import log_files  # type: ignore[no-redef]
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # never at run time: the typing module alone costs about 1 MB
     from collections.abc import Iterator
@@ -115,10 +120,10 @@ class RankLog:
         if not log_dir:
             return
         try:
-            os.makedirs(log_dir, exist_ok=True)
-            self.fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
+            log_files.make_log_dir(log_dir)
+            self.fd = log_files.open_log(self.path)
         except OSError as e:
-            self.fail(f"{self.path} could not be created: {os.strerror(e.errno or 0).lower()}")
+            self.fail(f"{self.path} could not be opened: {log_files.reason(e)}")
 
     def write(self, data: bytes) -> None:
         if self.fd is None:
