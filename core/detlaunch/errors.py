@@ -6,9 +6,11 @@ wrong and what to do. The CLI prints it without a traceback (unless --debug).
 
 import detlaunch.exit_codes as exit_codes
 
-# Every character str.splitlines() breaks a line at: a user's value that holds one (a NEL in a flag, say)
-# is shown escaped, so that an error stays the one line it promises to be.
-_LINE_BREAKS = str.maketrans({c: repr(c)[1:-1] for c in "\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029"})
+# Every character str.splitlines() breaks a line at, and every other control character but a tab: a value
+# that holds one (a NEL in a flag, a terminal escape in a rank's last line) is shown escaped, so that a line
+# stays the one line it promises to be, and nothing read from a log can drive the user's terminal.
+_CONTROLS = [chr(c) for c in (*range(0x20), 0x7f, *range(0x80, 0xa0)) if c != 0x09] + ["\u2028", "\u2029"]
+_LINE_BREAKS = str.maketrans({c: repr(c)[1:-1] for c in _CONTROLS})
 
 
 def one_line(text: object) -> str:

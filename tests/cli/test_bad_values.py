@@ -200,7 +200,8 @@ def test_job_dir_under_a_file(capsys: pytest.CaptureFixture[str], script: str, o
 LAYERS = ["torchrun", "horovod", "deepspeed", "direct"]
 # The options whose type is checked text, not a number; every other typed option must be a config.Number,
 # so that no number escapes the one range check (--restart-backoff 3e6 once reached select: a traceback).
-TEXT_TYPES = {"ranks", "prefix", "restart_on", "no_restart_on", "job_id", "preflight", "nnodes"}  # nnodes: N or MIN:MAX
+TEXT_TYPES = {"ranks", "prefix", "restart_on", "no_restart_on", "job_id", "preflight", "nnodes",  # nnodes: N or MIN:MAX
+              "spawn", "exclude_hosts", "ssh_opts"}  # never empty; --ssh-opts splits as a shell would
 
 
 def layer_parser(layer: str) -> argparse.ArgumentParser:

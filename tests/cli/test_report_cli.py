@@ -4,6 +4,8 @@ bad arguments; and the page a job leaves in its --log-dir (cli/report.page_at_en
 from __future__ import annotations
 
 import json
+import os
+import stat
 from pathlib import Path
 
 import pytest
@@ -86,3 +88,38 @@ def test_the_page_at_the_end_of_a_job_is_written_into_its_log_dir_and_never_fail
     problem = page_at_end(str(tmp_path), None)
     assert problem is not None and problem.startswith(f"the job's page {tmp_path}/report.html could not be written: ")
     assert list(tmp_path.glob("*.tmp")) == []
+
+
+@pytest.mark.parametrize("kind", ["fifo", "symlink", "directory", "device"])
+def test_an_output_that_exists_and_is_not_a_regular_file_is_not_replaced(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], kind: str) -> None:
+    """Security round 2, item 3: `-o /dev/null` as root would have made /dev/null a regular file."""
+    write_logs(tmp_path / "logs", simulated_job(2))
+    out = tmp_path / "out"
+    if kind == "fifo":
+        os.mkfifo(out)
+    elif kind == "symlink":
+        (tmp_path / "target").write_text("kept\n")
+        out.symlink_to(tmp_path / "target")
+    elif kind == "directory":
+        out.mkdir()
+    else:  # a character device: /dev/null's own numbers (the suite runs as root; a user cannot make one)
+        if os.getuid() != 0:
+            pytest.skip("making a device node needs root")
+        os.mknod(out, stat.S_IFCHR | 0o600, os.makedev(1, 3))
+    before = os.lstat(out)
+    assert main(["report", str(tmp_path / "logs"), "-o", str(out)]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"detlaunch: error: {out} exists and is not a regular file: not replaced; give -o a new path (or - for stdout)"]
+    after = os.lstat(out)
+    assert (after.st_ino, after.st_mode) == (before.st_ino, before.st_mode)
+    assert kind != "symlink" or (tmp_path / "target").read_text() == "kept\n"
+
+
+def test_what_a_log_says_cannot_drive_the_terminal(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Security round 2, item 9: the root cause comes from a rank's output; its escapes are shown, not sent."""
+    (chief,) = write_logs(tmp_path, simulated_job(2))[:1]
+    chief.write_text(chief.read_text().replace("no rank showed progress", "no rank\\u001b]0;pwned\\u0007\\u001b[2J"))
+    assert main(["report", str(chief), "-o", str(tmp_path / "page.html")]) == 0
+    err = capsys.readouterr().err
+    assert "\x1b" not in err and "\x07" not in err and "no rank\\x1b]0;pwned\\x07\\x1b[2J" in err

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import pwd
 import signal
+import socket
 import subprocess
 import textwrap
 import uuid
@@ -13,9 +14,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from detlaunch.link.auth import Admission
+from detlaunch.link.auth import Admission, admits
+from detlaunch.system.eventloop import EventLoop
 from support.helpers import free_port
 from support.jobs import SCRIPTS, Launcher
+from test_rejoin_link import Events, chief_link, run_until, settings, worker_link
 
 FLOOD = textwrap.dedent("""
     import socket, sys, time
@@ -36,11 +39,16 @@ FLOOD = textwrap.dedent("""
 
 def test_admission_bounds_pending_connections_and_their_rate() -> None:
     a = Admission(per_second=10, max_pending=4, max_per_peer=2)
-    assert [a.wait(pending=n, now=0.0) for n in range(4)] == [0.0] * 4  # a burst up to max_pending
-    assert a.wait(pending=4, now=0.0) == 0.1  # full: wait for a slot
-    assert a.wait(pending=0, now=0.0) == pytest.approx(0.1)  # no token left: 1/10 s for the next
-    assert a.wait(pending=0, now=0.1) == 0.0 and a.wait(pending=0, now=0.1) > 0
-    assert a.wait(pending=0, now=100.0) == 0.0 and a.tokens == 3  # refilled, capped at max_pending
+    assert [a.wait(now=0.0) for _ in range(4)] == [0.0] * 4  # a burst up to max_pending
+    assert a.wait(now=0.0) == pytest.approx(0.1)  # no token left: 1/10 s for the next
+    assert a.wait(now=0.1) == 0.0 and a.wait(now=0.1) > 0
+    assert a.wait(now=100.0) == 0.0 and a.tokens == 3  # refilled, capped at max_pending
+    known = {"10.0.0.2"}
+    assert admits("10.0.0.9", ["10.0.0.9"], known, a) and not admits("10.0.0.9", ["10.0.0.9"] * 2, known, a)
+    strangers = ["10.0.0.7", "10.0.0.7", "10.0.0.8", "10.0.0.8"]  # every slot for others held
+    assert not admits("10.0.0.9", strangers, known, a)
+    assert admits("10.0.0.2", strangers, known, a)  # a node of the job still gets in
+    assert not admits("10.0.0.2", [*strangers, "10.0.0.2", "10.0.0.2"], known, a)  # two of its own at most
 
 
 @pytest.fixture
@@ -92,3 +100,36 @@ def test_a_flood_from_another_user_neither_keeps_a_node_out_nor_hides_the_cause(
     assert [d.returncode for d in done] == [3, 3], done[0].output + done[1].output
     for d in done:
         assert "detlaunch: job failed: rank 1 on node 1 (127.0.0.2) exited with code 3" in d.stderr, d.output
+
+
+def test_a_few_addresses_holding_every_pending_slot_do_not_keep_a_node_out(tmp_path: Path) -> None:
+    """Security round 2, item 9: 8 addresses x 8 connections held every one of the 64 unauthenticated slots, and a
+    node of the job waited in the backlog until they timed out. The job's own addresses are never kept out by
+    others' connections; others still share 64 slots, 8 an address (in-process, real sockets on loopback)."""
+    loop, port = EventLoop(), free_port()
+    chief_events, worker_events = Events(), Events()
+    chief = chief_link(loop, settings(0, port, str(tmp_path)), chief_events)
+    held: list[socket.socket] = []
+    try:
+        for a in range(8):
+            for _ in range(9):  # one more than an address may hold: refused
+                s = socket.socket()
+                s.bind((f"127.0.0.{10 + a}", 0))
+                s.setblocking(False)
+                s.connect_ex(("127.0.0.1", port))
+                held.append(s)
+            run_until(loop, lambda: len(chief.pending) == 8 * (a + 1))  # noqa: B023 - called at once
+        extra = socket.create_connection(("127.0.0.1", port), source_address=("127.0.0.30", 0))
+        held.append(extra)
+        worker = worker_link(loop, settings(1, port, str(tmp_path)), worker_events)
+        try:
+            run_until(loop, lambda: worker.joined, timeout=3)  # well before the pending ones time out
+            assert len([p for p in chief.pending if p.peer.startswith("127.0.0.1")]) == 64
+            assert all(p.peer != "127.0.0.30" for p in chief.pending)  # a 9th stranger: accepted and closed
+        finally:
+            worker.close()
+    finally:
+        for s in held:
+            s.close()
+        chief.close()
+        loop.close()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import glob
 import os
+import stat
 import sys
 from collections.abc import Mapping, Sequence
 from typing import NoReturn
@@ -63,6 +64,10 @@ def report_command(argv: Sequence[str], env: Mapping[str, str]) -> int:
     text = story_trace.render(story) if ns.format == "trace" else story_html.render(story)
     out = ns.output or DEFAULT_OUT[ns.format]
     try:
+        if out != "-" and os.path.lexists(out) and not stat.S_ISREG(os.lstat(out).st_mode):
+            print(f"detlaunch: error: {one_line(out)} exists and is not a regular file: not replaced; "
+                  "give -o a new path (or - for stdout)", file=sys.stderr)
+            return exit_codes.USAGE
         if out == "-":
             sys.stdout.write(text)
             sys.stdout.flush()
@@ -73,8 +78,8 @@ def report_command(argv: Sequence[str], env: Mapping[str, str]) -> int:
     except OSError as e:
         print(f"detlaunch: error: cannot write {out}: {e.strerror or e}", file=sys.stderr)
         return exit_codes.FAILED
-    print(f"detlaunch: wrote {out} ({len(text.encode()) / 1024:.0f} KiB: {len(story.spans)} rank(s), "
-          f"{len(story.attempts)} attempt(s)): {story.verdict}", file=sys.stderr)
+    print(f"detlaunch: wrote {one_line(out)} ({len(text.encode()) / 1024:.0f} KiB: {len(story.spans)} rank(s), "
+          f"{len(story.attempts)} attempt(s)): {one_line(story.verdict)}", file=sys.stderr)
     return 0
 
 

@@ -51,22 +51,32 @@ def chief_mac(secret: str, job: str, node: int, worker_nonce: str) -> str:
     return mac(secret, "chief", job, node, worker_nonce)
 
 
+def admits(peer: str, pending: list[str], known: set[str], admission: Admission) -> bool:
+    """Whether the chief takes one more unauthenticated connection from `peer`, given the peers of those it has
+    (`pending`). A few addresses cannot hold every slot: at most max_per_peer from one address, and from the
+    addresses that are not the job's own nodes' (`known`), at most max_pending in all (Admission.wait). A node of
+    the job is never kept out by others' connections: only its own count (max_per_peer) holds it back."""
+    if sum(1 for p in pending if p == peer) >= admission.max_per_peer:
+        return False
+    return peer in known or sum(1 for p in pending if p not in known) < admission.max_pending
+
+
 class Admission:
-    """How many unauthenticated connections the chief takes on: at most `max_pending` at once
-    (`max_per_peer` from one address), and `per_second` new ones a second (a token bucket)."""
+    """How many unauthenticated connections the chief takes on: `per_second` new ones a second (a token bucket,
+    `max_pending` at once), each then checked by `admits`: at most `max_pending` pending at once from addresses
+    that are not the job's nodes', `max_per_peer` from one address. The chief accepts in order to see who
+    dials: a node of the job must not wait behind others' pending connections."""
 
     def __init__(self, per_second: float, max_pending: int, max_per_peer: int) -> None:
         self.per_second, self.max_pending, self.max_per_peer = per_second, max_pending, max_per_peer
         self.tokens = float(max_pending)
         self.updated: float | None = None
 
-    def wait(self, pending: int, now: float) -> float:
+    def wait(self, now: float) -> float:
         """0 when one more connection may be accepted now (and take its token), else how long to wait."""
         if self.updated is not None:
             self.tokens = min(float(self.max_pending), self.tokens + (now - self.updated) * self.per_second)
         self.updated = now
-        if pending >= self.max_pending:
-            return 0.1  # until a pending connection authenticates, is refused, or times out
         if self.tokens < 1:
             return (1 - self.tokens) / self.per_second
         self.tokens -= 1

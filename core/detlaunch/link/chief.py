@@ -141,8 +141,9 @@ class ChiefLink:
             self.paused = self.loop.call_later(for_seconds, self.listen)
 
     def on_accept(self) -> None:
+        known = {*self.addrs.values(), *self.spares.addrs.values()}  # the job's own nodes' addresses
         while True:
-            wait = self.admission.wait(len(self.pending), self.loop.clock())
+            wait = self.admission.wait(self.loop.clock())
             if wait:
                 self._stop_listening(for_seconds=wait)
                 return
@@ -153,8 +154,8 @@ class ChiefLink:
             except OSError:  # the listener was closed under us
                 return
             peer = str(addr[0])
-            if sum(1 for p in self.pending if p.peer == peer) >= self.admission.max_per_peer:
-                sock.close()  # one address cannot hold every pending slot
+            if not auth.admits(peer, [p.peer for p in self.pending], known, self.admission):
+                sock.close()  # one address, or a few, cannot hold every pending slot
                 continue
             conn = PeerConnection(self.loop, sock, WORKER, self.on_message, self.on_close)
             conn.peer = peer

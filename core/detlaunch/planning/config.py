@@ -34,6 +34,7 @@ from detlaunch.numbers import ports
 from detlaunch.observe.dedupe import DEFAULT_WINDOW
 from detlaunch.options import Option, OptionGroup, env_name, every_option, numbers_of
 from detlaunch.planning.cluster import job_id_arg
+from detlaunch.planning.text_values import named, ssh_options
 from detlaunch.rank.protocol import DEFAULT_GRACE, DEFAULT_PREFIX
 from detlaunch.restarts.options import RESTARTS
 from detlaunch.system.safefs import read_regular_file
@@ -180,7 +181,7 @@ CLUSTER = OptionGroup("cluster (torchrun-style flags, or --hosts/--hostfile)", (
     Option("--spares", type=Number(int, 0, 65535, 0), metavar="N", supervision=True,
            help="the last N nodes of the host list (with --nnodes M: node ranks M..M+N-1) start as spares: they run "
            "no rank and each takes a lost node's place at the next attempt (needs restarts: --max-node-restarts)"),
-    Option("--exclude-hosts", metavar="FILE", supervision=True,
+    Option("--exclude-hosts", type=named("--exclude-hosts", "file"), metavar="FILE", supervision=True,
            help="hosts kept out of the job, one a line, read at the start and before every attempt; detlaunch "
            "appends each host it loses, with the reason and the time"),
 ))
@@ -265,9 +266,11 @@ SUPERVISION = OptionGroup("supervision", (
 
 
 SPAWN = OptionGroup("one command for every node (docs/SPAWN.md)", (
-    Option("--spawn", metavar="NAME", help="start every node's detlaunch from here: ssh (the nodes of --hosts/"
+    Option("--spawn", type=named("--spawn", "spawner (ssh or srun)"), metavar="NAME",
+           help="start every node's detlaunch from here: ssh (the nodes of --hosts/"
            "--hostfile, over your own ssh, in parallel) or srun (one step of the SLURM allocation you are in)"),
-    Option("--ssh-opts", metavar="OPTS", help="--spawn ssh: more options for ssh, as one string ('-p 2222 -F cfg')"),
+    Option("--ssh-opts", type=ssh_options, metavar="OPTS",
+           help="--spawn ssh: more options for ssh, as one string ('-p 2222 -F cfg')"),
     Option("--export", metavar="VAR,VAR", help="--spawn: these variables of this environment reach every node "
            "(as mpirun's -x, which --layer horovod takes too; ~/.deepspeed_env and ./.deepspeed_env are read too)"),
     Option("--spawned", metavar="VERSION", help=argparse.SUPPRESS),  # set by the spawning detlaunch, for each node

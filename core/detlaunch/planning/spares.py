@@ -23,6 +23,7 @@ from collections import Counter
 
 from detlaunch.errors import ConfigError
 from detlaunch.planning.cluster import ClusterInfo
+from detlaunch.system.safefs import read_regular_file
 
 
 def places(everyone: ClusterInfo, spares: int) -> int:
@@ -75,9 +76,8 @@ def read_exclusions(path: str | None) -> tuple[set[str], Counter[str]]:
     """The exclusion file as (the hosts kept out, each host's losses so far); one line if it cannot be read."""
     if not path:
         return set(), Counter()
-    try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
+    try:  # as --hostfile is read: a FIFO or a device is refused before a byte is read
+        text = read_regular_file(path).decode("utf-8")
     except FileNotFoundError:
         return set(), Counter()
     except (OSError, UnicodeDecodeError) as e:
