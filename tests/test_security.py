@@ -228,3 +228,20 @@ def test_sshd_is_key_only_and_listens_only_on_its_node_address(launcher: Launche
     assert stranger.returncode == 255 and "Permission denied (publickey)" in stranger.stderr
     worker.send_signal(signal.SIGTERM)
     assert worker.wait(60).returncode == 143
+
+
+def test_no_process_in_the_jobs_namespace_holds_the_job_secret_given_in_the_environment(launcher: Launcher,
+                                                                                         tmp_path: Path) -> None:
+    """Security round 2, item 1: the node's supervisor (pid 1 of the job's namespace) is a fork of detlaunch, so
+    /proc/1/environ showed the secret the user set, to every rank. Two nodes with job dirs of their own: the link
+    can only have authenticated with the secret from the environment, so it was kept where detlaunch needs it."""
+    port, secret = free_port(), "s3cret-" + os.urandom(8).hex()
+    env = {"DETLAUNCH_JOB_SECRET": secret}
+    jobs = [launcher.start(*two_node_torchrun(port, node, "--job-dir", str(tmp_path / f"jobdir-{node}")),
+                           str(SCRIPTS / "environ_peek.py"), env=env) for node in (0, 1)]
+    done = [job.wait(120) for job in jobs]
+    assert [d.returncode for d in done] == [0, 0], done[0].output + done[1].output
+    for rank, d in enumerate(done):
+        (line,) = rank_lines(d.stdout, rank)
+        assert line.endswith(", /proc/1's: True, the secret in: []"), d.output
+        assert secret not in d.stdout + d.stderr

@@ -178,7 +178,8 @@ def sshd_config(ctx: StageContext, layout: SshLayout, extra_env: Mapping[str, st
         "UsePAM no",
         "PermitRootLogin prohibit-password",
         f"AllowUsers {getpass.getuser()}",
-        # Our files are 0600 in 0700 folders, but the job dir may sit under a sticky /tmp.
+        # Our files are 0600 in 0700 folders, but the job dir may sit under a sticky /tmp, which sshd's StrictModes
+        # refuses: detlaunch checks the folders above the job dir itself (system/jobdir.unsafe_parent).
         "StrictModes no",
         "PermitUserEnvironment no",
         "AllowTcpForwarding no",

@@ -28,7 +28,7 @@ import selectors
 import signal
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import BinaryIO
 
 import detlaunch.exit_codes as exit_codes
@@ -45,12 +45,15 @@ def _die_with_parent() -> None:
 
 
 class _Launch:
-    def __init__(self, launch: NodeLaunch, first_line: bytes) -> None:
+    def __init__(self, launch: NodeLaunch, first_line: bytes, first_env: Mapping[str, str]) -> None:
         self.launch = launch
         # A launch whose node watches its stdin is told through it; it starts without a preexec_fn, which would
-        # fork this Python (not vfork) and run Python in the child: ~8 ms a launch, one after the other.
+        # fork this Python (not vfork) and run Python in the child: ~8 ms a launch, one after the other. What
+        # the others learn on their stdin's first line is in their environment instead (srun hands its stdin to
+        # its first task only): in theirs alone, never in this process's.
+        env = None if launch.watches_stdin else {**os.environ, **first_env}
         self.proc = subprocess.Popen(launch.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, start_new_session=True,
+                                     stderr=subprocess.PIPE, start_new_session=True, env=env,
                                      preexec_fn=None if launch.watches_stdin else _die_with_parent)
         self.partial: dict[int, bytes] = {}
         self.held: list[bytes] | None = []  # None once the node is up
@@ -96,10 +99,11 @@ class _Launch:
 class Fanout:
     """Runs the launches until every one has ended; ``run()`` returns the job's exit code."""
 
-    def __init__(self, launches: Sequence[NodeLaunch], first_line: bytes, out: BinaryIO | None = None,
-                 err: BinaryIO | None = None) -> None:
+    def __init__(self, launches: Sequence[NodeLaunch], first_line: bytes, first_env: Mapping[str, str] | None = None,
+                 out: BinaryIO | None = None, err: BinaryIO | None = None) -> None:
         self.specs = list(launches)
         self.first_line = first_line  # to every launch that reads its stdin, at its start: the job secret
+        self.first_env = dict(first_env or {})  # the same, in the environment of a launch that does not
         self.out = out or sys.stdout.buffer
         self.err = err or sys.stderr.buffer
         self.signals: list[int] = []
@@ -116,7 +120,7 @@ class Fanout:
         launches: list[_Launch] = []
         try:
             for spec in self.specs:
-                launch = _Launch(spec, self.first_line)
+                launch = _Launch(spec, self.first_line, self.first_env)
                 launches.append(launch)
                 for stream in (launch.proc.stdout, launch.proc.stderr):
                     assert stream is not None

@@ -48,6 +48,11 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
         without_openssl_hashes()
     argv = list(sys.argv[1:] if argv is None else argv)
     env = dict(os.environ if env is None else env)
+    if as_command:  # the secret stays in `env` only: no fork of this process shows it (system/environ_block.py)
+        from detlaunch.system.environ_block import take_out
+        from detlaunch.system.jobdir import SECRET_ENV
+
+        take_out(SECRET_ENV)
     if argv and argv[0] == "report":  # a job's page from its event logs: no plugin is loaded for it
         from detlaunch.cli.report import report_command
 

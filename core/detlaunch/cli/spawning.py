@@ -135,7 +135,6 @@ def spawn_job(hooks: Hooks, config: Config, argv: list[str]) -> int:
     from detlaunch.cli.fanout import Fanout
 
     # One secret for the job's link, whatever job directory each node has: a launch that reads its stdin gets it
-    # as its first line, the others (srun passes its environment on to its tasks) in the environment.
-    secret = os.environ.get(SECRET_ENV) or random_hex(32)
-    os.environ[SECRET_ENV] = secret
-    return Fanout(launches, SECRET_LINE + secret.encode() + b"\n").run()
+    # as its first line, the others (srun passes its environment on to its tasks) in their environment only.
+    secret = config.env.get(SECRET_ENV) or random_hex(32)
+    return Fanout(launches, SECRET_LINE + secret.encode() + b"\n", {SECRET_ENV: secret}).run()

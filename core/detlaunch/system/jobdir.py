@@ -39,12 +39,39 @@ def prepare_job_dir(path: str, given: bool) -> None:
             raise ConfigError(f"{flag} {path} exists and is not a directory; {fix}")
         if st.st_uid != os.getuid():
             raise ConfigError(f"{flag} {path} belongs to uid {st.st_uid}, not to you (uid {os.getuid()}); {fix}")
+    unsafe = unsafe_parent(path)
+    if unsafe:
+        raise ConfigError(f"{flag} {path} is inside {unsafe}: another user could swap the job's keys there; {fix}")
     try:
         ensure_private_dir(path)
     except LaunchError as e:
         raise ConfigError(f"{e}") from None
     except OSError as e:
         raise ConfigError(f"cannot create {flag} {path}: {e.strerror}; {fix}") from None
+
+
+def unsafe_parent(path: str) -> str | None:
+    """The first folder above `path` in which another user could replace it, and why; None when there is none.
+    As ssh checks the folders above authorized_keys (StrictModes), from the real path up to /: each must be
+    root's or yours, and not writable by its group or others, unless it is sticky (/tmp: nobody renames
+    another's entry there). detlaunch checks this itself, so its per-job sshd keeps `StrictModes no` (which
+    would refuse every job dir under /tmp)."""
+    folder = os.path.dirname(os.path.realpath(path))
+    while True:
+        try:
+            st = os.stat(folder)
+        except FileNotFoundError:  # not there yet: made below, ours
+            folder = os.path.dirname(folder)
+            continue
+        except OSError:
+            return None  # cannot be looked at: making the job dir will say why
+        if st.st_uid not in (0, os.getuid()):
+            return f"{folder}, which belongs to uid {st.st_uid}"
+        if st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
+            return f"{folder}, which others can write to (mode {stat.S_IMODE(st.st_mode):o}, not sticky)"
+        if folder == os.path.dirname(folder):
+            return None
+        folder = os.path.dirname(folder)
 
 
 class JobDirLock:
