@@ -49,14 +49,14 @@ def test_each_node_gets_the_same_words_its_rank_the_directory_and_the_variables(
     assert code == 0 and err == [], err
     assert [line.split(":")[0] for line in out] == ["node 0 (127.0.0.1)", "node 1 (10.0.0.2)", "node 2 (10.0.0.3)"]
     node = [sys.executable, "-m", "detlaunch", "--spawned", f"{detlaunch.__version__},stdin"]
-    env = ["NCCL_DEBUG=INFO", "DL_X=a 'b' $c", "DL_MINE=x y"]
     local = shlex.split(out[0].split(": ", 1)[1])  # node 0 is this machine: no ssh
-    assert local == ["env", *env, *node, "--node-rank", "0", *argv]
+    assert local == [*node, "--node-rank", "0", *argv]
     for rank, host in ((1, "10.0.0.2"), (2, "10.0.0.3")):
         ssh = shlex.split(out[rank].split(": ", 1)[1])
         assert ssh[:-1] == ["ssh", "-T", "-o", "BatchMode=yes", "-p", "2222", "-F", "my cfg", "--", host]
-        assert shlex.split(ssh[-1]) == ["cd", str(here), "&&", "exec", "env", *env, *node, "--node-rank", str(rank),
-                                        *argv]
+        assert shlex.split(ssh[-1]) == ["cd", str(here), "&&", "exec", *node, "--node-rank", str(rank), *argv]
+    # The variables are on no command line (any local user reads those): each node reads them on its stdin.
+    assert not any(value in line for line in out for value in ("INFO", "a 'b' $c", "x y"))
 
 
 def test_node_0_runs_here_when_its_address_is_one_of_this_machines(capsys: pytest.CaptureFixture[str],
@@ -83,7 +83,7 @@ def test_horovods_x_reaches_every_node(capsys: pytest.CaptureFixture[str], here:
     assert code == 0 and err == [], err
     for line in out:
         words = shlex.split(shlex.split(line.split(": ", 1)[1])[-1])
-        assert words[4:7] == ["env", "DL_MINE=1", "DL_X=x y"] and words[-5:] == argv[-5:], words
+        assert words[-5:] == argv[-5:] and "x y" not in line, words  # DL_X's value: on the nodes' stdin
     code, _, err = run(capsys, *argv)
     assert code == 2 and err == ["detlaunch: error: --export DL_MINE: DL_MINE is not set here; set it, or drop it "
                                  "from --export"], err
@@ -162,3 +162,36 @@ def test_a_plugins_spawner_comes_through_the_detlaunch_spawners_hook(here: Path)
     ssh = launches_for(plugins.hooks, CommandLine.read([*argv[:3], "ssh", *argv[4:]], env).config(plugins.hooks),
                        argv)
     assert ssh[1].argv[0] == "ssh"
+
+
+def test_the_variables_and_the_secret_reach_a_node_on_its_stdin_exactly(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a spawned node reads first (start_lines), read back as the node reads it: every value exactly, a
+    newline, quotes and unicode included, then the job secret; a stop line first is a stop."""
+    from detlaunch.cli import spawning
+
+    variables = {"HF_TOKEN": "hf_abc", "DL_X": "a 'b' $c\nline two", "DL_U": "ünï"}
+    for data, expected in ((spawning.start_lines("s3cret", variables), ("s3cret", variables)),
+                           (spawning.start_lines("s3cret", {}), ("s3cret", {}))):
+        r, w = os.pipe()
+        os.write(w, data + b"stop\n")
+        os.close(w)
+        saved = os.dup(0)
+        try:
+            os.dup2(r, 0)
+            assert spawning._take_the_start_lines() == expected
+            assert os.read(0, 100) == b"stop\n"  # left for the watch
+        finally:
+            os.dup2(saved, 0)
+            os.close(saved)
+            os.close(r)
+
+
+@pytest.mark.parametrize("host", ["a;touch /tmp/x", "$(id)", "h`id`", "-oProxyCommand=x", "a b", "h|x", "h'x"])
+def test_a_host_with_a_shell_metacharacter_is_refused(capsys: pytest.CaptureFixture[str], here: Path,
+                                                       host: str) -> None:
+    """Security round 2, item 7: an older OpenSSH expands %h unquoted in a user's ProxyCommand."""
+    code, out, err = run(capsys, "--layer", "direct", "--spawn", "ssh", "--hosts", f"10.0.0.2,{host}", "--dry-run",
+                         TRICKY)
+    assert code == 2 and out == [] and len(err) == 1, err
+    said = {"is not a host name or address": True, "bad host": host in ("a;touch /tmp/x", "-oProxyCommand=x", "a b")}
+    assert any(words in err[0] for words, expected in said.items() if expected), err  # --hosts' own check, or ours

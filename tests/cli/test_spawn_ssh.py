@@ -93,6 +93,11 @@ def test_stopping_the_spawning_command_stops_every_node(nodes: SshNodes, launche
     if here:
         assert node_detlaunch(nodes, 0).ppid() == job.proc.pid
         assert node_detlaunch(nodes, 1).parent().name() == "sshd"
+    # Security round 2, item 7: an exported value (a token) is on no command line of the machine (ps shows them
+    # to every local user), though every rank has it; PYTHONPATH, which the nodes' interpreters need, may be.
+    shown = [p.info["pid"] for p in psutil.process_iter(["pid", "cmdline"])
+             if any("$shared" in word for word in p.info["cmdline"] or ())]
+    assert shown == [], shown
     job.send_signal(sig)
     done = job.wait(timeout=60)
     assert done.returncode == code, done.output

@@ -40,7 +40,7 @@ from detlaunch.link.messages import (
     decode,
     encode,
 )
-from detlaunch.link.wire import PeerConnection
+from detlaunch.link.wire import PeerConnection, message_bound
 from detlaunch.outcome import Failure, FailureKind, RankStatus
 from detlaunch.system.eventloop import EventLoop
 
@@ -124,3 +124,46 @@ def test_once_trusted_an_unknown_kind_is_ignored_and_a_malformed_message_ends_th
     assert conn.why.startswith("it sent a message of kind 'bye' with a bad 'ranks'"), conn.why
     theirs.close()
     loop.close()
+
+
+def test_a_long_line_arrives_whole_and_one_over_the_bound_ends_the_connection() -> None:
+    """Security round 2, item 4: a line had no bound once a peer had authenticated, and every read searched the
+    whole buffer again for its newline (64 MiB without one: 30 s of the chief's loop). Now each read searches its
+    new bytes only (PeerConnection.take), and a line over the bound (message_bound: grows with the job) ends it."""
+    loop = EventLoop()
+    conn, theirs, got, closed = trusted_connection(loop)
+    conn.max_line = 1 << 20
+    long = encode(Ask(key=1, what="status", args={"pad": "x" * ((1 << 20) - 100)}))
+    for at in range(0, len(long), 4096):  # as a peer's reads bring it: a piece at a time
+        conn.take(long[at:at + 4096])
+    conn.take(b"\n")
+    assert len(got) == 1 and got[0].args["pad"] == "x" * ((1 << 20) - 100) and not conn.closed
+    for _ in range(257):  # 1 MiB + 4 KiB without a newline
+        conn.take(b"y" * 4096)
+        if conn.closed:
+            break
+    assert closed == [conn] and conn.why == f"it sent a message of over {1 << 20} bytes"
+    assert message_bound(1024) > 1024 * 20 * 10  # ten times a 1024-node membership, at least
+    theirs.close()
+    loop.close()
+
+
+def test_a_node_speaks_for_its_own_ranks_only(tmp_path: Any) -> None:
+    """Security round 2, item 4: a rank's exit, a goodbye or a failure naming another node's rank is refused
+    (before, the chief took node 1's word for node 2's rank). In-process, the real links on loopback."""
+    from test_rejoin_link import three_nodes
+
+    loop, _port, chief, chief_events, w1, w2, _e2 = three_nodes(str(tmp_path))
+    try:
+        assert w1.connection is not None
+        w1.connection.send(RankExit(status=RankStatus(rank=2, node_rank=2, exit_code=3)))  # node 2's rank, from 1
+        loop.run_until(lambda: any(s[0] == "node_lost" for s in chief_events.seen), 5, "the chief's answer")
+        lost = next(s for s in chief_events.seen if s[0] == "node_lost")
+        assert lost[1] == 1 and lost[3] == "it sent a rank status of another node than its own (1)", lost
+        assert not any(s[0] == "remote_rank_exit" for s in chief_events.seen)
+        w2.connection.send(RankExit(status=RankStatus(rank=2, node_rank=2, exit_code=3)))  # its own: taken
+        loop.run_until(lambda: any(s[0] == "remote_rank_exit" for s in chief_events.seen), 5, "the chief's answer")
+    finally:
+        for link in (w2, w1, chief):
+            link.close()
+        loop.close()

@@ -51,7 +51,7 @@ class _Launch:
         # fork this Python (not vfork) and run Python in the child: ~8 ms a launch, one after the other. What
         # the others learn on their stdin's first line is in their environment instead (srun hands its stdin to
         # its first task only): in theirs alone, never in this process's.
-        env = None if launch.watches_stdin else {**os.environ, **first_env}
+        env = None if launch.watches_stdin else {**os.environ, **launch.env, **first_env}
         self.proc = subprocess.Popen(launch.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, start_new_session=True, env=env,
                                      preexec_fn=None if launch.watches_stdin else _die_with_parent)

@@ -42,15 +42,21 @@ def without_openssl_hashes() -> None:
         sys.modules.setdefault("_hashlib", None)  # type: ignore[arg-type]
 
 
+SECRET_ENV = "DETLAUNCH_JOB_SECRET"  # system/jobdir.SECRET_ENV, without importing it at every start
+
+
 def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> int:
     as_command = argv is None  # the detlaunch command itself, not a caller in this interpreter
     if as_command:
         without_openssl_hashes()
     argv = list(sys.argv[1:] if argv is None else argv)
     env = dict(os.environ if env is None else env)
-    if as_command:  # the secret stays in `env` only: no fork of this process shows it (system/environ_block.py)
-        from detlaunch.system.environ_block import take_out
-        from detlaunch.system.jobdir import SECRET_ENV
+    if as_command and any(a == "--spawned" or a.startswith("--spawned=") for a in argv):  # docs/SPAWN.md
+        from detlaunch.cli.spawning import take_start_lines
+
+        take_start_lines(argv, env)  # its variables and the job secret, on its stdin
+    if as_command and SECRET_ENV in os.environ:  # kept in `env` only: no fork of this process shows it
+        from detlaunch.system.environ_block import take_out  # (ctypes: only for a job given a secret)
 
         take_out(SECRET_ENV)
     if argv and argv[0] == "report":  # a job's page from its event logs: no plugin is loaded for it

@@ -10,18 +10,27 @@ stdin: a line there stops its job (Ctrl-C in the spawning command), its end afte
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import shlex
 import signal
 import socket
 import sys
 import threading
+from collections.abc import Mapping
 
 import detlaunch.exit_codes as exit_codes
 from detlaunch.errors import ConfigError
 from detlaunch.planning.config import Config
 from detlaunch.planning.plugin_manager import Hooks
-from detlaunch.planning.spawn import SPAWNED_STDIN, NodeLaunch, SpawnRequest, spawn_env
+from detlaunch.planning.spawn import (
+    SPAWNED_STDIN,
+    NodeLaunch,
+    SpawnRequest,
+    checked_host,
+    spawn_env,
+    startup_variables,
+)
 from detlaunch.system.jobdir import SECRET_ENV
 from detlaunch.system.safefs import random_hex
 from detlaunch.version import __version__ as VERSION
@@ -38,33 +47,65 @@ def join_as_node(config: Config) -> Config:
         raise ConfigError(f"{host} runs detlaunch {VERSION}, the spawning command {version}: "
                           "install the same detlaunch on every node")
     if how != SPAWNED_STDIN:
-        return config  # srun's tasks: the secret is in their environment
-    secret = _take_the_job_secret()
+        return config  # srun's tasks: the secret and the variables are in their environment
+    if SECRET_ENV not in config.env:  # not read at the start (take_start_lines): a caller in this interpreter
+        secret, variables = _take_the_start_lines()
+        os.environ.update(variables)
+        config = dataclasses.replace(config, env={**config.env, **variables, SECRET_ENV: secret})
     signal.signal(signal.SIGHUP, _hangup)
     threading.Thread(target=_stop_at_stdin_end, name="spawner-watch", daemon=True).start()
-    return dataclasses.replace(config, env={**config.env, SECRET_ENV: secret})
+    return config
+
+
+def take_start_lines(argv: list[str], env: dict[str, str]) -> None:
+    """A node started by `--spawn` that watches its stdin (`--spawned VERSION,stdin`): its variables and the job
+    secret come first on its stdin (start_lines), read here before anything reads the environment (its options'
+    DETLAUNCH_* variables, the scheduler's): the variables into this process's environment, as if it had been
+    started with them, and into `env`; the secret into `env` only."""
+    values = [argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--spawned"] + \
+        [a.split("=", 1)[1] for a in argv if a.startswith("--spawned=")]
+    if not values or not values[-1].endswith("," + SPAWNED_STDIN):
+        return
+    secret, variables = _take_the_start_lines()
+    os.environ.update(variables)
+    env.update({**variables, SECRET_ENV: secret})
 
 
 _began = threading.Event()
-SECRET_LINE = b"secret "  # the first line on a spawned node's stdin: the job link's key (fanout.py)
+SECRET_LINE = b"secret "  # the last of the lines a spawned node's stdin starts with: the job link's key (fanout.py)
+ENV_LINE = b"env "  # before it: the variables the node gets (--export, .deepspeed_env), as one JSON object
 
 
-def _take_the_job_secret() -> str:
-    """The spawning command's first line: the job secret, which the nodes of one command share whatever their
-    job directories (node 0 here and the others over ssh need no shared home). Read a byte at a time, so that
-    a stop line right after it stays for the watch; an end before it is the spawning command gone."""
-    line = b""
-    while not line.endswith(b"\n"):
-        try:
-            byte = os.read(0, 1)
-        except InterruptedError:
-            continue
-        if not byte:
+def start_lines(secret: str, variables: Mapping[str, str]) -> bytes:
+    """What a spawned node that watches its stdin reads first: its variables (when there are any; not those its
+    interpreter reads as it starts, which are on its command line: spawn.startup_variables), then the job secret.
+    Never on a command line: any local user reads those (ps)."""
+    rest = {k: v for k, v in variables.items() if k not in startup_variables(variables)}
+    env_line = ENV_LINE + json.dumps(rest).encode() + b"\n" if rest else b""
+    return env_line + SECRET_LINE + secret.encode() + b"\n"
+
+
+def _take_the_start_lines() -> tuple[str, dict[str, str]]:
+    """The spawning command's first lines (start_lines): the job secret and the variables, which the nodes of one
+    command share whatever their job directories (node 0 here and the others over ssh need no shared home).
+    Read a byte at a time, so that a stop line right after them stays for the watch; an end before them is the
+    spawning command gone, and a stop line before them a stop while still planning."""
+    variables: dict[str, str] = {}
+    while True:
+        line = b""
+        while not line.endswith(b"\n"):
+            try:
+                byte = os.read(0, 1)
+            except InterruptedError:
+                continue
+            if not byte:
+                raise SystemExit(exit_codes.by_signal(signal.SIGHUP))
+            line += byte
+        if line.startswith(SECRET_LINE):
+            return line[len(SECRET_LINE):].strip().decode(), variables
+        if not line.startswith(ENV_LINE):
             raise SystemExit(exit_codes.by_signal(signal.SIGHUP))
-        line += byte
-    if not line.startswith(SECRET_LINE):  # a stop line first: told to stop while still planning
-        raise SystemExit(exit_codes.by_signal(signal.SIGHUP))
-    return line[len(SECRET_LINE):].strip().decode()
+        variables.update({str(k): str(v) for k, v in json.loads(line[len(ENV_LINE):]).items()})
 
 
 def job_begins() -> None:
@@ -107,7 +148,7 @@ def spawn_request(hooks: Hooks, config: Config, argv: list[str]) -> SpawnRequest
     hosts: tuple[str, ...] = ()
     if o.get("hosts") or o.get("hostfile"):  # read as node 0 would: the same checks, the same hosts
         as_chief = dataclasses.replace(config, options={**o, "node_rank": 0})
-        hosts = tuple(a or "" for a in hooks.discover_cluster(as_chief).node_addrs)
+        hosts = tuple(checked_host(a) if a else "" for a in hooks.discover_cluster(as_chief).node_addrs)
     cwd = os.getcwd()
     return SpawnRequest(hosts=hosts, argv=tuple(argv), detlaunch=DETLAUNCH_COMMAND, cwd=cwd,
                         env=spawn_env(config, cwd), config=config, ssh_opts=tuple(shlex.split(o.get("ssh_opts") or "")),
@@ -137,4 +178,4 @@ def spawn_job(hooks: Hooks, config: Config, argv: list[str]) -> int:
     # One secret for the job's link, whatever job directory each node has: a launch that reads its stdin gets it
     # as its first line, the others (srun passes its environment on to its tasks) in their environment only.
     secret = config.env.get(SECRET_ENV) or random_hex(32)
-    return Fanout(launches, SECRET_LINE + secret.encode() + b"\n", {SECRET_ENV: secret}).run()
+    return Fanout(launches, start_lines(secret, spawn_env(config, os.getcwd())), {SECRET_ENV: secret}).run()

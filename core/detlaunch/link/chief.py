@@ -42,11 +42,12 @@ from detlaunch.link.messages import (
     Stop,
     Welcome,
     encode,
+    statuses_in,
 )
 from detlaunch.link.settings import LinkSettings
 from detlaunch.link.sharing import MembershipSharing
 from detlaunch.link.spares import SparePool
-from detlaunch.link.wire import HEARTBEAT, HEARTBEAT_MISSES, PeerConnection, together
+from detlaunch.link.wire import HEARTBEAT, HEARTBEAT_MISSES, PeerConnection, message_bound, together
 from detlaunch.outcome import Failure, RankStatus
 from detlaunch.planning.addresses import bind_host
 from detlaunch.system.eventloop import EventLoop, Priority, Timer
@@ -158,7 +159,7 @@ class ChiefLink:
                 sock.close()  # one address, or a few, cannot hold every pending slot
                 continue
             conn = PeerConnection(self.loop, sock, WORKER, self.on_message, self.on_close)
-            conn.peer = peer
+            conn.peer, conn.max_line = peer, message_bound(self.spares.next)  # every node and spare of the job
             self.pending.add(conn)
             conn.send(Challenge(job=self.job_id, nonce=conn.nonce))
 
@@ -218,6 +219,8 @@ class ChiefLink:
             return
         node = conn.node
         assert node is not None  # set on authenticating
+        if any(status.node_rank != node for status in statuses_in(m)):  # a node speaks for its own ranks only
+            return conn.end(f"it sent a rank status of another node than its own ({node})")
         match m:
             case RankExit(status=status):
                 self.remote_ranks[status.rank] = status

@@ -257,6 +257,18 @@ Message = (Heartbeat | Challenge | Auth | Welcome | RankExit | Failed | Bye | As
            | Restart | Go | End | Promote | Members | MembersChange)
 
 
+def statuses_in(m: Message) -> tuple[RankStatus, ...]:
+    """The rank statuses a worker's message carries: the chief takes them only when each is of that worker's node."""
+    match m:
+        case RankExit(status=status):
+            return (status,)
+        case Bye(ranks=ranks):
+            return ranks
+        case Failed(failure=failure) if failure is not None and failure.rank is not None:
+            return (failure.rank,)
+    return ()
+
+
 # -- reading and writing ---------------------------------------------------------------------------------
 def decode(line: bytes, sent_by: str) -> Message:
     """The message on one line from the `sent_by` side (CHIEF or WORKER); NotAMessage when it is none."""

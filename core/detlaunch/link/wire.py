@@ -25,6 +25,13 @@ from detlaunch.system.safefs import random_hex
 HEARTBEAT_MISSES = 5  # a peer silent for this many heartbeat intervals is lost
 MAX_UNAUTHENTICATED = 4096  # bytes a peer may send before it has proven it is a node of the job
 MAX_UNSENT = 1 << 20  # bytes a peer may leave unread (beyond what the kernel buffers) before it counts as lost
+MAX_LINE = 16 << 20  # bytes of one message, at least (message_bound): a longer line ends the connection
+
+
+def message_bound(nodes: int) -> int:
+    """The longest message a peer of a job of `nodes` nodes may send: MAX_LINE, and room for a membership that
+    grows with the job (~20 bytes a node) many times over. A peer that sends more is no node of the job."""
+    return MAX_LINE + 1024 * nodes
 HEARTBEAT = b'{"t": "hb"}'  # the one message sent every heartbeat: sent and recognised without (de)coding
 
 
@@ -37,7 +44,9 @@ class PeerConnection:
                  on_close: Callable[[PeerConnection], None]):
         self.loop, self.sock, self.peer_side = loop, sock, peer_side
         self.on_message, self.on_close = on_message, on_close
-        self.buffer = b""
+        self.buffer = bytearray()
+        self.scanned = 0  # bytes at the buffer's start already searched for a newline (none there)
+        self.max_line = MAX_LINE  # message_bound(the job's nodes), set by the link
         self.unauthenticated = 0  # bytes of lines read before the one that authenticated the peer
         self.closed = False
         self.opened = time.monotonic()
@@ -71,8 +80,7 @@ class PeerConnection:
             return
         self.unsent += line + b"\n"
         if len(self.unsent) > MAX_UNSENT:
-            self.why = f"it left {len(self.unsent)} bytes of the link unread (stopped, or hung)"
-            self.close(notify=True)
+            self.end(f"it left {len(self.unsent)} bytes of the link unread (stopped, or hung)")
         elif not self.writing and not self.held:
             self.flush()
 
@@ -110,24 +118,40 @@ class PeerConnection:
                 self.close(notify=True)
                 return
             self.last_heard = time.monotonic()
-            self.buffer += data
-            while b"\n" in self.buffer and not self.closed:
-                raw, self.buffer = self.buffer.split(b"\n", 1)
-                if not self.authed:  # counted line by line: what follows the line that authenticates is not
-                    self.unauthenticated += len(raw) + 1  # (the chief's welcome, then a 20 KB membership)
-                    if self._too_much_unauthenticated(0):
-                        return
-                if raw != HEARTBEAT:
-                    self._receive(raw)
-            if not self.closed and not self.authed and self._too_much_unauthenticated(len(self.buffer)):
-                return  # (a line not ended yet)
+            self.take(data)
+
+    def take(self, data: bytes) -> None:
+        """Pass on every whole line `data` ends. Only the new bytes are searched for a newline, and a line is cut
+        from the buffer once (a peer's line of many MiB costs its length, not its length squared)."""
+        buf = self.buffer
+        buf += data
+        start, search = 0, self.scanned
+        while not self.closed:
+            end = buf.find(b"\n", search)
+            if end < 0:
+                break
+            raw = bytes(buf[start:end])
+            start = search = end + 1
+            if not self.authed:  # counted line by line: what follows the line that authenticates is not
+                self.unauthenticated += len(raw) + 1  # (the chief's welcome, then a 20 KB membership)
+                if self._too_much_unauthenticated(0):
+                    return
+            if raw != HEARTBEAT:
+                self._receive(raw)
+        if self.closed:
+            return
+        del buf[:start]
+        self.scanned = len(buf)
+        if not self.authed and self._too_much_unauthenticated(len(buf)):
+            return  # (a line not ended yet)
+        if len(buf) > self.max_line:
+            self.end(f"it sent a message of over {self.max_line} bytes")
 
     def _too_much_unauthenticated(self, unended: int) -> bool:
         """Not a node of this job (an auth message is a few hundred bytes): closed, saying so."""
         if self.unauthenticated + unended <= MAX_UNAUTHENTICATED:
             return False
-        self.why = f"it sent over {MAX_UNAUTHENTICATED} bytes before authenticating"
-        self.close(notify=True)
+        self.end(f"it sent over {MAX_UNAUTHENTICATED} bytes before authenticating")
         return True
 
     def _receive(self, raw: bytes) -> None:
@@ -136,15 +160,18 @@ class PeerConnection:
             message = decode(raw, self.peer_side)
         except UnknownKind as e:
             if not self.authed:
-                self.why = f"it sent {e} before authenticating"
-                self.close(notify=True)
+                self.end(f"it sent {e} before authenticating")
             return
         except (Malformed, NotAMessage) as e:
-            self.why = f"it sent {e}"
-            self.close(notify=True)
+            self.end(f"it sent {e}")
             return
         if not isinstance(message, Heartbeat):
             self.on_message(self, message)
+
+    def end(self, why: str) -> None:
+        """Close it for a reason of this side's, and say so (on_close reads `why`)."""
+        self.why = why
+        self.close(notify=True)
 
     def close(self, notify: bool = False) -> None:
         if self.closed:

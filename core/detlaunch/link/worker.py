@@ -37,7 +37,7 @@ from detlaunch.link.messages import (
     Welcome,
 )
 from detlaunch.link.settings import LinkSettings
-from detlaunch.link.wire import HEARTBEAT, HEARTBEAT_MISSES, PeerConnection
+from detlaunch.link.wire import HEARTBEAT, HEARTBEAT_MISSES, PeerConnection, message_bound
 from detlaunch.outcome import Failure, RankStatus
 from detlaunch.system.eventloop import EventLoop, Timer
 from detlaunch.system.jobdir import SECRET_ENV, read_secret
@@ -134,12 +134,14 @@ class WorkerLink:
         self.attempt = 1  # the attempt the chief's welcome said this node joins
         self.hold = False  # and whether it waits for the chief's "go" first
         self.membership: Membership | None = None  # the chief's latest: who succeeds it (node/succession.py)
+        self.max_line = message_bound(settings.num_nodes + settings.spares)
         self.dialer = Dialer(loop, *self.chief, self._on_connected, events.link_failed_to_start,
                              source=settings.node_addr)
         self.timer: Timer | None = loop.call_later(self.heartbeat, self.tick)
 
     def _on_connected(self, sock: socket.socket) -> None:
         self.connection = PeerConnection(self.loop, sock, CHIEF, self.on_message, self.on_close)
+        self.connection.max_line = self.max_line
 
     def _to(self, state: LinkState) -> None:
         if state is not self.state:

@@ -20,6 +20,7 @@ import math
 from collections import Counter
 from collections.abc import Iterable
 
+from detlaunch.observe.rank_sets import format_ranks
 from detlaunch.observe.story_lanes import NodeLanes, lanes
 from detlaunch.observe.story_model import Mark, Span, Story, Window
 
@@ -132,7 +133,7 @@ def _header(story: Story, folded: bool) -> str:
         out.append(f'<p class="warn" id="problems">{e(story.problems)}</p>')
     missing = story.missing_logs()
     if missing and story.planned_nodes:
-        out.append(f'<p class="warn" id="missing">no log of node(s) {e(", ".join(map(str, missing)))} was read: '
+        out.append(f'<p class="warn" id="missing">no log of node(s) {e(format_ranks(missing))} was read: '
                    "their ranks are not shown (give their events-node-N.jsonl too)</p>")
     if folded:
         out.append(f'<p class="facts">Over {len(story.spans)} ranks, each node\'s ranks are folded into its lane; '

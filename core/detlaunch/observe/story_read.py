@@ -17,13 +17,32 @@ from __future__ import annotations
 import dataclasses
 import glob
 import json
+import math
 import os
+import stat
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from detlaunch.observe.events import EVENTS_FILE, SCHEMA_VERSION, Event, EventKind
+from detlaunch.observe.events import DETAILS, EVENTS_FILE, SCHEMA_VERSION, Event, EventKind
+from detlaunch.outcome import FailureKind, RestartClass
 
 KNOWN_KINDS = frozenset(k.value for k in EventKind)
+MAX_FILE = 256 << 20  # bytes of one log read at most: more is said, not read (memory stays bounded)
+MAX_TEXT, MAX_ITEMS, MAX_DEPTH = 16384, 4096, 8  # a detail's string is cut there, an array too; deeper: unread
+MAX_NODES, MAX_RANKS = 65536, 1 << 22  # what a job can plan (--nnodes, x 64 ranks a node)
+LATEST = 1e11  # seconds since the epoch (year 5138): a time past it is not a time
+_JSON: Mapping[str, type | tuple[type, ...]] = {"integer": int, "number": (int, float), "string": str, "boolean": bool,
+                                                "array": list, "object": dict}
+K = EventKind
+# The details the page reads that not every event has (events.DETAILS holds the required ones), by type: a line
+# whose details have another type is not read, so that the page never trusts a log's types blindly.
+OPTIONAL: Mapping[EventKind, Mapping[str, str]] = {
+    K.RANK_EXITED: {"killed": "boolean", "lost": "boolean", "ended": "string", "teardown_signal": "integer"},
+    K.FAILURE: {"failure_kind": "string", "tail": "array", "tail_of": "string"},
+    K.ROOT_CAUSE: {"failure_kind": "string", "tail": "array", "tail_of": "string", "stacks": "array"},
+    K.ATTEMPT_ENDED: {"class": "string", "what": "string", "signature": "string", "exception": "string",
+                      "started_at": "number", "ended_at": "number", "next": "string"},
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,12 +102,19 @@ def read_logs(paths: Iterable[str]) -> Reading:
     reading = Reading()
     for path in log_files(paths):
         reading.files.append(path)
-        try:
-            with open(path, "rb") as f:
-                data = f.read()
+        try:  # never a FIFO or a device (a read that would hang, or never end), never more than MAX_FILE
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+            with os.fdopen(fd, "rb") as f:
+                if not stat.S_ISREG(os.fstat(fd).st_mode):
+                    raise OSError(22, "not a regular file")
+                os.set_blocking(fd, True)
+                data = f.read(MAX_FILE + 1)
         except OSError as e:
             reading.problems.append(f"{path}: cannot be read ({e.strerror or e})")
             continue
+        if len(data) > MAX_FILE:
+            reading.problems.append(f"{path}: only its first {MAX_FILE >> 20} MiB were read")
+            data = data[:data.rfind(b"\n", 0, MAX_FILE) + 1]
         read_lines(path, data, reading)
     reading.events.sort(key=lambda e: e.time)  # stable: one node's events keep their order at equal times
     reading.foreign.sort(key=lambda e: e.time)
@@ -105,7 +131,7 @@ def read_lines(name: str, data: bytes, reading: Reading) -> None:
         objs = json.loads(b"[" + b",".join(raw for _, raw in kept if isinstance(raw, bytes)) + b"]")
         if len(objs) == len(kept):  # a line such as `1,2` would make two: then line by line
             kept = [(n, obj) for (n, _), obj in zip(kept, objs, strict=True)]
-    except (json.JSONDecodeError, UnicodeDecodeError):
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
         pass
     for number, raw in kept:
         why = _parse(raw, reading)
@@ -126,6 +152,12 @@ def _parse(raw: object, reading: Reading) -> str | None:
         obj: Any = json.loads(raw) if isinstance(raw, bytes) else raw
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         return f"not JSON: {e}"[:120]
+    except RecursionError:
+        return "not JSON: nested too deep"
+    try:
+        obj = _bounded(obj, 0)
+    except ValueError as e:
+        return f"malformed event: {e}"
     kind = obj.get("kind") if isinstance(obj, dict) else None
     if isinstance(kind, str) and kind not in KNOWN_KINDS:
         try:
@@ -141,7 +173,51 @@ def _parse(raw: object, reading: Reading) -> str | None:
         except (KeyError, TypeError, ValueError) as e:
             return f"malformed event: {e}"[:120]
     try:
-        reading.events.append(Event.from_obj(obj))
+        event = Event.from_obj(obj)
+        _check(event)
     except ValueError as e:
         return str(e)[:120]
+    reading.events.append(event)
     return None
+
+
+def _bounded(value: Any, depth: int) -> Any:
+    """A parsed line made safe to show: strings cut at MAX_TEXT (a lone surrogate replaced), arrays at MAX_ITEMS;
+    ValueError for a number that is not finite, or nesting deeper than MAX_DEPTH."""
+    if isinstance(value, str):
+        return value[:MAX_TEXT].encode("utf-8", "replace").decode("utf-8")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"{value} is not a finite number")
+    if isinstance(value, int) and abs(value) >= 1 << 63:
+        raise ValueError("a number too large")
+    if isinstance(value, (list, dict)) and depth >= MAX_DEPTH:
+        raise ValueError(f"nested deeper than {MAX_DEPTH}")
+    if isinstance(value, list):
+        return [_bounded(v, depth + 1) for v in value[:MAX_ITEMS]]
+    if isinstance(value, dict):
+        return {_bounded(str(k), depth + 1): _bounded(v, depth + 1) for k, v in list(value.items())[:MAX_ITEMS]}
+    return value
+
+
+def _check(event: Event) -> None:
+    """ValueError when a detail the page reads has another type than the schema's, or a value is out of bounds."""
+    if not 0 <= event.time <= LATEST or abs(event.node) > MAX_NODES or abs(event.rank or 0) > MAX_RANKS:
+        raise ValueError("malformed event: its time, node or rank is out of bounds")
+    wanted = {**DETAILS.get(event.kind, {}), **OPTIONAL.get(event.kind, {})}
+    for name, kinds in wanted.items():
+        value = event.details.get(name)
+        if value is None:
+            continue  # a required one was checked present by the writer's schema; a null reads as absent
+        names = (kinds,) if isinstance(kinds, str) else tuple(kinds)
+        types = tuple(_JSON[k] for k in names if k in _JSON)
+        if not any(isinstance(value, t) for t in types) or (isinstance(value, bool) and bool not in types):
+            raise ValueError(f"malformed event: {event.kind.value}'s {name} is not {' or '.join(names)}")
+        if isinstance(value, list) and any(not isinstance(v, (str, int, float)) for v in value):
+            raise ValueError(f"malformed event: {event.kind.value}'s {name} holds more than values")
+    nodes, ranks = event.details.get("nodes") or 0, event.details.get("ranks") or 0
+    if event.kind is K.JOB_PLANNED and not (0 <= nodes <= MAX_NODES and 0 <= ranks <= MAX_RANKS):
+        raise ValueError(f"malformed event: a job of {nodes} node(s) and {ranks} rank(s) cannot be")
+    for name, words in (("failure_kind", FailureKind), ("class", RestartClass)):
+        value = event.details.get(name)
+        if value is not None and value not in {w.value for w in words}:
+            raise ValueError(f"malformed event: {name} {value!r} is not one of detlaunch's")

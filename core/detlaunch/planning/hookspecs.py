@@ -239,7 +239,9 @@ def detlaunch_spawners(config: Config) -> Mapping[str, Spawner] | None:
     the :class:`detlaunch.NodeLaunch` commands that start every node's detlaunch, run on this machine
     (``ssh HOST '<request.shell_command(node)>'``; one ``srun`` for all). Build each node's command with
     ``request.node_argv`` / ``request.shell_command``: they add ``--spawned`` and ``--node-rank`` and quote
-    every word. Called only by the spawning command, before anything starts; raise
+    every word. Never put ``request.env``'s values on a command line (any local user reads it): a launch
+    that watches its stdin gets them there from detlaunch; another carries them in ``NodeLaunch.env``, its
+    own environment. Called only by the spawning command, before anything starts; raise
     :class:`detlaunch.ConfigError` (one line) when the request cannot be met (no hosts given). The first
     plugin to name a spawner wins. Built in: ``ssh`` and ``srun`` (docs/SPAWN.md).
     """

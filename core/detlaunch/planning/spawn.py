@@ -12,8 +12,12 @@ Every node's detlaunch gets the same arguments, plus ``--spawned VERSION[,stdin]
 and with ``stdin`` stops its job when its standard input closes, which is how it learns that the
 spawning command went away (Ctrl-C, SIGKILL: the ssh session ends).
 
-What reaches a remote shell is quoted here, once (``shlex.quote``): every argument, the working
-directory and every variable's value arrive exactly as given.
+What reaches a remote shell is quoted here, once (``shlex.quote``, for POSIX shells): every argument and the
+working directory arrive exactly as given. The variables a node gets (``--export``, ``.deepspeed_env``) and the
+job secret are never on a command line, which any local user can read (``ps``): a node that watches its stdin
+gets them on it, before anything else (``spawning.start_lines``); another (srun's tasks) in its environment.
+Only the paths its interpreter reads as it starts (``startup_variables``: PATH, PYTHON*, LD_*) are on its
+command line.
 """
 
 from __future__ import annotations
@@ -45,6 +49,10 @@ class NodeLaunch:
     label: str
     node: int | None = None
     watches_stdin: bool = False
+    # The variables of request.env, for a launch that does not watch its stdin (srun passes its environment on to
+    # its tasks): its own environment, never its command line, which any local user reads (ps). A launch that
+    # watches its stdin gets them there, from detlaunch, with the job secret.
+    env: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,11 +82,15 @@ class SpawnRequest:
         rank = ("--node-rank", str(node)) if node is not None else ()
         return (*self.detlaunch, "--spawned", spawned, *rank, *self.argv)
 
+    def startup_argv(self, node: int | None, watch_stdin: bool = True) -> tuple[str, ...]:
+        """node_argv, behind ``env NAME=VALUE`` for the variables its interpreter reads as it starts (paths: see
+        startup_variables); the others come on its stdin (NodeLaunch.env says why)."""
+        assigns = [f"{k}={v}" for k, v in startup_variables(self.env).items()]
+        return ("env", *assigns, *self.node_argv(node, watch_stdin)) if assigns else self.node_argv(node, watch_stdin)
+
     def shell_command(self, node: int | None, watch_stdin: bool = True) -> str:
-        """The same, as one line for a remote shell: in the same directory, with the named variables."""
-        assigns = [f"{k}={v}" for k, v in self.env.items()]
-        words = ["exec", "env", *assigns, *self.node_argv(node, watch_stdin)] if assigns else \
-            ["exec", *self.node_argv(node, watch_stdin)]
+        """startup_argv as one line for a remote POSIX shell (sh, bash, dash, zsh, ksh), in the same directory."""
+        words = ["exec", *self.startup_argv(node, watch_stdin)]
         return f"cd {shlex.quote(self.cwd)} && " + " ".join(shlex.quote(w) for w in words)
 
 
@@ -86,6 +98,26 @@ class Spawner(Protocol):
     """What a ``detlaunch_spawners`` plugin returns, by name: the commands that start every node."""
 
     def launches(self, request: SpawnRequest) -> Sequence[NodeLaunch]: ...
+
+
+_HOST = re.compile(r"[A-Za-z0-9_.:\[\]][A-Za-z0-9_.:\[\]-]*")  # a name, an IPv4 or an IPv6 address
+
+
+def checked_host(host: str) -> str:
+    """A host to start a node's detlaunch on, as a spawner may pass it to ssh: letters, digits, '.', ':', '-',
+    '_' and brackets only. A shell's metacharacter in a name reaches a user's ProxyCommand through ssh's %h
+    (older OpenSSH expands it unquoted), and a leading '-' reads as an option: both refused."""
+    if not _HOST.fullmatch(host):
+        raise ConfigError(f"{host!r} is not a host name or address (letters, digits, '.', ':', '-', '_'): fix it in "
+                          "--hosts/--hostfile")
+    return host
+
+
+def startup_variables(env: Mapping[str, str]) -> dict[str, str]:
+    """The variables a node's detlaunch must have when its interpreter starts, so on its command line: PATH,
+    PYTHON* (PYTHONPATH may be how it finds detlaunch) and LD_* (its libraries). Paths, not secrets; every other
+    variable (a token) reaches the node on its stdin, never on a command line, which any local user reads."""
+    return {k: v for k, v in env.items() if k == "PATH" or k.startswith(("PYTHON", "LD_"))}
 
 
 def exported(names: str | None, env: Mapping[str, str]) -> dict[str, str]:

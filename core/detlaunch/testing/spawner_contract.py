@@ -9,8 +9,8 @@ Three lines run it against an installed spawner::
 
 Every check plans in this process (no process starts): the spawner is found through the real plugin
 loader; every node's detlaunch is reached with exactly the words it must get (a script path and
-arguments holding spaces, quotes, ``$``, a newline and unicode), in the working directory, with the
-variables asked for; and the same request gives the same launches, one per node.
+arguments holding spaces, quotes, ``$``, a newline and unicode), in the working directory; the variables
+asked for reach it, never on a command line; and the same request gives the same launches, one per node.
 """
 
 from __future__ import annotations
@@ -88,12 +88,27 @@ class SpawnerContract:
             words = reached(launch, request)
             assert words is not None, (f"{launch.label}: {shlex.join(launch.argv)} does not run "
                                        f"{shlex.join(request.node_argv(launch.node))} word for word")
-            shell = words != list(launch.argv)  # a remote shell's line: it must carry cwd and env itself
+            shell = words != list(launch.argv)  # a remote shell's line: it must carry the cwd itself
             carried = words if shell else list(launch.argv)
             assert any(word.endswith(TRICKY_CWD) for word in carried) or TRICKY_CWD in carried, \
                 f"{launch.label}: the working directory {TRICKY_CWD!r} is not given"
+
+    def test_no_variable_is_on_a_command_line_and_each_reaches_the_node(self) -> None:
+        """Any local user reads a command line (ps): a variable's value (a token) is never on one, but for the
+        paths the node's interpreter reads as it starts (SpawnRequest.startup_argv: PYTHONPATH here), which must
+        be. A launch that watches its stdin gets the others there, from detlaunch; any other in NodeLaunch.env."""
+        request = self.request()
+        for launch in self.launches():
+            words = reached(launch, request) or []
+            line = " ".join(launch.argv)
             for name, value in TRICKY_ENV.items():
-                assert f"{name}={value}" in carried, f"{launch.label}: {name} does not reach the node as given"
+                if launch.watches_stdin and name.startswith("PYTHON"):
+                    assert f"{name}={value}" in words, f"{launch.label}: {name} is not set as its interpreter starts"
+                elif launch.watches_stdin:
+                    assert value not in line, f"{launch.label}: {name}'s value is on its command line"
+                else:
+                    assert value not in line and launch.env.get(name) == value, \
+                        f"{launch.label}: {name} does not reach the node in its environment alone"
 
     def test_the_same_request_gives_the_same_launches_one_a_node(self) -> None:
         first, again = self.launches(), self.launches()

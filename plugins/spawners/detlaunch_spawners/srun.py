@@ -20,11 +20,9 @@ class SrunSpawner:
             raise ConfigError("--spawn srun runs inside a SLURM allocation (salloc, sbatch): SLURM_JOB_ID is not set")
         if request.hosts:
             raise ConfigError("--spawn srun: SLURM names the nodes; drop --hosts/--hostfile")
-        assigns = tuple(f"{k}={v}" for k, v in request.env.items())
         node = request.node_argv(None, watch_stdin=False)
-        argv = ("srun", "--ntasks-per-node=1", "--kill-on-bad-exit=1", f"--chdir={request.cwd}",
-                *(("env", *assigns) if assigns else ()), *node)
-        return [NodeLaunch(argv, "srun")]
+        argv = ("srun", "--ntasks-per-node=1", "--kill-on-bad-exit=1", f"--chdir={request.cwd}", *node)
+        return [NodeLaunch(argv, "srun", env=dict(request.env))]  # srun passes its environment on to its tasks
 
 
 @hookimpl

@@ -1,10 +1,11 @@
 """``--spawn ssh``: every node's detlaunch over the user's own ssh (their keys, agent, ~/.ssh/config), in parallel.
 
-Each node gets ``ssh -T -o BatchMode=yes [--ssh-opts] HOST '<cd CWD && exec env VARS detlaunch ...>'``:
-the remote command is one line quoted word by word (``SpawnRequest.shell_command``), so every argument,
-path and value arrives exactly as given. ssh's stdin is the spawning command's pipe: when that closes
-(Ctrl-C there, or the spawning command killed), the node's detlaunch sees its stdin end and stops its
-job; so a launch need not die with the spawning command (NodeLaunch.watches_stdin), and starts faster.
+Each node gets ``ssh -T -o BatchMode=yes [--ssh-opts] HOST '<cd CWD && exec detlaunch ...>'``: the remote
+command is one line quoted word by word for a POSIX login shell (``SpawnRequest.shell_command``), so every
+argument and path arrives exactly as given; the variables (--export, .deepspeed_env) and the job secret come
+on the node's stdin, never on a command line (docs/SPAWN.md). ssh's stdin is the spawning command's pipe:
+when that closes (Ctrl-C there, or the spawning command killed), the node's detlaunch sees its stdin end and
+stops its job; so a launch need not die with the spawning command (NodeLaunch.watches_stdin), and starts faster.
 Node 0 runs here, without ssh, when its address is this machine: its name, loopback's 127.0.0.1, or an
 address one of its interfaces holds.
 """
@@ -42,10 +43,8 @@ class SshSpawner:
         out = []
         for node, host in enumerate(request.hosts):
             label = f"node {node} ({host})"
-            if node == 0 and is_here(host):
-                assigns = tuple(f"{k}={v}" for k, v in request.env.items())
-                argv = ("env", *assigns, *request.node_argv(0)) if assigns else request.node_argv(0)
-                out.append(NodeLaunch(argv, label, node, watches_stdin=True))
+            if node == 0 and is_here(host):  # its variables come on its stdin, as every node's (NodeLaunch.env)
+                out.append(NodeLaunch(request.startup_argv(0), label, node, watches_stdin=True))
                 continue
             out.append(NodeLaunch(("ssh", "-T", "-o", "BatchMode=yes", *request.ssh_opts, "--", host,
                                    request.shell_command(node)), label, node, watches_stdin=True))
