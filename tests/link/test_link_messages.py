@@ -9,7 +9,7 @@ import socket
 from typing import Any
 
 import pytest
-from detlaunch.link import messages
+from detlaunch.link import auth, messages
 from detlaunch.link.membership import Membership, change
 from detlaunch.link.messages import (
     BOTH,
@@ -40,7 +40,7 @@ from detlaunch.link.messages import (
     decode,
     encode,
 )
-from detlaunch.link.wire import PeerConnection, message_bound
+from detlaunch.link.wire import HEARTBEAT, PeerConnection, message_bound
 from detlaunch.outcome import Failure, FailureKind, RankStatus
 from detlaunch.system.eventloop import EventLoop
 
@@ -167,3 +167,44 @@ def test_a_node_speaks_for_its_own_ranks_only(tmp_path: Any) -> None:
         for link in (w2, w1, chief):
             link.close()
         loop.close()
+
+
+def test_after_the_handshake_every_message_is_signed_and_an_added_replayed_or_reflected_one_ends_it() -> None:
+    """Security round 2, item 4: after the handshake nothing was authenticated: someone on the path could add a
+    `stop` or an `end`. Each message now carries a signature with the connection's key, its sender's side and
+    its number (auth.signature); the real connections on a socket pair, the chief's side and a worker's."""
+    loop = EventLoop()
+    a, b = socket.socketpair()
+    got: dict[str, list[Any]] = {"chief": [], "worker": []}
+    closed: list[PeerConnection] = []
+    chief = PeerConnection(loop, a, WORKER, lambda _c, m: got["chief"].append(m), closed.append)
+    worker = PeerConnection(loop, b, CHIEF, lambda _c, m: got["worker"].append(m), closed.append)
+    key = auth.link_key("s3cret", "job-1", 1, chief.nonce, worker.nonce)
+    chief.trusted(key)
+    worker.trusted(key)
+    try:
+        worker.send(Ask(key=1, what="status", args={}))
+        chief.send(Stop(failure=None))
+        chief.send_encoded(HEARTBEAT)
+        loop.run_until(lambda: got["chief"] and got["worker"], 2, "both messages")
+        assert got == {"chief": [Ask(key=1, what="status", args={})], "worker": [Stop(failure=None)]}
+        a.sendall(encode(End(failure=None)) + b"\n")  # added by someone on the path, unsigned
+        loop.run_until(lambda: closed, 2, "the worker's close")
+        assert closed == [worker] and worker.why.startswith("it sent a message without this connection's signature")
+        assert got["worker"] == [Stop(failure=None)]
+    finally:
+        for conn in (chief, worker):
+            conn.close()
+        loop.close()
+
+
+@pytest.mark.parametrize("forgery", ["replayed", "reflected", "another connection's", "altered"])
+def test_a_signed_line_that_is_not_the_next_of_this_connection_is_refused(forgery: str) -> None:
+    key, other = auth.link_key("s", "j", 1, "cn", "wn"), auth.link_key("s", "j", 2, "cn", "wn")
+    line = encode(Stop(failure=None))
+    sent = line + b"\t" + auth.signature(key, b"C", 0, line)
+    assert auth.opened(key, b"C", 0, sent) == line
+    lines = {"replayed": (key, b"C", 1, sent), "reflected": (key, b"W", 0, sent),
+             "another connection's": (other, b"C", 0, sent),
+             "altered": (key, b"C", 0, sent.replace(b"stop", b"end\0"))}
+    assert auth.opened(*lines[forgery]) is None

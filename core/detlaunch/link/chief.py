@@ -182,7 +182,7 @@ class ChiefLink:
             conn.close()
             return
         assert isinstance(m, Auth)
-        conn.trusted()
+        conn.trusted(auth.link_key(self.secret, self.job_id, node, conn.nonce, m.nonce))  # sends from the welcome on
         conn.node = node
         addr = m.addr or str(conn.sock.getpeername()[0])
         if spare:  # it waits, held, until a node's place is free (spares.py); welcomed first, maybe promoted at once

@@ -98,7 +98,7 @@ def enlist(link: ChiefLink, conn: PeerConnection, m: Auth) -> None:
     as that spare."""
     number = link.spares.enlist()
     addr = m.addr or str(conn.sock.getpeername()[0])
-    conn.trusted()
+    conn.trusted(auth.link_key(link.secret, link.job_id, m.node, conn.nonce, m.nonce))
     conn.send(Welcome(mac=auth.chief_mac(link.secret, link.job_id, m.node, m.nonce), attempt=link.attempt,
                       hold=True, spare=number))
     conn.close_when_sent()

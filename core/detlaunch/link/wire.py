@@ -5,10 +5,13 @@ sent as the socket takes more; a peer that leaves more than MAX_UNSENT bytes unr
 hung) counts as lost, so a stalled node cannot delay the verdict for the others. Until a peer has
 authenticated it may send at most MAX_UNAUTHENTICATED bytes, and is read after everything else.
 
-What a peer sends is read here, in one place (messages.decode): heartbeats prove it alive and go
-no further; before authentication, anything that is no message of the link ends the connection;
-after it, a kind this link does not know is ignored (a later version's) and a malformed message
-ends the connection, saying why.
+Once both sides have proven themselves every line carries a signature (auth.signature: the connection's
+key, the sender's side, the line's number), checked here before anything else: a line someone on the path
+added, replayed or sent back ends the connection. A line longer than message_bound ends it too, and a read
+searches its new bytes only for a newline. What a peer sends is read here, in one place (messages.decode):
+heartbeats prove it alive and go no further; before authentication, anything that is no message of the
+link ends the connection; after it, a kind this link does not know is ignored (a later version's) and a
+malformed message ends the connection, saying why.
 """
 
 from __future__ import annotations
@@ -18,7 +21,18 @@ import socket
 import time
 from collections.abc import Callable, Iterable, Iterator
 
-from detlaunch.link.messages import Heartbeat, Malformed, Message, NotAMessage, UnknownKind, decode, encode
+from detlaunch.link import auth
+from detlaunch.link.messages import (
+    WORKER,
+    Heartbeat,
+    Malformed,
+    Message,
+    NotAMessage,
+    UnknownKind,
+    Welcome,
+    decode,
+    encode,
+)
 from detlaunch.system.eventloop import EventLoop, Priority
 from detlaunch.system.safefs import random_hex
 
@@ -55,6 +69,10 @@ class PeerConnection:
         self.peer = ""  # the remote address
         self.authed = False
         self.nonce = random_hex(16)  # what the other side signs to prove itself (auth.py)
+        self.peer_nonce = ""  # what this side signed to prove itself (the other side's nonce)
+        self.key: bytes | None = None  # set once both sides are proven: every later message is signed (auth.py)
+        self.sent_count = self.received_count = 0  # signed messages each way: each one's number
+        self.side = b"C" if peer_side == WORKER else b"W"  # this side's byte in a signature (the peer's: other)
         self.unsent = bytearray()
         self.writing = False  # the loop calls flush when the socket takes more
         self.why = ""  # why the connection closed, when this side closed it for a reason
@@ -64,21 +82,27 @@ class PeerConnection:
         # Unproven peers are served after everything else; a node of the job is raised on joining.
         loop.add_reader(sock, Priority.PROBE, self.on_readable)
 
-    def trusted(self) -> None:
-        self.authed = True
+    def trusted(self, key: bytes | None = None) -> None:
+        """The peer has proven itself; with `key`, every message from now on is signed and checked (a connection
+        of this module's own tests may go without)."""
+        self.authed, self.key = True, key
         self.loop.remove(self.sock)
         self.loop.add_reader(self.sock, Priority.RANK_REPORT, self.on_readable)
         if self.writing:
             self.loop.on_writable(self.sock, self.flush)
 
     def send(self, message: Message) -> None:
-        self.send_encoded(encode(message))
+        self.send_encoded(encode(message), sign=not isinstance(message, Welcome))  # the chief's welcome signs itself
 
-    def send_encoded(self, line: bytes) -> None:
+    def send_encoded(self, line: bytes, sign: bool = True) -> None:
         """Queue one encoded message (messages.encode) and send what the socket takes now; never blocks."""
         if self.closed:
             return
-        self.unsent += line + b"\n"
+        if self.key is not None and sign:
+            self.unsent += line + b"\t" + auth.signature(self.key, self.side, self.sent_count, line) + b"\n"
+            self.sent_count += 1
+        else:
+            self.unsent += line + b"\n"
         if len(self.unsent) > MAX_UNSENT:
             self.end(f"it left {len(self.unsent)} bytes of the link unread (stopped, or hung)")
         elif not self.writing and not self.held:
@@ -136,6 +160,12 @@ class PeerConnection:
                 self.unauthenticated += len(raw) + 1  # (the chief's welcome, then a 20 KB membership)
                 if self._too_much_unauthenticated(0):
                     return
+            elif self.key is not None:
+                payload = auth.opened(self.key, b"W" if self.side == b"C" else b"C", self.received_count, raw)
+                if payload is None:
+                    return self.end(f"it sent a message without this connection's signature (number "
+                                    f"{self.received_count}): not from the node that authenticated")
+                self.received_count, raw = self.received_count + 1, payload
             if raw != HEARTBEAT:
                 self._receive(raw)
         if self.closed:

@@ -165,6 +165,7 @@ class WorkerLink:
             self._give_up(conn, f"cannot read the job secret in {self.shared_dir} ({e.strerror}): the job "
                                 f"directory must be shared by all nodes (--job-dir), or set {SECRET_ENV}")
             return
+        conn.peer_nonce = m.nonce
         conn.send(Auth(node=self.node, nonce=conn.nonce, addr=self.dialer.source or "",
                        mac=auth.worker_mac(self.secret, self.job_id, self.node, m.nonce), spare=self.promoted_from))
 
@@ -173,7 +174,7 @@ class WorkerLink:
                                                                              conn.nonce)):
             self._give_up(conn, f"the chief at {self.where} failed authentication")
             return
-        conn.trusted()
+        conn.trusted(auth.link_key(self.secret, self.job_id, self.node, conn.peer_nonce, conn.nonce))
         if m.spare is not None:
             self._made_spare(conn, m.spare)
             return
