@@ -173,9 +173,11 @@ RESUMABLE = textwrap.dedent('''\
     ckpt = os.path.join(sys.argv[1], "step")
     step = int(open(ckpt).read()) if os.path.exists(ckpt) else 0
     print(f"attempt {attempt} rank {rank} {'warm' if warm else 'cold'}", flush=True)
-    if rank == "0":  # one writer: the checkpoint
+    if rank == "0":  # one writer: the checkpoint, replaced whole (rank 1 may read it at the same moment)
         print(f"resumed from step {step}", flush=True)
-        open(ckpt, "w").write(str(step + 1))
+        with open(ckpt + ".tmp", "w") as f:
+            f.write(str(step + 1))
+        os.replace(ckpt + ".tmp", ckpt)
     open(os.path.join(sys.argv[1], f"started-{attempt}-{rank}"), "w").close()
     if attempt == 1 and rank == "0":  # the template, killed mid-job: the next attempt starts cold
         import time  # once rank 1 of this attempt is forked from it (the template forks one rank at a time)
