@@ -45,3 +45,11 @@ def test_a_taken_out_value_is_gone_from_the_process_and_its_forks(real_processes
     assert r.stdout.splitlines() == ["s3cret False kept",
                                      "['DETLAUNCH_JOB_SECRET=', 'KEPT=kept']",
                                      "['DETLAUNCH_JOB_SECRET=', 'KEPT=kept']"], r.stdout
+
+
+def test_the_command_names_the_secret_as_the_job_dir_does() -> None:
+    """cli/main.py keeps its own copy of the name (importing system/jobdir at every start costs what it saves)."""
+    from detlaunch.cli import main
+    from detlaunch.system import jobdir
+
+    assert main.SECRET_ENV == jobdir.SECRET_ENV

@@ -67,7 +67,6 @@ class RankEnd:
     prefix: bytes
     outputs: dict[int, Output]
     strict_teardown: bool  # --strict-teardown (see teardown_signal)
-    teardown: int | None | bool  # teardown_signal(): False until the rank's end is known
 
     def finish(self) -> int:
         self.report()
@@ -107,11 +106,11 @@ class RankEnd:
         return rank_protocol.exit_code_of(code), (-code if code < 0 else None)
 
     def teardown_signal(self) -> int | None:
-        """rank_protocol.teardown_signal of the rank's end, once it has ended."""
-        if self.teardown is False and self.status is not None:
-            ended = self.output_mark.script_end() if self.output_mark is not None else ""
-            self.teardown = rank_protocol.teardown_signal(self.status, ended, self.strict_teardown)
-        return None if self.teardown is False else self.teardown
+        """rank_protocol.teardown_signal of the rank's end (None while it runs): a read of its mapped progress file."""
+        if self.status is None:
+            return None
+        ended = self.output_mark.script_end() if self.output_mark is not None else ""
+        return rank_protocol.teardown_signal(self.status, ended, self.strict_teardown)
 
     def report(self) -> None:
         """Tell the supervisor how the rank ended (once; a log problem known by then goes with it); a crash in
@@ -183,7 +182,7 @@ class WrappedRank(RankEnd):
         self.not_progress: tuple[bytes, ...] = ()  # output that does not count as progress (RankWrapper.not_progress)
         self.traceback_started = self.told_traceback = False
         self.hold = 0.0  # seconds to stay after a failure of the rank's own, while the others' stacks are taken
-        self.strict_teardown, self.teardown = False, False  # see teardown_signal()
+        self.strict_teardown = False  # see teardown_signal()
         self.asked_to_stop = False  # a signal came: the rank's end is not a failure of its own
         self.asked_once = False  # a stop signal was passed on: the next one is not (stopping.py)
         self.released = False  # the supervisor let it go already
