@@ -55,7 +55,7 @@ def chief_mac(secret: str, job: str, node: int, worker_nonce: str) -> str:
 
 def link_key(secret: str, job: str, node: int, chief_nonce: str, worker_nonce: str) -> bytes:
     """The key of one connection, once both sides have proven themselves: every message after the handshake is
-    signed with it (seal), so nobody on the path can add one (a `stop`), replay one, or send one back."""
+    signed with it (signature), so nobody on the path can add one (a `stop`), replay one, or send one back."""
     return bytes.fromhex(mac(secret, "link", job, node, chief_nonce, worker_nonce))
 
 
